@@ -1,0 +1,1 @@
+"""nerserve model code: text handling, architectures, training and evaluation."""

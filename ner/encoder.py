@@ -1,0 +1,139 @@
+"""The shared torch encoder: backbone (+ LoRA) → word vectors, char features, length-safe BiLSTM.
+
+Every tensor operation here is export-friendly: no Python loops over the batch, no packed
+sequences, no boolean-mask indexing. Padding never influences a real position, so a sentence's
+vectors do not depend on what it is batched with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedModel
+
+from ner.backbone import BackboneInfo
+from ner.text.chars import CHAR_VOCAB_SIZE, SHAPE_VOCAB_SIZE
+
+Pooling = Literal["first", "max", "mean"]
+ENCODER_INPUTS = ("input_ids", "attention_mask", "subword_index", "subword_mask", "char_ids", "shape_ids", "word_mask")
+ENCODER_OUTPUTS = ("word_states", "context")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    pooling: Pooling = "max"
+    last_layers: int = 4  # mean of the backbone's last hidden layers (the paper's choice)
+    char_dim: int = 50
+    char_filters: int = 100
+    shape_dim: int = 20
+    lstm_hidden: int = 192  # per direction
+    dropout: float = 0.3
+
+
+def load_backbone(info: BackboneInfo) -> PreTrainedModel:
+    config = AutoConfig.from_pretrained(str(info.path))
+    # The backbone is frozen (LoRA adapts it): its own dropout only costs time on CPU
+    # (sampling masks is a third of a training step) and regularises weights that do not train.
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate", "attention_dropout", "dropout"):
+        if isinstance(getattr(config, key, None), float):
+            setattr(config, key, 0.0)
+    if getattr(config, "is_encoder_decoder", False):
+        # T5-style folders: their encoder stack is the backbone
+        from transformers import AutoModelForSeq2SeqLM
+
+        return AutoModelForSeq2SeqLM.from_pretrained(str(info.path), config=config).get_encoder()
+    return AutoModel.from_pretrained(str(info.path), config=config)
+
+
+class CharCNN(nn.Module):
+    """Character CNN with max over characters: sees the casing the uncased backbone throws away."""
+
+    def __init__(self, char_dim: int, filters: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(CHAR_VOCAB_SIZE, char_dim, padding_idx=0)
+        self.conv = nn.Conv1d(char_dim, filters, kernel_size=3, padding=1)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        batch, words, chars = char_ids.shape
+        flat = char_ids.reshape(batch * words, chars)
+        hidden = torch.relu(self.conv(self.embedding(flat).transpose(1, 2)))  # [BW, F, C]
+        mask = (flat > 0).unsqueeze(1)
+        hidden = hidden.masked_fill(~mask, 0.0)  # relu ≥ 0, so 0 is neutral for the max
+        return hidden.max(dim=2).values.reshape(batch, words, -1)
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each sequence within its own length; padding stays at the end. An involution."""
+    steps = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+    index = torch.where(steps < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - steps, steps)
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[2]))
+
+
+class LengthSafeBiLSTM(nn.Module):
+    """A BiLSTM whose backward direction runs on per-sentence reversed input, so that it never
+    reads padding before real words (a plain padded BiLSTM would, and packed sequences do not
+    export)."""
+
+    def __init__(self, input_size: int, hidden: int) -> None:
+        super().__init__()
+        self.forward_lstm = nn.LSTM(input_size, hidden, batch_first=True)
+        self.backward_lstm = nn.LSTM(input_size, hidden, batch_first=True)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        forward_out, _ = self.forward_lstm(x)
+        backward_out, _ = self.backward_lstm(reverse_padded(x, lengths))
+        return torch.cat([forward_out, reverse_padded(backward_out, lengths)], dim=-1)
+
+
+def pool_subwords(
+    hidden: torch.Tensor, subword_index: torch.Tensor, subword_mask: torch.Tensor, pooling: Pooling
+) -> torch.Tensor:
+    """[B, S, H] sub-word states → [B, N, H] word states."""
+    batch, words, pieces = subword_index.shape
+    if pooling == "first":
+        index = subword_index[:, :, 0]
+        return hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[2]))
+    flat = subword_index.reshape(batch, words * pieces)
+    gathered = hidden.gather(1, flat.unsqueeze(-1).expand(-1, -1, hidden.shape[2]))
+    gathered = gathered.reshape(batch, words, pieces, hidden.shape[2])
+    mask = subword_mask.unsqueeze(-1)
+    if pooling == "mean":
+        return (gathered * mask).sum(2) / mask.sum(2).clamp(min=1.0)
+    return gathered.masked_fill(mask == 0, -1e4).max(dim=2).values
+
+
+class WordEncoder(nn.Module):
+    """Inputs ENCODER_INPUTS → word_states [B, N, 2·lstm_hidden], context [B, H] (the [CLS] vector)."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, config: EncoderConfig) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.config = config
+        self.chars = CharCNN(config.char_dim, config.char_filters)
+        self.shapes = nn.Embedding(SHAPE_VOCAB_SIZE, config.shape_dim, padding_idx=0)
+        self.dropout = nn.Dropout(config.dropout)
+        self.lstm = LengthSafeBiLSTM(hidden_size + config.char_filters + config.shape_dim, config.lstm_hidden)
+        self.output_size = 2 * config.lstm_hidden
+        self.context_size = hidden_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        subword_index: torch.Tensor,
+        subword_mask: torch.Tensor,
+        char_ids: torch.Tensor,
+        shape_ids: torch.Tensor,
+        word_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        layers = outputs.hidden_states[-self.config.last_layers :]
+        hidden = torch.stack(layers, dim=0).mean(dim=0)
+        words = pool_subwords(hidden, subword_index, subword_mask, self.config.pooling)
+        features = torch.cat([words, self.chars(char_ids), self.shapes(shape_ids)], dim=-1)
+        lengths = word_mask.sum(dim=1).to(torch.int64)
+        states = self.lstm(self.dropout(features), lengths)
+        return states, hidden[:, 0]

@@ -1,0 +1,76 @@
+"""The model store: one folder per trained model, `manifest.json` + `weights.safetensors`.
+
+The manifest is the single description of a model: which architecture, which labels, which
+backbone it adapts, its hyper-parameters and decoding settings, and the scores it earned.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MODEL_STORE = Path(__file__).resolve().parent.parent / "model_store"
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+
+
+class ModelStoreError(ValueError):
+    pass
+
+
+class BackboneRecord(BaseModel):
+    name: str
+    package: str | None
+    version: str | None
+    sha256: str
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    architecture: str
+    version: str
+    labels: list[str]
+    backbone: BackboneRecord
+    config: dict[str, Any]  # the architecture's own config (network + decoding)
+    lora: dict[str, Any]
+    data: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    scores: dict[str, Any] = Field(default_factory=dict)
+
+
+def model_dir(name_or_path: str, store: Path = MODEL_STORE) -> Path:
+    """A model folder by name under the store, or by path."""
+    candidate = Path(name_or_path)
+    if (candidate / MANIFEST).is_file():
+        return candidate
+    if (store / name_or_path / MANIFEST).is_file():
+        return store / name_or_path
+    known = ", ".join(list_models(store)) or "none"
+    raise ModelStoreError(f"unknown model {name_or_path!r}: not a model folder; models in {store}: {known}")
+
+
+def list_models(store: Path = MODEL_STORE) -> list[str]:
+    if not store.is_dir():
+        return []
+    return sorted(p.name for p in store.iterdir() if (p / MANIFEST).is_file())
+
+
+def read_manifest(folder: Path) -> Manifest:
+    path = folder / MANIFEST
+    try:
+        return Manifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise ModelStoreError(f"{path}: missing manifest") from None
+    except (json.JSONDecodeError, ValidationError) as error:
+        first = str(error).splitlines()[0]
+        raise ModelStoreError(f"{path}: invalid manifest ({first})") from None
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")

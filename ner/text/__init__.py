@@ -1,0 +1,1 @@
+"""Text handling: words with character offsets, sub-word tokenisation, character features."""

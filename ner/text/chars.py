@@ -1,0 +1,61 @@
+"""Character and word-shape features: how capitalisation reaches a model whose backbone is uncased."""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_WORD_CHARS = 20  # longer words keep their first 10 and last 10 characters
+PAD, UNKNOWN_UPPER, UNKNOWN_LOWER, UNKNOWN_DIGIT, UNKNOWN_OTHER = 0, 1, 2, 3, 4
+_FIRST_CODEPOINT_ID = 5
+CHAR_VOCAB_SIZE = _FIRST_CODEPOINT_ID + 256  # Latin-1 code points get their own id
+
+SHAPES = ("pad", "lower", "capitalised", "upper", "mixed", "digit", "alphanumeric", "punctuation", "other")
+SHAPE_VOCAB_SIZE = len(SHAPES)
+
+
+def char_id(char: str) -> int:
+    code = ord(char)
+    if code < 256:
+        return _FIRST_CODEPOINT_ID + code
+    if char.isupper():
+        return UNKNOWN_UPPER
+    if char.islower():
+        return UNKNOWN_LOWER
+    if char.isdigit():
+        return UNKNOWN_DIGIT
+    return UNKNOWN_OTHER
+
+
+def shape_id(word: str) -> int:
+    if any(c.isdigit() for c in word):
+        return SHAPES.index("digit") if not any(c.isalpha() for c in word) else SHAPES.index("alphanumeric")
+    letters = [c for c in word if c.isalpha()]
+    if not letters:
+        return SHAPES.index("punctuation") if all(not c.isalnum() for c in word) else SHAPES.index("other")
+    if all(c.islower() for c in letters):
+        return SHAPES.index("lower")
+    if all(c.isupper() for c in letters):
+        return SHAPES.index("upper") if len(letters) > 1 else SHAPES.index("capitalised")
+    if letters[0].isupper() and all(c.islower() for c in letters[1:]):
+        return SHAPES.index("capitalised")
+    return SHAPES.index("mixed")
+
+
+def _clip(word: str) -> str:
+    if len(word) <= MAX_WORD_CHARS:
+        return word
+    half = MAX_WORD_CHARS // 2
+    return word[:half] + word[-half:]
+
+
+def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both)."""
+    width = max((len(_clip(w)) for words in sentences for w in words), default=1)
+    char_ids = np.zeros((len(sentences), n_words, width), dtype=np.int64)
+    shape_ids = np.zeros((len(sentences), n_words), dtype=np.int64)
+    for b, words in enumerate(sentences):
+        for i, word in enumerate(words):
+            clipped = _clip(word)
+            char_ids[b, i, : len(clipped)] = [char_id(c) for c in clipped]
+            shape_ids[b, i] = shape_id(word)
+    return char_ids, shape_ids

@@ -1,0 +1,1 @@
+"""Training: loop, schedule, checkpoints, model selection on dev F1."""

@@ -1,0 +1,80 @@
+"""Entities in word indices (inside) and in character offsets (outside).
+
+Standard library only: every layer of the project may import this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Fragment = tuple[int, int]  # word indices [start, end), end excluded
+
+
+@dataclass(frozen=True, order=True)
+class Entity:
+    """One entity: a type and one or more sorted, non-touching word fragments.
+
+    The score is not part of identity: two predictions of the same type and fragments are the
+    same entity whatever their confidence, which is what strict set matching needs.
+    """
+
+    type: str
+    fragments: tuple[Fragment, ...]
+    score: float = field(default=1.0, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.fragments:
+            raise ValueError("an entity needs at least one fragment")
+        previous_end = -1
+        for start, end in self.fragments:
+            if start >= end:
+                raise ValueError(f"empty or reversed fragment {(start, end)}")
+            if start <= previous_end:
+                raise ValueError(f"fragments must be sorted and must not touch: {self.fragments}")
+            previous_end = end
+
+    @property
+    def start(self) -> int:
+        return self.fragments[0][0]
+
+    @property
+    def end(self) -> int:
+        return self.fragments[-1][1]
+
+    @property
+    def is_discontinuous(self) -> bool:
+        return len(self.fragments) > 1
+
+    def key(self) -> tuple[str, tuple[Fragment, ...]]:
+        """The identity used by strict matching."""
+        return (self.type, self.fragments)
+
+    def words(self) -> set[int]:
+        return {i for start, end in self.fragments for i in range(start, end)}
+
+    def overlaps(self, other: Entity) -> bool:
+        return bool(self.words() & other.words())
+
+
+class EntitySet(frozenset[Entity]):
+    """A set of entities of one sentence: order carries no meaning."""
+
+    def keys(self) -> set[tuple[str, tuple[Fragment, ...]]]:
+        return {entity.key() for entity in self}
+
+    def sorted(self) -> list[Entity]:
+        return sorted(self, key=lambda e: (e.start, e.end, e.type))
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word of a text with its character offsets [start, end) in Unicode code points."""
+
+    text: str
+    start: int
+    end: int
+
+
+def fragment_char_spans(entity: Entity, words: list[Word]) -> list[tuple[int, int]]:
+    """Character spans of an entity's fragments: from its first word's start to its last word's end."""
+    return [(words[start].start, words[end - 1].end) for start, end in entity.fragments]

@@ -1,0 +1,115 @@
+"""The span architecture's pieces on a tiny random backbone: shapes, exact pooling, decoding rules,
+and batch independence (a sentence's outputs do not depend on what it is batched with)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ner.archs.span.config import DecodeOptions, SpanConfig
+from ner.archs.span.decode import decode_sentence, soft_nms
+from ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
+from ner.archs.span.program import enumerate_seeds
+from ner.backbone import resolve_backbone
+from ner.loading import build_span_network, eager_program
+from ner.lora import LoraSettings, load_weights, save_weights
+
+SENTENCES = [
+    ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
+    ["Peter", "Blackburn"],
+    ["BRUSSELS", "1996-08-22"],
+    ["The", "European", "Commission", "said", "on", "Thursday", "it", "disagreed", "with", "German", "advice", "."],
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_network(tiny_backbone: Path):
+    torch.manual_seed(0)
+    config = SpanConfig(
+        labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8}
+    )
+    backbone = resolve_backbone(str(tiny_backbone))
+    network = build_span_network(config, backbone, LoraSettings(rank=2, alpha=4)).eval()
+    return network, backbone
+
+
+def test_range_max_is_exact() -> None:
+    torch.manual_seed(1)
+    states = torch.randn(2, 11, 5)
+    mask = torch.ones(2, 11)
+    mask[1, 7:] = 0
+    table = range_max_table(states, mask, levels=4)
+    spans = [(s, e) for s in range(11) for e in range(s + 1, 12)]
+    starts = torch.tensor([[s for s, _ in spans]] * 2)
+    ends = torch.tensor([[e for _, e in spans]] * 2)
+    pooled = range_max(table, 11, starts, ends, levels=4)
+    for k, (s, e) in enumerate(spans):
+        assert torch.allclose(pooled[0, k], states[0, s:e].max(dim=0).values)
+        if e <= 7:
+            assert torch.allclose(pooled[1, k], states[1, s:e].max(dim=0).values)
+
+
+def test_adjust_moves_both_ways_and_stays_legal() -> None:
+    seeds = torch.tensor([[[2, 4], [0, 1], [3, 4]]])
+    offsets = torch.tensor([[[-1.2, 0.6], [-3.0, 9.0], [1.0, -1.0]]])
+    spans = SpanProposalGraph.adjust(seeds, offsets, torch.tensor([5]))
+    assert spans.tolist() == [[[1, 5], [0, 5], [3, 4]]]  # left shift, clipped, reverted when empty
+
+
+def test_seeds_enumerate_every_width() -> None:
+    seeds = enumerate_seeds(3, 2)
+    assert seeds == [(0, 1), (1, 2), (2, 3), (0, 2), (1, 3)]
+
+
+def test_outputs_do_not_depend_on_batch(tiny_network) -> None:
+    network, backbone = tiny_network
+    program = eager_program(network, backbone, "cpu")
+    together = program.prepare(SENTENCES)
+    outputs = program.run(together)
+    for b, sentence in enumerate(SENTENCES):
+        alone = program.run(program.prepare([sentence]))
+        n, k = len(sentence), int(together.seed_mask[b].sum())
+        np.testing.assert_allclose(alone["word_states"][0, :n], outputs["word_states"][b, :n], atol=1e-5)
+        np.testing.assert_allclose(alone["class_probs"][0, :k], outputs["class_probs"][b, :k], atol=1e-5)
+        np.testing.assert_array_equal(alone["spans"][0, :k], outputs["spans"][b, :k])
+
+
+def test_weights_roundtrip_fp16(tiny_network, tmp_path: Path) -> None:
+    network, backbone = tiny_network
+    save_weights(network, tmp_path / "w.safetensors")
+    fresh = build_span_network(network.config, backbone, LoraSettings(rank=2, alpha=4))
+    load_weights(fresh, tmp_path / "w.safetensors")
+    for (name, a), (_, b) in zip(network.named_parameters(), fresh.named_parameters(), strict=True):
+        if a.requires_grad:
+            assert torch.allclose(a.half().float(), b), name
+
+
+def _probs(rows: list[tuple[int, float]], classes: int = 3) -> np.ndarray:
+    probs = np.zeros((len(rows), classes + 1), dtype=np.float32)
+    for i, (c, p) in enumerate(rows):
+        probs[i, c] = p
+        probs[i, 0] = 1 - p
+    return probs
+
+
+def test_decode_flat_and_nested_rules() -> None:
+    spans = np.array([[0, 3], [0, 1], [1, 4], [5, 6], [5, 6]])
+    probs = _probs([(1, 0.9), (2, 0.8), (1, 0.7), (3, 0.6), (2, 0.95)])
+    keep = np.ones(5, dtype=np.float32)
+    labels = ("A", "B", "C")
+    flat = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="flat"))
+    assert {(e.type, e.fragments) for e in flat} == {("A", ((0, 3),)), ("B", ((5, 6),))}
+    nested = decode_sentence(
+        keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="nested")
+    )
+    # [0,3) ⊃ [0,1) is nesting (kept); [1,4) crosses [0,3) (dropped); duplicate [5,6) keeps its best type
+    assert {(e.type, e.fragments) for e in nested} == {("A", ((0, 3),)), ("B", ((0, 1),)), ("B", ((5, 6),))}
+    filtered = decode_sentence(np.zeros(5), spans, probs, keep, labels, DecodeOptions())
+    assert not filtered
+
+
+def test_soft_nms_decays_overlapping() -> None:
+    kept = soft_nms([(0, 4, 1, 0.9), (0, 3, 1, 0.85), (6, 7, 1, 0.5)], decay=0.5, iou_threshold=0.6)
+    assert kept[0] == (0, 4, 1, 0.9)
+    assert (0, 3, 1, 0.425) in kept and kept[-1] == (0, 3, 1, 0.425)

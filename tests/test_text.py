@@ -1,0 +1,42 @@
+from ner.text.chars import SHAPES, encode_chars, shape_id
+from ner.text.segment import split_sentences, words_of, words_of_tokens
+from ner.text.subword import SubwordEncoder, load_tokenizer
+
+
+def test_words_have_exact_offsets() -> None:
+    text = "EU rejects German call, says U.S. official — costs 3.5 million (approx.) in Köln."
+    words = words_of(text)
+    assert all(text[w.start : w.end] == w.text for w in words)
+    assert [w.text for w in words][:5] == ["EU", "rejects", "German", "call", ","]
+    assert "U.S." in [w.text for w in words] and "3.5" in [w.text for w in words] and "Köln" in [w.text for w in words]
+
+
+def test_sentence_split() -> None:
+    text = 'Peter left Paris. He said "it rains." Then 3 people came!'
+    sentences = split_sentences(text)
+    assert [[w.text for w in s][-1] for s in sentences] == [".", '"', "!"]
+    assert sum(len(s) for s in sentences) == len(words_of(text))
+
+
+def test_tokens_joined_by_single_spaces() -> None:
+    text, words = words_of_tokens(["New", "York", "!"])
+    assert text == "New York !"
+    assert [text[w.start : w.end] for w in words] == ["New", "York", "!"]
+
+
+def test_shapes_and_chars() -> None:
+    assert SHAPES[shape_id("Paris")] == "capitalised"
+    assert SHAPES[shape_id("NATO")] == "upper"
+    assert SHAPES[shape_id("iPhone")] == "mixed"
+    assert SHAPES[shape_id("1996")] == "digit"
+    char_ids, shape_ids = encode_chars([["Ab", "c"], ["d"]], 2)
+    assert char_ids.shape == (2, 2, 2) and shape_ids[1, 1] == 0 and char_ids[0, 1, 1] == 0
+
+
+def test_subword_map_covers_every_word(tiny_backbone) -> None:
+    encoder = SubwordEncoder(load_tokenizer(tiny_backbone))
+    batch = encoder.encode([["Unbelievably", "long", "\u200b", "words"], ["Hi"]])
+    assert batch.word_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+    assert batch.subword_mask[0].sum(axis=1).min() >= 1  # the zero-width word maps to [UNK]
+    assert batch.subword_mask[0, 0].sum() > 1  # a word split into several pieces
+    assert batch.input_ids.shape[0] == 2 and batch.attention_mask[1].sum() == 3
