@@ -31,6 +31,13 @@ class Split(StrEnum):
 
 class Runtime(StrEnum):
     eager = "eager"
+    onnx = "onnx"
+    torchscript = "torchscript"
+
+
+class ExportFormat(StrEnum):
+    onnx = "onnx"
+    torchscript = "torchscript"
 
 
 def _user_errors(function: F) -> F:
@@ -41,9 +48,10 @@ def _user_errors(function: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from ner.backbone import BackboneError
         from ner.data import DataError
+        from ner.graph import GraphError
         from ner.model_store import ModelStoreError
 
-        known: tuple[type[Exception], ...] = (DataError, ModelStoreError, BackboneError, FileNotFoundError)
+        known: tuple[type[Exception], ...] = (DataError, ModelStoreError, BackboneError, GraphError, FileNotFoundError)
         try:
             from ner.lora import WeightsError
 
@@ -109,7 +117,10 @@ def evaluate_model(
     data: DataOption,
     split: Split = Split.test,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    runtime: Runtime = Runtime.eager,
+    runtime: Annotated[
+        Runtime, typer.Option(help="eager torch, or the exported graphs (exported first if missing)")
+    ] = (Runtime.eager),
+    int8: Annotated[bool, typer.Option("--int8", help="with --runtime onnx: the INT8-quantised graphs")] = False,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
     limit: Annotated[int | None, typer.Option(min=1, help="first N sentences only")] = None,
     threshold: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="override the manifest's δ")] = None,
@@ -139,7 +150,7 @@ def evaluate_model(
     if as_json:
         typer.echo(json.dumps(report))
         return
-    typer.echo(f"{model.manifest.name} on {data}/{split.value}: {report['sentences']} sentences")
+    typer.echo(f"{name} ({report['runtime']}) on {data}/{split.value}: {report['sentences']} sentences")
     typer.echo(
         f"  P {report['precision']:.4f}  R {report['recall']:.4f}  F1 {report['f1']:.4f}  "
         f"({report['sentences_per_second']:.1f} sentences/s)"
@@ -150,3 +161,47 @@ def evaluate_model(
         counts = report[part]
         if counts["gold"] or counts["predicted"]:
             typer.echo(f"  {part:>12}  F1 {counts['f1']:.4f}  gold {counts['gold']}")
+
+
+def _exported_program(name: str, fmt: str, int8: bool, device: str | None, quiet: bool) -> Any:
+    """The program over a ready graph set of NAME, exporting it first when there is none."""
+    from ner.model_store import graph_set_folder
+    from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+
+    folder = graph_set_folder(name, fmt, int8)
+    if not (folder / EXPORT_JSON).is_file():
+        from export.build import export_model
+        from service.runtime import RuntimeName
+
+        export_model(name, RuntimeName(fmt), int8, log=lambda m: typer.echo(m, err=True))
+    return load_graph_set(folder, device or "cpu").program
+
+
+@app.command("export")
+@_user_errors
+def export_command(
+    name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
+    format: Annotated[ExportFormat, typer.Option("--format", help="graph format")] = ExportFormat.onnx,
+    int8: Annotated[bool, typer.Option("--int8", help="ONNX Runtime dynamic INT8 quantisation (CPU)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="export even when the source is unchanged")] = False,
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="folder holding the dataset folders")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print export.json (with parity figures)")] = False,
+) -> None:
+    """Merge LoRA, write the graphs + tokenizer + export.json, and check parity against eager torch."""
+    from export.build import DATA_ROOT, export_model
+    from service.runtime import RuntimeName
+
+    if int8 and format != ExportFormat.onnx:
+        raise typer.BadParameter("--int8 needs --format onnx", param_hint="--int8")
+    info = export_model(
+        name,
+        RuntimeName(format.value),
+        int8,
+        data_root or DATA_ROOT,
+        force=force,
+        log=lambda m: typer.echo(m, err=True),
+    )
+    if as_json:
+        typer.echo(json.dumps(info))
+    elif not info["ready"]:
+        raise typer.Exit(1)

@@ -18,8 +18,6 @@ from ner.backbone import BackboneInfo
 from ner.text.chars import CHAR_VOCAB_SIZE, SHAPE_VOCAB_SIZE
 
 Pooling = Literal["first", "max", "mean"]
-ENCODER_INPUTS = ("input_ids", "attention_mask", "subword_index", "subword_mask", "char_ids", "shape_ids", "word_mask")
-ENCODER_OUTPUTS = ("word_states", "context")
 
 
 @dataclass(frozen=True)

@@ -6,23 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ner.archs.span.config import SpanConfig
-from ner.archs.span.graphs import SPAN_INPUTS, SPAN_OUTPUTS
 from ner.archs.span.network import SpanNetwork
 from ner.archs.span.program import SpanProgram
 from ner.backbone import BackboneInfo, resolve_backbone
-from ner.encoder import ENCODER_INPUTS, ENCODER_OUTPUTS, load_backbone
+from ner.encoder import load_backbone
 from ner.lora import LoraSettings, add_lora, load_weights
 from ner.model_store import WEIGHTS, Manifest, ModelStoreError, model_dir, read_manifest
+from ner.signatures import SPAN_GRAPHS
 from ner.text.subword import SubwordEncoder, load_tokenizer
 from ner.torch_graph import EagerGraph
-
-GRAPH_SIGNATURES = {
-    "encoder": (ENCODER_INPUTS, ENCODER_OUTPUTS),
-    "span_proposal": (SPAN_INPUTS, SPAN_OUTPUTS),
-}
 
 
 def device_name(requested: str | None = None) -> str:
@@ -38,9 +32,7 @@ def build_span_network(config: SpanConfig, backbone: BackboneInfo, lora: LoraSet
 
 
 def eager_program(network: SpanNetwork, backbone: BackboneInfo, device: str) -> SpanProgram:
-    graphs = {
-        name: EagerGraph(module, *GRAPH_SIGNATURES[name], device=device) for name, module in network.graphs().items()
-    }
+    graphs = {name: EagerGraph(module, *SPAN_GRAPHS[name], device=device) for name, module in network.graphs().items()}
     return SpanProgram(graphs, network.config, SubwordEncoder(load_tokenizer(backbone.path)))
 
 
@@ -49,7 +41,7 @@ class LoadedModel:
     folder: Path
     manifest: Manifest
     backbone: BackboneInfo
-    network: nn.Module
+    network: SpanNetwork
     program: SpanProgram
 
 

@@ -6,7 +6,9 @@ backbone it adapts, its hyper-parameters and decoding settings, and the scores i
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +76,24 @@ def read_manifest(folder: Path) -> Manifest:
 def write_manifest(folder: Path, manifest: Manifest) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+
+# Exported graph sets are build output, keyed by a digest of what they were built from.
+BUILD_DIR = Path(os.environ.get("NERSERVE_BUILD_DIR", MODEL_STORE.parent / "build" / "graphs"))
+EXPORT_VERSION = "1"  # bump when the export code changes what it writes
+
+
+def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
+    digest = hashlib.sha256()
+    for part in (EXPORT_VERSION, fmt, "int8" if int8 else "fp32"):
+        digest.update(part.encode() + b"\0")
+    for name in (MANIFEST, WEIGHTS):
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()
+
+
+def graph_set_folder(name_or_path: str, fmt: str, int8: bool = False, build_dir: Path | None = None) -> Path:
+    """Where the export of a model in a format lives (whether or not it exists yet)."""
+    folder = model_dir(name_or_path)
+    tag = f"{fmt}-int8" if int8 else fmt
+    return (build_dir or BUILD_DIR) / folder.name / f"{tag}-{source_digest(folder, fmt, int8)[:16]}"

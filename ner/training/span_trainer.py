@@ -29,6 +29,7 @@ from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
 from ner.runner import length_batches, score
 from ner.types import EntitySet
 
+DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
 THRESHOLD_GRID = tuple(round(x, 2) for x in np.arange(0.3, 0.91, 0.05))
 
 
@@ -260,8 +261,10 @@ def train_span(
     test_report = score(program.predict, read_split(data_dir, "test"), settings.eval_batch_size, progress=True)
     print(f"test P/R/F1 {test_report['precision']:.4f}/{test_report['recall']:.4f}/{test_report['f1']:.4f}")
     keep = ("precision", "recall", "f1", "sentences", "sentences_per_second")
+    slice_report = score(program.predict, dev[:DEV_SLICE], settings.eval_batch_size)
     scores = {
         "dev": {k: dev_report[k] for k in keep},
+        "dev_slice": {k: slice_report[k] for k in ("f1", "sentences")},
         "test": {k: test_report[k] for k in keep} | {"nested": test_report["nested"]},
         "measured_on": f"{platform.machine()}, {torch.get_num_threads()} threads, {torch_device}",
     }

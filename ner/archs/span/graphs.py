@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-SPAN_INPUTS = ("word_states", "context", "word_mask", "seeds", "seed_mask")
-SPAN_OUTPUTS = ("filter_prob", "offsets", "spans", "class_probs")
 _PAD_VALUE = -1e4  # far below any projected word feature; representable in fp16 too
 
 

@@ -1,0 +1,164 @@
+"""`nerserve export NAME --format onnx|torchscript [--int8]`: merge LoRA, write the architecture's
+graphs, the tokenizer and export.json, then check parity against eager torch on real dev sentences.
+A graph set whose parity fails is written but not marked ready; the service refuses it."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+import torch
+
+from export.parity import check_parity, parity_batches
+from export.writers import OPSET, quantize_int8, write_onnx, write_torchscript
+from ner.archs.registry import architecture
+from ner.data import read_split
+from ner.loading import load_model
+from ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
+from service.runtime import GRAPH_SUFFIX, RuntimeName
+from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+
+DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
+# Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters) so that the
+# exporter cannot mistake one axis for another or specialise a size-1 axis.
+EXAMPLE_SENTENCES = [
+    ["Unbelievably", ",", "the", "EU", "rejects", "German", "call", "to", "boycott", "lamb", "."],
+    ["Peter", "Blackburn", "arrived", "in", "Washington"],
+    ["IL-2", "gene", "expression", "requires", "NF-kappa", "B", "activation", "."],
+]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _signature(names: tuple[str, ...], values: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]]) -> list[Any]:
+    return [
+        {
+            "name": n,
+            "dtype": str(values[n].dtype),
+            "axes": [a or int(values[n].shape[i]) for i, a in enumerate(axes[n])],
+        }
+        for n in names
+    ]
+
+
+def export_model(
+    name: str,
+    fmt: RuntimeName,
+    int8: bool = False,
+    data_root: Path = DATA_ROOT,
+    build_dir: Path | None = None,
+    force: bool = False,
+    log: Any = print,
+) -> dict[str, Any]:
+    if fmt == RuntimeName.eager:
+        raise ValueError("eager is not an export format: choose onnx or torchscript")
+    if int8 and fmt != RuntimeName.onnx:
+        raise ValueError("--int8 is available for --format onnx only")
+    source = model_dir(name)
+    target = graph_set_folder(name, fmt.value, int8, build_dir)
+    if not force and (target / EXPORT_JSON).is_file():
+        previous = json.loads((target / EXPORT_JSON).read_text())
+        if previous.get("ready"):
+            log(f"{name}: unchanged since the last export, skipped ({target})")
+            return {**previous, "skipped": True, "folder": str(target)}
+    started = time.perf_counter()
+    model = load_model(name, device="cpu")
+    spec = architecture(model.manifest.architecture)
+    merged = copy.deepcopy(model.network)
+    adapted: Any = merged.encoder.backbone
+    merged.encoder.backbone = adapted.merge_and_unload()  # LoRA folded into the weights
+    merged.eval()
+    modules = merged.graphs()
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        # example inputs for every graph, from the eager program itself
+        batch = model.program.prepare(EXAMPLE_SENTENCES)
+        values: dict[str, np.ndarray] = dict(batch.encoder_inputs)
+        values.update({"seeds": batch.seeds, "seed_mask": batch.seed_mask})
+        values.update(model.program.run(batch))
+        graphs_info: dict[str, Any] = {}
+        for graph_name, (inputs, outputs) in spec.graphs.items():
+            log(f"{name}: exporting graph {graph_name} ({fmt.value}{' int8' if int8 else ''})")
+            args = tuple(torch.from_numpy(np.ascontiguousarray(values[n])) for n in inputs)
+            path = staging / f"{graph_name}{GRAPH_SUFFIX[fmt]}"
+            if fmt == RuntimeName.onnx:
+                write_onnx(modules[graph_name], args, path, inputs, outputs, spec.axes[graph_name])
+                if int8:
+                    fp32 = path.with_suffix(".fp32.onnx")
+                    path.rename(fp32)
+                    quantize_int8(fp32, path)
+                    fp32.unlink()
+            else:
+                write_torchscript(modules[graph_name], args, path, inputs, outputs)
+            axes = spec.axes[graph_name]
+            graphs_info[graph_name] = {
+                "file": path.name,
+                "sha256": _sha256(path),
+                "bytes": path.stat().st_size,
+                "inputs": _signature(inputs, values, axes),
+                "outputs": _signature(outputs, values, axes),
+            }
+        shutil.copy(source / MANIFEST, staging / MANIFEST)
+        model.program.subwords.tokenizer.save(str(staging / "tokenizer.json"))
+        info: dict[str, Any] = {
+            "model": source.name,
+            "architecture": model.manifest.architecture,
+            "format": fmt.value,
+            "int8": int8,
+            "opset": OPSET if fmt == RuntimeName.onnx else None,
+            "exporter": "torch.onnx.export(dynamo=True)" if fmt == RuntimeName.onnx else "torch.jit.trace",
+            "versions": {
+                "torch": torch.__version__,
+                "onnxruntime": onnxruntime.__version__,
+                "python": platform.python_version(),
+            },
+            "source": {
+                "manifest_sha256": _sha256(source / MANIFEST),
+                "weights_sha256": _sha256(source / WEIGHTS),
+                "digest_folder": target.name,
+            },
+            "graphs": graphs_info,
+            "ready": True,  # provisional, so that parity can load the set; rewritten below
+        }
+        (staging / EXPORT_JSON).write_text(json.dumps(info, indent=2))
+
+        log(f"{name}: parity against eager torch")
+        exported = load_graph_set(staging, device="cpu").program
+        data_dir = data_root / str(model.manifest.data.get("folder", ""))
+        dev = read_split(data_dir, "dev")
+        report = check_parity(model.program, exported, parity_batches(dev))
+        parity = report.to_dict()
+        if int8:
+            # Quantised graphs are not meant to match fp32 to 1e-4: they are judged by their F1.
+            parity["mode"] = "int8: differences expected; judge by eval F1"
+            info["ready"] = True
+        else:
+            parity["mode"] = "fp32"
+            info["ready"] = report.passed()
+        info["parity"] = parity
+        info["seconds"] = round(time.perf_counter() - started, 1)
+        (staging / EXPORT_JSON).write_text(json.dumps(info, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    status = "ready" if info["ready"] else "NOT ready (parity failed)"
+    identical = parity["entity_sets_identical"]
+    log(f"{name}: {status}; max |Δ| {parity['max_abs_diff']:.2e}, entity sets identical: {identical}")
+    return {**info, "skipped": False, "folder": str(target)}

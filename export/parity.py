@@ -1,0 +1,85 @@
+"""Parity: eager torch and exported graphs through the same program + decode on real sentences.
+
+Batches mix sizes on purpose (batch 1, length-sorted batches of 16, and the longest sentences
+together) because shape-specialisation bugs show only on shapes other than the example's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ner.data import Sentence
+
+PARITY_SENTENCES = 200
+TOLERANCE = 1e-4
+
+
+def parity_batches(sentences: list[Sentence], count: int = PARITY_SENTENCES) -> list[list[list[str]]]:
+    """`count` sentences: the longest 16 together, then 40 one at a time, the rest in batches of 16."""
+    by_length = sorted(range(len(sentences)), key=lambda i: -len(sentences[i].tokens))
+    longest = by_length[:16]
+    rest = [i for i in range(len(sentences)) if i not in set(longest)]
+    step = max(1, len(rest) // max(1, count - len(longest)))
+    chosen = rest[::step][: count - len(longest)]
+    single, grouped = chosen[:40], sorted(chosen[40:], key=lambda i: len(sentences[i].tokens))
+    batches = [[list(sentences[i].tokens) for i in longest]]
+    batches += [[list(sentences[i].tokens)] for i in single]
+    batches += [[list(sentences[i].tokens) for i in grouped[k : k + 16]] for k in range(0, len(grouped), 16)]
+    return batches
+
+
+@dataclass
+class ParityReport:
+    sentences: int = 0
+    batches: int = 0
+    max_abs_diff: float = 0.0
+    per_output: dict[str, float] = field(default_factory=dict)
+    integer_mismatches: int = 0
+    entity_sets_identical: bool = True
+    sentences_differing: int = 0
+
+    def add_outputs(self, reference: dict[str, np.ndarray], exported: dict[str, np.ndarray]) -> None:
+        for name, expected in reference.items():
+            got = exported[name]
+            if got.shape != expected.shape:
+                raise ValueError(f"output {name}: shape {got.shape} != eager {expected.shape}")
+            if np.issubdtype(expected.dtype, np.integer):
+                self.integer_mismatches += int((got != expected).sum())
+                continue
+            diff = float(np.abs(got.astype(np.float64) - expected.astype(np.float64)).max(initial=0.0))
+            self.per_output[name] = max(self.per_output.get(name, 0.0), diff)
+            self.max_abs_diff = max(self.max_abs_diff, diff)
+
+    def passed(self) -> bool:
+        return self.max_abs_diff <= TOLERANCE and self.entity_sets_identical
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sentences": self.sentences,
+            "batches": self.batches,
+            "max_abs_diff": self.max_abs_diff,
+            "per_output": self.per_output,
+            "integer_mismatches": self.integer_mismatches,
+            "entity_sets_identical": self.entity_sets_identical,
+            "sentences_differing": self.sentences_differing,
+            "tolerance": TOLERANCE,
+        }
+
+
+def check_parity(reference: Any, exported: Any, batches: list[list[list[str]]]) -> ParityReport:
+    """`reference` and `exported` are programs of one architecture (prepare / run / decode)."""
+    report = ParityReport()
+    for sentences in batches:
+        batch = reference.prepare(sentences)
+        expected, got = reference.run(batch), exported.run(batch)
+        report.add_outputs(expected, got)
+        for a, b in zip(reference.decode(batch, expected), exported.decode(batch, got), strict=True):
+            if a.keys() != b.keys():
+                report.entity_sets_identical = False
+                report.sentences_differing += 1
+        report.sentences += len(sentences)
+        report.batches += 1
+    return report

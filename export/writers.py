@@ -1,0 +1,81 @@
+"""Write one torch module as an ONNX or TorchScript graph with named, dynamic axes.
+
+ONNX uses the dynamo-based `torch.onnx.export(..., dynamo=True)`: it exports transformers' BERT
+(whose mask construction the TorchScript-based exporter mis-traces into fixed shapes) with every
+axis symbolic, checked by torch.export's shape guards rather than by a trace of one example. The
+graph is saved as a single file (weights inlined) so one sha256 identifies it.
+TorchScript uses `torch.jit.trace`; torch.jit is deprecated upstream, so it lives only here and
+in service/runtime/torchscript.py, where a torch.export/AOTInductor path can replace it.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from service.runtime.torchscript import GRAPH_IO
+
+OPSET = 18
+
+
+def write_onnx(
+    module: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    path: Path,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    axes: dict[str, tuple[str, ...]],
+) -> None:
+    dims: dict[str, torch.export.Dim] = {}
+
+    def dim(name: str) -> torch.export.Dim:
+        if name not in dims:
+            dims[name] = torch.export.Dim(name, min=1)
+        return dims[name]
+
+    dynamic = {name: {i: dim(axis) for i, axis in enumerate(axes[name]) if axis} for name in inputs}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            args,
+            input_names=list(inputs),
+            output_names=list(outputs),
+            dynamic_shapes=dynamic,
+            dynamo=True,
+            opset_version=OPSET,
+            verbose=False,
+        )
+    assert program is not None
+    model = program.model_proto
+    # Shapes as the exporter annotates them may pin an axis to the example's size (the values are
+    # right either way): drop intermediate annotations, and declare the outputs' named axes.
+    del model.graph.value_info[:]
+    for output in model.graph.output:
+        for d, axis in zip(output.type.tensor_type.shape.dim, axes[output.name], strict=False):
+            if axis:
+                d.ClearField("dim_value")
+                d.dim_param = axis
+    onnx.save_model(model, str(path), save_as_external_data=False)
+
+
+def write_torchscript(
+    module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]
+) -> None:
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(module, args, check_trace=False, strict=False)
+    names = json.dumps({"inputs": list(inputs), "outputs": list(outputs)})
+    torch.jit.save(traced, str(path), _extra_files={GRAPH_IO: names})
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """ONNX Runtime dynamic quantization: int8 weights, activations quantized per batch at run time."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)

@@ -1,0 +1,43 @@
+"""The architectures the project serves, and how to build each one's program from a manifest and
+a set of graphs (design layer 2: numpy, no torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ner.archs.span.config import SpanConfig
+from ner.archs.span.program import SpanProgram
+from ner.graph import Graph
+from ner.signatures import AXES, SPAN_GRAPHS, Signature
+from ner.text.subword import SubwordEncoder
+
+ProgramFactory = Callable[[Mapping[str, Graph], dict[str, Any], SubwordEncoder], Any]
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    name: str
+    graphs: dict[str, Signature]
+    axes: dict[str, dict[str, tuple[str, ...]]]
+    nested: bool
+    discontinuous: bool
+    open_labels: bool
+    build_program: ProgramFactory
+
+
+def _span_program(graphs: Mapping[str, Graph], config: dict[str, Any], subwords: SubwordEncoder) -> SpanProgram:
+    return SpanProgram(graphs, SpanConfig.from_dict(config), subwords)
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "span": ArchitectureSpec("span", SPAN_GRAPHS, AXES, True, False, False, _span_program),
+}
+
+
+def architecture(name: str) -> ArchitectureSpec:
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise ValueError(f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}") from None

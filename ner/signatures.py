@@ -1,0 +1,42 @@
+"""Graph signatures (input/output names and named dynamic axes) shared by training, export, the
+programs and the service. Standard library only. An axis named "" is fixed."""
+
+from __future__ import annotations
+
+Signature = tuple[tuple[str, ...], tuple[str, ...]]
+
+ENCODER_INPUTS = ("input_ids", "attention_mask", "subword_index", "subword_mask", "char_ids", "shape_ids", "word_mask")
+ENCODER_OUTPUTS = ("word_states", "context")
+# Named dynamic axes of every input and output, for export (batch, sequence and word axes vary).
+ENCODER_AXES: dict[str, tuple[str, ...]] = {
+    "input_ids": ("batch", "subwords"),
+    "attention_mask": ("batch", "subwords"),
+    "subword_index": ("batch", "words", "pieces"),
+    "subword_mask": ("batch", "words", "pieces"),
+    "char_ids": ("batch", "words", "chars"),
+    "shape_ids": ("batch", "words"),
+    "word_mask": ("batch", "words"),
+    "word_states": ("batch", "words", ""),
+    "context": ("batch", ""),
+}
+
+SPAN_INPUTS = ("word_states", "context", "word_mask", "seeds", "seed_mask")
+SPAN_OUTPUTS = ("filter_prob", "offsets", "spans", "class_probs")
+SPAN_AXES: dict[str, tuple[str, ...]] = {  # "" marks a fixed axis
+    "word_states": ("batch", "words", ""),
+    "context": ("batch", ""),
+    "word_mask": ("batch", "words"),
+    "seeds": ("batch", "spans", ""),
+    "seed_mask": ("batch", "spans"),
+    "filter_prob": ("batch", "spans"),
+    "offsets": ("batch", "spans", ""),
+    "spans": ("batch", "spans", ""),
+    "class_probs": ("batch", "spans", ""),
+}
+
+
+SPAN_GRAPHS: dict[str, Signature] = {
+    "encoder": (ENCODER_INPUTS, ENCODER_OUTPUTS),
+    "span_proposal": (SPAN_INPUTS, SPAN_OUTPUTS),
+}
+AXES: dict[str, dict[str, tuple[str, ...]]] = {"encoder": ENCODER_AXES, "span_proposal": SPAN_AXES}

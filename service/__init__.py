@@ -1,0 +1,1 @@
+"""nerserve service: runs exported graphs plus numpy decoding; never imports training or export code."""

@@ -1,0 +1,75 @@
+"""Export of a tiny random-weight span model: graphs written, parity checked on real dev sentences,
+unchanged source skipped, broken graph files named in the error."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from export.build import export_model
+from ner.archs.span.config import SpanConfig
+from ner.backbone import resolve_backbone
+from ner.graph import GraphError
+from ner.loading import build_span_network
+from ner.lora import LoraSettings, save_weights
+from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from service.runtime import RuntimeName
+from service.runtime.graph_set import load_graph_set
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_backbone: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    config = SpanConfig(
+        labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8}
+    )
+    backbone = resolve_backbone(str(tiny_backbone))
+    lora = LoraSettings(rank=2, alpha=4)
+    network = build_span_network(config, backbone, lora)
+    with torch.no_grad():  # LoRA B starts at zero: make the adapters count, so merging is exercised
+        for name, parameter in network.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    folder = tmp_path_factory.mktemp("store") / "tiny-span"
+    save_weights(network, folder / WEIGHTS)
+    record = BackboneRecord(name=str(tiny_backbone), package=None, version=None, sha256=backbone.sha256)
+    manifest = Manifest(
+        name="tiny-span",
+        architecture="span",
+        version="test",
+        labels=list(config.labels),
+        backbone=record,
+        config=config.to_dict(),
+        lora=lora.to_dict(),
+        data={"folder": "conll03"},
+    )
+    write_manifest(folder, manifest)
+    return folder
+
+
+@pytest.mark.parametrize("fmt", [RuntimeName.onnx, RuntimeName.torchscript])
+def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Path, fmt: RuntimeName) -> None:
+    info = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
+    assert info["ready"] and not info["skipped"]
+    assert info["parity"]["sentences"] == 200
+    assert info["parity"]["max_abs_diff"] <= 1e-4
+    assert info["parity"]["entity_sets_identical"]
+    assert set(info["graphs"]) == {"encoder", "span_proposal"}
+    folder = Path(info["folder"])
+    loaded = load_graph_set(folder)
+    assert loaded.program.predict([["Peter", "lives", "in", "Paris"]])[0] is not None
+    again = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
+    assert again["skipped"] and again["folder"] == info["folder"]
+
+    graph = folder / info["graphs"]["encoder"]["file"]
+    graph.write_bytes(b"not a graph")
+    with pytest.raises(GraphError, match=str(graph)):
+        load_graph_set(folder)
+    graph.unlink()
+    with pytest.raises(GraphError, match=f"{graph}: graph file missing"):
+        load_graph_set(folder)
+
+
+def test_int8_needs_onnx(tiny_model: Path) -> None:
+    with pytest.raises(ValueError, match="onnx only"):
+        export_model(str(tiny_model), RuntimeName.torchscript, int8=True)

@@ -1,0 +1,28 @@
+"""Every committed model, re-scored on the first sentences of its dev split, must stay within one
+F1 point of the figure its manifest records for that slice (catches drift in tokenisation,
+decoding, loading or dependencies)."""
+
+from pathlib import Path
+
+import pytest
+
+from ner.data import read_split
+from ner.loading import load_model
+from ner.model_store import MODEL_STORE, list_models, read_manifest
+from ner.runner import score
+
+MODELS = list_models(MODEL_STORE)
+
+
+def test_models_are_committed() -> None:
+    assert {"span-conll03", "span-genia"} <= set(MODELS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_dev_slice_f1_matches_manifest(name: str, data_root: Path) -> None:
+    manifest = read_manifest(MODEL_STORE / name)
+    recorded = manifest.scores["dev_slice"]
+    dev = read_split(data_root / manifest.data["folder"], "dev", limit=int(recorded["sentences"]))
+    model = load_model(name)
+    report = score(model.program.predict, dev, batch_size=32)
+    assert report["f1"] >= recorded["f1"] - 0.01, f"{name}: dev-slice F1 {report['f1']:.4f} < {recorded['f1']:.4f}"
