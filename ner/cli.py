@@ -205,3 +205,35 @@ def export_command(
         typer.echo(json.dumps(info))
     elif not info["ready"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    models: Annotated[str | None, typer.Option(help="comma-separated model names (default: the whole store)")] = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535)] = None,
+    max_batch_size: Annotated[int | None, typer.Option(min=1)] = None,
+    max_batch_tokens: Annotated[int | None, typer.Option(min=16)] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(min=0.0)] = None,
+    max_queue: Annotated[int | None, typer.Option(min=1)] = None,
+    runtime: Annotated[Runtime | None, typer.Option()] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph")] = None,
+) -> None:
+    """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
+    from service.config import Settings
+    from service.main import run
+
+    given: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "max_batch_size": max_batch_size,
+        "max_batch_tokens": max_batch_tokens,
+        "max_wait_ms": max_wait_ms,
+        "max_queue": max_queue,
+        "device": device,
+        "threads": threads,
+        "runtime": runtime.value if runtime else None,
+        "models": [m.strip() for m in models.split(",") if m.strip()] if models else None,
+    }
+    run(Settings(**{k: v for k, v in given.items() if v is not None}))

@@ -7,11 +7,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from ner.archs.span.config import SpanConfig
 from ner.archs.span.program import SpanProgram
 from ner.graph import Graph
 from ner.signatures import AXES, SPAN_GRAPHS, Signature
 from ner.text.subword import SubwordEncoder
+
+
+class SpanOptions(BaseModel):
+    """Per-request decoding options of the span architecture (defaults: the model's manifest)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float | None = Field(None, ge=0.0, le=1.0, description="δ: minimum entity score")
+    filter_threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum p(entity) of a seed span")
+    nms_iou: float | None = Field(None, ge=0.0, le=1.0, description="Soft-NMS IoU threshold k")
+    nms_decay: float | None = Field(None, gt=0.0, le=1.0, description="Soft-NMS decay u")
+
 
 ProgramFactory = Callable[[Mapping[str, Graph], dict[str, Any], SubwordEncoder], Any]
 
@@ -25,6 +39,7 @@ class ArchitectureSpec:
     discontinuous: bool
     open_labels: bool
     build_program: ProgramFactory
+    options: type[BaseModel]
 
 
 def _span_program(graphs: Mapping[str, Graph], config: dict[str, Any], subwords: SubwordEncoder) -> SpanProgram:
@@ -32,7 +47,7 @@ def _span_program(graphs: Mapping[str, Graph], config: dict[str, Any], subwords:
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "span": ArchitectureSpec("span", SPAN_GRAPHS, AXES, True, False, False, _span_program),
+    "span": ArchitectureSpec("span", SPAN_GRAPHS, AXES, True, False, False, _span_program, SpanOptions),
 }
 
 

@@ -6,7 +6,7 @@ service (ONNX Runtime / TorchScript graphs).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,9 +80,15 @@ class SpanProgram:
         return {**encoded, **outputs}
 
     def decode(
-        self, batch: SpanBatch, outputs: Mapping[str, np.ndarray], options: DecodeOptions | None = None
+        self,
+        batch: SpanBatch,
+        outputs: Mapping[str, np.ndarray],
+        options: DecodeOptions | Sequence[DecodeOptions] | None = None,
     ) -> list[EntitySet]:
-        options = options or self.config.decode
+        """Entity sets of the batch's sentences; `options` may differ per sentence (one batch can
+        carry several requests)."""
+        count = len(batch.lengths)
+        per_sentence = list(options) if isinstance(options, Sequence) else [options or self.config.decode] * count
         return [
             decode_sentence(
                 outputs["filter_prob"][b],
@@ -90,9 +96,9 @@ class SpanProgram:
                 outputs["class_probs"][b],
                 batch.seed_mask[b],
                 self.config.labels,
-                options,
+                per_sentence[b],
             )
-            for b in range(len(batch.lengths))
+            for b in range(count)
         ]
 
     def predict(self, sentences: list[list[str]], options: DecodeOptions | None = None) -> list[EntitySet]:

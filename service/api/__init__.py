@@ -1,0 +1,1 @@
+"""HTTP layer: schemas, error table, routes."""

@@ -1,0 +1,86 @@
+"""One table from error kinds to status codes, and the JSON body every error shares:
+{"error": {"code", "message", "field"}}. Bad input is never a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+ERROR_STATUS: dict[str, int] = {
+    "malformed_json": 400,
+    "labels_not_supported": 400,
+    "unknown_model": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "payload_too_large": 413,
+    "too_many_texts": 413,
+    "invalid_request": 422,
+    "invalid_option": 422,
+    "queue_full": 429,
+    "not_ready": 503,
+    "draining": 503,
+    "deadline_exceeded": 504,
+    "internal": 500,
+}
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return ERROR_STATUS[self.code]
+
+
+def error_response(
+    code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "field": field}}
+    return JSONResponse(body, status_code=ERROR_STATUS[code], headers=headers)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
+    return text
+
+
+async def api_error_handler(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, ApiError)
+    return error_response(error.code, error.message, error.field, error.headers)
+
+
+async def validation_error_handler(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    errors = list(error.errors())
+    first: dict[str, Any] = dict(errors[0]) if errors else {"type": "", "loc": (), "msg": "invalid request"}
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") in ("model_attributes_type", "dict_type"):
+        return error_response("malformed_json", "request body must be a JSON object")
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return error_response("malformed_json", f"request body is not valid JSON: {detail}")
+    field = _location(tuple(first.get("loc", ()))) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return error_response("invalid_request", f"{field}: {message}" if field else message, field)
+
+
+async def http_error_handler(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code)
+    if code is None:
+        return JSONResponse(
+            {"error": {"code": "http_error", "message": str(error.detail), "field": None}},
+            status_code=error.status_code,
+        )
+    return error_response(code, str(error.detail))

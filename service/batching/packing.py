@@ -1,0 +1,52 @@
+"""Which queued items form the next batch: a pure function, tested without clocks or threads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch_size: int = 32  # sentences
+    max_batch_tokens: int = 8192  # padded cost: longest sentence (sub-words) × sentences
+    max_wait_ms: float = 5.0  # a batch closes this long after its oldest item arrived
+    max_queue: int = 2048  # sentences waiting; beyond it requests are refused (429)
+    lookahead: int = 4  # packing looks at max_batch_size × lookahead oldest items
+
+
+class Sized(Protocol):
+    cost: int
+
+
+def padded_cost(costs: list[int]) -> int:
+    return max(costs, default=0) * len(costs)
+
+
+T = TypeVar("T", bound=Sized)
+
+
+def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
+    """Indices (into `queue`, oldest first) of the next batch.
+
+    The oldest item always goes (FIFO fairness; alone if it is over the token budget by itself).
+    The rest are chosen among the next max_batch_size × lookahead items by closeness of length to
+    it, so a batch holds sentences of similar length and padding stays low, while the token
+    budget bounds the padded cost.
+    """
+    if not queue:
+        return []
+    window = queue[: limits.max_batch_size * limits.lookahead]
+    anchor = window[0].cost
+    others = sorted(range(1, len(window)), key=lambda i: (abs(window[i].cost - anchor), i))
+    chosen = [0]
+    longest = anchor
+    for i in others:
+        if len(chosen) >= limits.max_batch_size:
+            break
+        candidate_longest = max(longest, window[i].cost)
+        if candidate_longest * (len(chosen) + 1) > limits.max_batch_tokens:
+            continue
+        chosen.append(i)
+        longest = candidate_longest
+    return sorted(chosen)

@@ -1,0 +1,242 @@
+"""The per-model scheduler: a bounded queue of sentences, a collect+prepare stage and a run stage.
+
+Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item),
+drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
+pad) in a thread. Stage B runs the graphs in its own worker thread. A one-slot hand-off between
+them lets the next batch be prepared while the current one runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from service.batching.packing import BatchLimits, select_batch
+
+
+class QueueFull(RuntimeError):
+    def __init__(self, depth: int, retry_after: float) -> None:
+        super().__init__(f"queue full ({depth} sentences waiting)")
+        self.depth = depth
+        self.retry_after = retry_after
+
+
+class DeadlineExceeded(RuntimeError):
+    pass
+
+
+class Draining(RuntimeError):
+    pass
+
+
+@dataclass
+class WorkItem:
+    payload: Any
+    cost: int
+    enqueued: float
+    deadline: float | None
+    future: asyncio.Future[Any]
+    started: float | None = None
+
+
+@dataclass
+class BatchRecord:
+    sentences: int
+    tokens: int
+    padded_tokens: int
+    queue_seconds: list[float]
+    run_seconds: float
+    finished: float
+
+
+class BatchObserver(Protocol):
+    def batch_done(self, record: BatchRecord) -> None: ...
+    def dropped(self, reason: str, count: int) -> None: ...
+
+
+class _NullObserver:
+    def batch_done(self, record: BatchRecord) -> None:
+        pass
+
+    def dropped(self, reason: str, count: int) -> None:
+        pass
+
+
+@dataclass
+class Scheduler:
+    """`prepare(payloads) -> prepared` and `run(prepared) -> results` (one per payload, in order)."""
+
+    prepare: Callable[[list[Any]], Any]
+    run: Callable[[Any], list[Any]]
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    observer: BatchObserver = field(default_factory=_NullObserver)
+    clock: Callable[[], float] = time.monotonic
+    _queue: list[WorkItem] = field(default_factory=list)
+    _in_flight: int = 0
+    _accepting: bool = True
+
+    def __post_init__(self) -> None:
+        self._arrived = asyncio.Event()
+        self._handoff: asyncio.Queue[tuple[list[WorkItem], Any] | None] = asyncio.Queue(maxsize=1)
+        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._recent_rate = 0.0  # sentences per second of the last batches, for Retry-After
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._collect_loop()), asyncio.create_task(self._run_loop())]
+
+    def submit(self, payloads: list[tuple[Any, int]], deadline: float | None = None) -> list[asyncio.Future[Any]]:
+        """Queue sentences (payload, cost) as one unit: all accepted, or QueueFull for all."""
+        if not self._accepting:
+            raise Draining("server is draining")
+        if self.depth + len(payloads) > self.limits.max_queue:
+            rate = self._recent_rate or 1.0
+            raise QueueFull(self.depth, retry_after=max(1.0, (self.depth + len(payloads)) / rate))
+        loop = asyncio.get_running_loop()
+        now = self.clock()
+        futures = []
+        for payload, cost in payloads:
+            future: asyncio.Future[Any] = loop.create_future()
+            self._queue.append(WorkItem(payload, cost, now, deadline, future))
+            futures.append(future)
+        self._in_flight += len(payloads)
+        self._arrived.set()
+        return futures
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new work, then wait until everything accepted has been answered."""
+        self._accepting = False
+        end = self.clock() + timeout
+        while self._in_flight > 0 and self.clock() < end:
+            await asyncio.sleep(0.02)
+        return self._in_flight == 0
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(Draining("server stopped"))
+        self._queue.clear()
+        self._runner.shutdown(wait=False, cancel_futures=True)
+
+    def _finish(self, items: list[WorkItem]) -> None:
+        self._in_flight -= len(items)
+
+    def _drop_stale(self) -> None:
+        now = self.clock()
+        kept: list[WorkItem] = []
+        gone: list[WorkItem] = []
+        late: list[WorkItem] = []
+        for item in self._queue:
+            if item.future.done():
+                gone.append(item)
+            elif item.deadline is not None and now > item.deadline:
+                item.future.set_exception(DeadlineExceeded("deadline passed before the request ran"))
+                late.append(item)
+            else:
+                kept.append(item)
+        if gone or late:
+            self._queue = kept
+            self._finish(gone + late)
+            if gone:
+                self.observer.dropped("client_gone", len(gone))
+            if late:
+                self.observer.dropped("deadline", len(late))
+
+    async def _wait_for_batch(self) -> list[WorkItem]:
+        while True:
+            self._drop_stale()
+            if self._queue:
+                break
+            self._arrived.clear()
+            await self._arrived.wait()
+        limits = self.limits
+        close_at = self._queue[0].enqueued + limits.max_wait_ms / 1000
+        while True:
+            self._drop_stale()
+            if not self._queue:
+                return []
+            costs = [i.cost for i in self._queue[: limits.max_batch_size]]
+            full = len(self._queue) >= limits.max_batch_size or max(costs) * len(costs) >= limits.max_batch_tokens
+            remaining = close_at - self.clock()
+            if full or remaining <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout=remaining)
+        chosen = set(select_batch(self._queue, limits))
+        batch = [item for i, item in enumerate(self._queue) if i in chosen]
+        self._queue = [item for i, item in enumerate(self._queue) if i not in chosen]
+        return batch
+
+    async def _collect_loop(self) -> None:
+        while True:
+            batch = await self._wait_for_batch()
+            if not batch:
+                continue
+            try:
+                prepared = await asyncio.to_thread(self.prepare, [item.payload for item in batch])
+            except Exception as error:  # a batch that cannot be prepared fails its own items only
+                self._fail(batch, error)
+                continue
+            await self._handoff.put((batch, prepared))
+
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            handed = await self._handoff.get()
+            if handed is None:
+                return
+            batch, prepared = handed
+            live = [item for item in batch if not item.future.done()]
+            if not live:
+                self._finish(batch)
+                self.observer.dropped("client_gone", len(batch))
+                continue
+            started = self.clock()
+            for item in batch:
+                item.started = started
+            try:
+                results = await loop.run_in_executor(self._runner, self.run, prepared)
+            except Exception as error:
+                self._fail(batch, error)
+                continue
+            finished = self.clock()
+            seconds = finished - started
+            for item, result in zip(batch, results, strict=True):
+                if not item.future.done():
+                    item.future.set_result((result, started - item.enqueued, seconds, started))
+            self._finish(batch)
+            tokens = [item.cost for item in batch]
+            self._recent_rate = 0.8 * self._recent_rate + 0.2 * (len(batch) / max(seconds, 1e-6))
+            self.observer.batch_done(
+                BatchRecord(
+                    len(batch),
+                    sum(tokens),
+                    max(tokens) * len(tokens),
+                    [started - item.enqueued for item in batch],
+                    seconds,
+                    finished,
+                )
+            )
+
+    def _fail(self, batch: list[WorkItem], error: Exception) -> None:
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(error)
+        self._finish(batch)

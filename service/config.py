@@ -1,0 +1,36 @@
+"""Service settings: every `nerserve serve` flag is also an environment variable (NERSERVE_*)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Runtime(StrEnum):
+    onnx = "onnx"
+    torchscript = "torchscript"
+    eager = "eager"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NERSERVE_", extra="ignore")
+
+    models: list[str] = Field(default_factory=list, description="models to serve; empty = every model in the store")
+    default_model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    runtime: Runtime = Runtime.onnx
+    device: str = "cpu"
+    threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
+    max_batch_size: int = Field(32, ge=1)
+    max_batch_tokens: int = Field(8192, ge=16)
+    max_wait_ms: float = Field(5.0, ge=0)
+    max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
+    max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
+    max_body_bytes: int = Field(2_000_000, ge=1024)
+    window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
+    window_overlap_words: int = Field(24, ge=0)
+    drain_seconds: float = Field(30.0, ge=0)
+    export_missing: bool = Field(True, description="export graphs missing at start-up (subprocess)")

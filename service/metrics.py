@@ -1,0 +1,125 @@
+"""Prometheus metrics and the live efficiency table of GET /stats."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.batching.scheduler import BatchRecord
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "nerserve_requests", "Requests by model and HTTP status", ["model", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "nerserve_request_seconds", "End-to-end request latency", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_seconds = Histogram(
+            "nerserve_queue_seconds",
+            "Time sentences waited before their batch ran",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_seconds = Histogram(
+            "nerserve_inference_seconds",
+            "Graph + decode time per batch",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_sentences = Histogram(
+            "nerserve_batch_sentences", "Sentences per batch", ["model"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "nerserve_batch_tokens", "Padded sub-word tokens per batch", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.padding_ratio = Histogram(
+            "nerserve_batch_padding_ratio",
+            "Share of padded positions per batch",
+            ["model"],
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9),
+            registry=r,
+        )
+        self.queue_depth = Gauge("nerserve_queue_depth", "Sentences waiting", ["model"], registry=r)
+        self.in_flight = Gauge("nerserve_in_flight", "Sentences accepted and not yet answered", ["model"], registry=r)
+        self.sentences = Counter("nerserve_sentences", "Sentences processed", ["model"], registry=r)
+        self.tokens = Counter("nerserve_tokens", "Sub-word tokens processed (unpadded)", ["model"], registry=r)
+        self.dropped = Counter("nerserve_dropped", "Sentences dropped before running", ["model", "reason"], registry=r)
+
+
+@dataclass
+class RollingStats:
+    """Batches of the last minute (and totals since start) → the papers' efficiency table."""
+
+    started: float = field(default_factory=time.monotonic)
+    recent: deque[BatchRecord] = field(default_factory=deque)
+    sentences: int = 0
+    tokens: int = 0
+    padded: int = 0
+    batches: int = 0
+
+    def add(self, record: BatchRecord) -> None:
+        self.recent.append(record)
+        self.sentences += record.sentences
+        self.tokens += record.tokens
+        self.padded += record.padded_tokens
+        self.batches += 1
+        horizon = record.finished - 60.0
+        while self.recent and self.recent[0].finished < horizon:
+            self.recent.popleft()
+
+    def window(self, seconds: float, now: float) -> dict[str, float]:
+        chosen = [r for r in self.recent if r.finished >= now - seconds]
+        span = min(seconds, now - self.started) or 1e-9
+        sentences = sum(r.sentences for r in chosen)
+        return {"sentences_per_second": sentences / span, "tokens_per_second": sum(r.tokens for r in chosen) / span}
+
+    def table(self) -> dict[str, Any]:
+        now = time.monotonic()
+        since = max(now - self.started, 1e-9)
+        return {
+            "last_10s": self.window(10, now),
+            "last_1min": self.window(60, now),
+            "since_start": {"sentences_per_second": self.sentences / since, "tokens_per_second": self.tokens / since},
+            "sentences": self.sentences,
+            "batches": self.batches,
+            "mean_batch_size": self.sentences / self.batches if self.batches else 0.0,
+            "padding_ratio": 1 - self.tokens / self.padded if self.padded else 0.0,
+        }
+
+
+class ModelObserver:
+    """Feeds one model's scheduler events into Prometheus and the rolling table."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        self.stats = RollingStats()
+
+    def batch_done(self, record: BatchRecord) -> None:
+        m, name = self.metrics, self.model
+        for seconds in record.queue_seconds:
+            m.queue_seconds.labels(name).observe(seconds)
+        m.inference_seconds.labels(name).observe(record.run_seconds)
+        m.batch_sentences.labels(name).observe(record.sentences)
+        m.batch_tokens.labels(name).observe(record.padded_tokens)
+        m.padding_ratio.labels(name).observe(1 - record.tokens / record.padded_tokens if record.padded_tokens else 0)
+        m.sentences.labels(name).inc(record.sentences)
+        m.tokens.labels(name).inc(record.tokens)
+        self.stats.add(record)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.metrics.dropped.labels(self.model, reason).inc(count)

@@ -1,0 +1,133 @@
+"""Request text → graph-sized sentence units → entities with exact character offsets.
+
+Raw text is split into sentences of words (ner.text.segment); a sentence longer than the window
+budget (sub-words) is cut into overlapping windows. Each window reports only the entities that
+start inside its *core*; the cores partition the sentence, so nothing is lost at window edges and
+nothing is reported twice. Pre-tokenised input is one sentence per token list, the tokens joined
+by single spaces for character offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from ner.text.segment import split_sentences, words_of_tokens
+from ner.types import EntitySet, Word
+
+SPECIAL_SUBWORDS = 2  # [CLS] and [SEP]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One graph input: a sentence, or a window of a long one."""
+
+    text_index: int
+    words: list[str]
+    word_offset: int  # index in the text's word list of this unit's first word
+    core: tuple[int, int]  # text-level word range whose entities this unit reports
+    cost: int  # sub-words, specials included: what the batcher's token budget counts
+
+
+@dataclass
+class PlannedText:
+    text: str
+    words: list[Word]
+    units: list[Unit]
+
+
+def windows(counts: list[int], budget: int, overlap: int) -> list[tuple[int, int, int, int]]:
+    """(start, end, core_start, core_end) word windows whose sub-word counts fit `budget`;
+    consecutive windows overlap by up to `overlap` words and their cores meet halfway."""
+    spans: list[tuple[int, int]] = []
+    start, n = 0, len(counts)
+    while True:
+        end, total = start, 0
+        while end < n and total + counts[end] <= budget:
+            total += counts[end]
+            end += 1
+        end = max(end, start + 1)  # a single word over the budget still goes, alone
+        spans.append((start, end))
+        if end >= n:
+            break
+        start = max(start + 1, end - overlap)
+    result = []
+    for i, (s, e) in enumerate(spans):
+        core_start = 0 if i == 0 else (s + spans[i - 1][1]) // 2
+        core_end = n if i == len(spans) - 1 else (spans[i + 1][0] + e) // 2
+        result.append((s, e, core_start, core_end))
+    return result
+
+
+class Planner:
+    def __init__(self, tokenizer: Tokenizer, window_subwords: int, overlap_words: int) -> None:
+        self.tokenizer = tokenizer
+        self.budget = window_subwords - SPECIAL_SUBWORDS
+        self.overlap = overlap_words
+
+    def _subword_counts(self, sentences: list[list[str]]) -> list[list[int]]:
+        encodings = self.tokenizer.encode_batch(sentences, is_pretokenized=True, add_special_tokens=False)
+        counts = []
+        for words, encoding in zip(sentences, encodings, strict=True):
+            per_word = [0] * len(words)
+            for word in encoding.word_ids:
+                if word is not None:
+                    per_word[word] += 1
+            counts.append([max(1, c) for c in per_word])
+        return counts
+
+    def plan(self, texts: list[str] | None = None, tokens: list[list[str]] | None = None) -> list[PlannedText]:
+        planned: list[PlannedText] = []
+        sentences: list[tuple[int, int, list[Word]]] = []  # (text index, first word index, words)
+        if texts is not None:
+            for t, text in enumerate(texts):
+                words: list[Word] = []
+                for sentence in split_sentences(text):
+                    sentences.append((t, len(words), sentence))
+                    words.extend(sentence)
+                planned.append(PlannedText(text, words, []))
+        else:
+            for t, token_list in enumerate(tokens or []):
+                text, words = words_of_tokens(token_list)
+                sentences.append((t, 0, words))
+                planned.append(PlannedText(text, words, []))
+        counts = self._subword_counts([[w.text for w in words] for _, _, words in sentences]) if sentences else []
+        for (t, first, words), sentence_counts in zip(sentences, counts, strict=True):
+            for s, e, core_start, core_end in windows(sentence_counts, self.budget, self.overlap):
+                planned[t].units.append(
+                    Unit(
+                        t,
+                        [w.text for w in words[s:e]],
+                        first + s,
+                        (first + core_start, first + core_end),
+                        sum(sentence_counts[s:e]) + SPECIAL_SUBWORDS,
+                    )
+                )
+        return planned
+
+
+def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, Any]]:
+    """Unit-level entity sets → the text's entities, character offsets included, deduplicated."""
+    found: dict[tuple[str, tuple[tuple[int, int], ...]], float] = {}
+    for unit, entities in zip(planned.units, results, strict=True):
+        for entity in entities:
+            fragments = tuple((s + unit.word_offset, e + unit.word_offset) for s, e in entity.fragments)
+            if not unit.core[0] <= fragments[0][0] < unit.core[1]:
+                continue  # another window owns this start
+            key = (entity.type, fragments)
+            found[key] = max(found.get(key, 0.0), entity.score)
+    out = []
+    for (label, fragments), score in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        spans = [(planned.words[s].start, planned.words[e - 1].end) for s, e in fragments]
+        out.append(
+            {
+                "type": label,
+                "text": " ".join(planned.text[a:b] for a, b in spans),
+                "score": round(float(score), 6),
+                "spans": spans,
+                "token_spans": list(fragments),
+            }
+        )
+    return out
