@@ -1,0 +1,104 @@
+"""Batcher: packing as a pure function; the scheduler with a fake graph runner (no model)."""
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from service.batching.packing import BatchLimits, select_batch
+from service.batching.scheduler import DeadlineExceeded, Draining, QueueFull, Scheduler
+
+
+@dataclass
+class Item:
+    cost: int
+
+
+def test_oldest_goes_first_and_similar_lengths_join() -> None:
+    queue = [Item(10), Item(50), Item(11), Item(9), Item(48)]
+    assert select_batch(queue, BatchLimits(max_batch_size=3, max_batch_tokens=10_000)) == [0, 2, 3]
+
+
+def test_token_budget_bounds_padded_cost() -> None:
+    queue = [Item(100), Item(100), Item(100), Item(10)]
+    chosen = select_batch(queue, BatchLimits(max_batch_size=8, max_batch_tokens=250))
+    assert chosen == [0, 1]  # a third 100-token sentence would make 300 padded tokens
+    assert select_batch([Item(900)], BatchLimits(max_batch_tokens=250)) == [0]  # oversized runs alone
+
+
+def test_lookahead_limits_the_search() -> None:
+    queue = [Item(5)] + [Item(80)] * 10 + [Item(5)]
+    chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_batch_tokens=10_000, lookahead=2))
+    assert chosen == [0, 1]  # the far 5-token item is outside the 4-item window
+
+
+def make_scheduler(limits: BatchLimits, batches: list[list[str]] | None = None) -> Scheduler:
+    seen = batches if batches is not None else []
+
+    def prepare(payloads: list[str]) -> list[str]:
+        return payloads
+
+    def run(prepared: list[str]) -> list[str]:
+        seen.append(list(prepared))
+        return [p.upper() for p in prepared]
+
+    return Scheduler(prepare=prepare, run=run, limits=limits)
+
+
+def test_results_map_back_and_batches_form() -> None:
+    async def scenario() -> tuple[list[str], list[list[str]]]:
+        batches: list[list[str]] = []
+        scheduler = make_scheduler(BatchLimits(max_batch_size=4, max_wait_ms=20), batches)
+        scheduler.start()
+        futures = scheduler.submit([(w, 3) for w in ["a", "b", "c", "d", "e"]])
+        results = [r[0] for r in await asyncio.gather(*futures)]
+        await scheduler.stop()
+        return results, batches
+
+    results, batches = asyncio.run(scenario())
+    assert results == ["A", "B", "C", "D", "E"]
+    assert sorted(len(b) for b in batches) == [1, 4]
+
+
+def test_queue_bound_refuses_whole_request() -> None:
+    async def scenario() -> None:
+        scheduler = make_scheduler(BatchLimits(max_queue=3))
+        with pytest.raises(QueueFull) as full:
+            scheduler.submit([("a", 1)] * 4)
+        assert full.value.retry_after >= 1
+        assert scheduler.depth == 0
+
+    asyncio.run(scenario())
+
+
+def test_deadline_and_cancelled_items_are_dropped_before_running() -> None:
+    async def scenario() -> list[list[str]]:
+        batches: list[list[str]] = []
+        scheduler = make_scheduler(BatchLimits(max_wait_ms=30), batches)
+        loop_time = scheduler.clock()
+        late = scheduler.submit([("late", 1)], deadline=loop_time - 1)
+        gone = scheduler.submit([("gone", 1)])
+        kept = scheduler.submit([("kept", 1)])
+        gone[0].cancel()
+        scheduler.start()
+        with pytest.raises(DeadlineExceeded):
+            await late[0]
+        assert (await kept[0])[0] == "KEPT"
+        await scheduler.stop()
+        return batches
+
+    assert asyncio.run(scenario()) == [["kept"]]
+
+
+def test_drain_answers_accepted_work_then_refuses() -> None:
+    async def scenario() -> None:
+        scheduler = make_scheduler(BatchLimits(max_wait_ms=1))
+        scheduler.start()
+        accepted = scheduler.submit([("x", 1)] * 3)
+        assert await scheduler.drain(timeout=5)
+        assert [r[0] for r in await asyncio.gather(*accepted)] == ["X"] * 3
+        with pytest.raises(Draining):
+            scheduler.submit([("y", 1)])
+        await scheduler.stop()
+
+    asyncio.run(scenario())

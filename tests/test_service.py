@@ -1,0 +1,217 @@
+"""The service end to end: a real uvicorn on 127.0.0.1 serving the committed models through ONNX
+Runtime (graphs exported on first use), driven over HTTP with httpx."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ner.data import read_split
+
+READY_TIMEOUT = 900  # first start exports the graphs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    def __init__(self, **settings: object) -> None:
+        self.port = free_port()
+        env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
+        env["NERSERVE_PORT"] = str(self.port)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ner", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> None:
+        end = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                response = httpx.get(f"{self.url}/health/ready", timeout=2)
+                if response.status_code == 200:
+                    return
+                if response.json().get("status") == "failed":
+                    raise RuntimeError(response.text)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("server not ready")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    instance = Server(models='["span-conll03","span-genia"]', default_model="span-conll03", threads=2)
+    try:
+        instance.wait_ready()
+        yield instance
+    finally:
+        instance.stop()
+
+
+def extract(server: Server, payload: dict[str, object], **headers: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/extract", json=payload, headers=headers, timeout=60)
+
+
+def check_offsets(text: str, entities: list[dict[str, object]]) -> None:
+    for entity in entities:
+        spans = entity["spans"]
+        assert isinstance(spans, list)
+        surfaces = [text[a:b] for a, b in spans]
+        assert all(s and s == s.strip() for s in surfaces)
+        assert entity["text"] == " ".join(surfaces)
+
+
+def test_nested_genia_sentence(server: Server, data_root: Path) -> None:
+    sentences = read_split(data_root / "genia", "test", limit=300)
+    nested = next(
+        s
+        for s in sentences
+        if any(a.overlaps(b) for a in s.entities for b in s.entities if a != b) and len(s.entities) >= 3
+    )
+    response = extract(server, {"model": "span-genia", "tokens": [list(nested.tokens)]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "span-genia"
+    entities = body["results"][0]["entities"]
+    check_offsets(" ".join(nested.tokens), entities)
+    predicted = {(e["type"], tuple(map(tuple, e["token_spans"]))) for e in entities}
+    gold = {(e.type, e.fragments) for e in nested.entities}
+    assert len(predicted & gold) >= 2  # a trained model finds most of them
+    assert float(response.headers["X-Inference-Time"].removesuffix("ms")) > 0
+
+
+def test_raw_paragraph_offsets(server: Server) -> None:
+    text = (
+        "EU rejects German call to boycott British lamb.  Peter Blackburn reported from BRUSSELS on Friday.\n"
+        "The European Commission said on Thursday it disagreed with German advice to consumers."
+    )
+    response = extract(server, {"texts": [text, "", "   "]})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert results[1]["entities"] == [] and results[2]["entities"] == []
+    entities = results[0]["entities"]
+    check_offsets(text, entities)
+    found = {(e["type"], e["text"]) for e in entities}
+    assert ("PER", "Peter Blackburn") in found and ("ORG", "European Commission") in found
+
+
+def test_batched_equals_alone(server: Server, data_root: Path) -> None:
+    sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "dev", limit=24)]
+    together = extract(server, {"tokens": sentences}).json()["results"]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        alone = list(pool.map(lambda s: extract(server, {"tokens": [s]}).json()["results"][0], sentences))
+    assert together == alone
+
+
+def test_long_text_is_windowed_not_truncated(server: Server) -> None:
+    sentence = "Peter Blackburn met Angela Merkel in Berlin and " * 60 + "then left ."
+    response = extract(server, {"texts": [sentence]})
+    assert response.status_code == 200
+    entities = response.json()["results"][0]["entities"]
+    check_offsets(sentence, entities)
+    assert max(e["spans"][0][0] for e in entities) > len(sentence) * 0.9  # the end was read too
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "code", "where"),
+    [
+        ({"texts": ["a"], "tokens": [["a"]]}, 422, "invalid_request", None),
+        ({"tokens": [[]]}, 422, "invalid_request", "tokens[0]"),
+        ({"tokens": [["a", "b c"]]}, 422, "invalid_request", "tokens[0][1]"),
+        ({"texts": "not a list"}, 422, "invalid_request", "texts"),
+        ({"texts": ["a"], "model": "nope"}, 404, "unknown_model", "model"),
+        ({"texts": ["a"], "options": {"beam": 3}}, 422, "invalid_option", "options.beam"),
+        ({"texts": ["a"], "options": {"threshold": 1.5}}, 422, "invalid_option", "options.threshold"),
+        ({"texts": ["a"], "labels": ["PER"]}, 400, "labels_not_supported", "labels"),
+        ({"texts": ["a"] * 300}, 413, "too_many_texts", "texts"),
+    ],
+)
+def test_bad_input_errors(
+    server: Server, payload: dict[str, object], status: int, code: str, field: str | None
+) -> None:
+    response = extract(server, payload)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    assert response.json()["error"]["field"] == where
+
+
+def test_malformed_and_oversized_bodies(server: Server) -> None:
+    bad = httpx.post(f"{server.url}/extract", content=b'{"texts": [', headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"
+    huge = httpx.post(
+        f"{server.url}/extract",
+        content=json.dumps({"texts": ["x" * 3_000_000]}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "payload_too_large"
+
+
+def test_deadline_passed_gives_504(server: Server) -> None:
+    response = extract(server, {"texts": ["Peter went to Paris."]}, **{"X-Deadline-Ms": "0.001"})
+    assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
+
+
+def test_models_metrics_stats(server: Server) -> None:
+    models = httpx.get(f"{server.url}/models").json()
+    genia = next(m for m in models["models"] if m["name"] == "span-genia")
+    assert genia["capabilities"]["nested"] and "threshold" in genia["options"]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'nerserve_requests_total{model="span-conll03",status="200"}' in metrics
+    assert "nerserve_batch_sentences_bucket" in metrics
+    stats = httpx.get(f"{server.url}/stats").json()
+    assert stats["span-conll03"]["sentences"] > 0 and stats["span-conll03"]["mean_batch_size"] >= 1
+
+
+def test_overload_429_and_every_accepted_answered() -> None:
+    server = Server(models='["span-conll03"]', max_queue=8, max_batch_size=2, threads=1)
+    try:
+        server.wait_ready()
+        sentence = {"tokens": [["Peter", "Blackburn", "went", "to", "Brussels", "."]] * 4}
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            responses = list(pool.map(lambda _: extract(server, sentence), range(64)))
+        statuses = [r.status_code for r in responses]
+        assert 429 in statuses and 200 in statuses
+        assert set(statuses) <= {200, 429}
+        refused = next(r for r in responses if r.status_code == 429)
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert all(len(r.json()["results"]) == 4 for r in responses if r.status_code == 200)
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_in_flight_then_exits() -> None:
+    server = Server(models='["span-conll03"]', max_batch_size=4, threads=1)
+    server.wait_ready()
+    sentences = [["Peter", "Blackburn", "reported", "from", "Brussels", "on", "Friday", "."]] * 120
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(extract, server, {"tokens": sentences})
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        response = pending.result(timeout=120)
+    assert response.status_code == 200 and len(response.json()["results"]) == 120
+    assert server.process.wait(60) == 0
