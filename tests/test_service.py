@@ -152,7 +152,7 @@ def test_long_text_is_windowed_not_truncated(server: Server) -> None:
     ],
 )
 def test_bad_input_errors(
-    server: Server, payload: dict[str, object], status: int, code: str, field: str | None
+    server: Server, payload: dict[str, object], status: int, code: str, where: str | None
 ) -> None:
     response = extract(server, payload)
     assert response.status_code == status, response.text
