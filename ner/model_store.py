@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MODEL_STORE = Path(__file__).resolve().parent.parent / "model_store"
+# The repository's model_store/ by default; NERSERVE_MODEL_STORE points elsewhere (e.g. a volume).
+MODEL_STORE = Path(os.environ.get("NERSERVE_MODEL_STORE", Path(__file__).resolve().parent.parent / "model_store"))
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
