@@ -24,7 +24,7 @@ serve: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy ner
+	$(BIN)/mypy ner service export loadtest
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -30,9 +30,7 @@ def tiny_backbone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = resolve_backbone().path
     folder = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
     BertModel(config).save_pretrained(folder)
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         if (source / name).is_file():

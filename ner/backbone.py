@@ -57,9 +57,7 @@ def resolve_backbone(spec: str | None = None) -> BackboneInfo:
     try:
         module = importlib.import_module(module_name)
     except ImportError:
-        raise BackboneError(
-            f"backbone {spec!r} is neither a folder nor an installed package (pip install {spec})"
-        ) from None
+        raise BackboneError(f"backbone {spec!r} is neither a folder nor an installed package (pip install {spec})") from None
     get_path = getattr(module, "get_model_path", None)
     folder = Path(get_path()) if callable(get_path) else Path(module.__file__ or "").parent / "model"
     if not (folder / "config.json").is_file():

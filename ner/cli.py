@@ -82,9 +82,7 @@ def train(
     lr_heads: Annotated[float, typer.Option(min=0.0)] = 1e-3,
     lora_rank: Annotated[int, typer.Option(min=1)] = 16,
     seed: int = 47,
-    max_width: Annotated[
-        int | None, typer.Option(min=1, help="longest seed span; default covers 99.5% of entities")
-    ] = None,
+    max_width: Annotated[int | None, typer.Option(min=1, help="longest seed span; default covers 99.5% of entities")] = None,
     train_limit: Annotated[int | None, typer.Option(min=1, help="use only the first N training sentences")] = None,
     dev_limit: Annotated[int | None, typer.Option(min=1)] = None,
     time_budget_minutes: Annotated[float | None, typer.Option(min=0.0, help="stop after the epoch crossing it")] = None,
@@ -117,9 +115,9 @@ def evaluate_model(
     data: DataOption,
     split: Split = Split.test,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    runtime: Annotated[
-        Runtime, typer.Option(help="eager torch, or the exported graphs (exported first if missing)")
-    ] = (Runtime.eager),
+    runtime: Annotated[Runtime, typer.Option(help="eager torch, or the exported graphs (exported first if missing)")] = (
+        Runtime.eager
+    ),
     int8: Annotated[bool, typer.Option("--int8", help="with --runtime onnx: the INT8-quantised graphs")] = False,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
     limit: Annotated[int | None, typer.Option(min=1, help="first N sentences only")] = None,

@@ -60,9 +60,7 @@ class Evaluator:
             counts.add(_of_type(gold, label), _of_type(predicted, label))
         nested_gold, nested_pred = _overlapping(gold), _overlapping(predicted)
         self.nested.add(_keys(gold, nested_gold.__contains__), _keys(predicted, nested_pred.__contains__))
-        self.discontinuous.add(
-            _keys(gold, lambda e: e.is_discontinuous), _keys(predicted, lambda e: e.is_discontinuous)
-        )
+        self.discontinuous.add(_keys(gold, lambda e: e.is_discontinuous), _keys(predicted, lambda e: e.is_discontinuous))
 
     def report(self) -> dict[str, object]:
         result: dict[str, object] = dict(self.overall.scores())

@@ -38,9 +38,7 @@ def add_lora(backbone: nn.Module, settings: LoraSettings) -> nn.Module:
     targets: str | list[str] = (
         settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
     )
-    config = LoraConfig(
-        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets
-    )
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets)
     return get_peft_model(backbone, config)  # type: ignore[arg-type]
 
 
@@ -70,14 +68,10 @@ def load_weights(network: nn.Module, path: Path) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise WeightsError(
-            f"{path}: weights do not fit the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
+        raise WeightsError(f"{path}: weights do not fit the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})")
     with torch.no_grad():
         params = dict(network.named_parameters())
         for name, tensor in state.items():
             if params[name].shape != tensor.shape:
-                raise WeightsError(
-                    f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}"
-                )
+                raise WeightsError(f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
             params[name].copy_(tensor.to(params[name].dtype))

@@ -20,9 +20,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "nerserve_requests", "Requests by model and HTTP status", ["model", "status"], registry=r
-        )
+        self.requests = Counter("nerserve_requests", "Requests by model and HTTP status", ["model", "status"], registry=r)
         self.request_seconds = Histogram(
             "nerserve_request_seconds", "End-to-end request latency", ["model"], buckets=LATENCY_BUCKETS, registry=r
         )

@@ -20,9 +20,7 @@ from service.runtime.graph_set import load_graph_set
 @pytest.fixture(scope="module")
 def tiny_model(tiny_backbone: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    config = SpanConfig(
-        labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8}
-    )
+    config = SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8})
     backbone = resolve_backbone(str(tiny_backbone))
     lora = LoraSettings(rank=2, alpha=4)
     network = build_span_network(config, backbone, lora)

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,49 +14,7 @@ import httpx
 import pytest
 
 from ner.data import read_split
-
-READY_TIMEOUT = 900  # first start exports the graphs
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    def __init__(self, **settings: object) -> None:
-        self.port = free_port()
-        env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
-        env["NERSERVE_PORT"] = str(self.port)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ner", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self) -> None:
-        end = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < end:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                response = httpx.get(f"{self.url}/health/ready", timeout=2)
-                if response.status_code == 200:
-                    return
-                if response.json().get("status") == "failed":
-                    raise RuntimeError(response.text)
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError("server not ready")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+from tests.serving import Server
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +43,7 @@ def check_offsets(text: str, entities: list[dict[str, object]]) -> None:
 def test_nested_genia_sentence(server: Server, data_root: Path) -> None:
     sentences = read_split(data_root / "genia", "test", limit=300)
     nested = next(
-        s
-        for s in sentences
-        if any(a.overlaps(b) for a in s.entities for b in s.entities if a != b) and len(s.entities) >= 3
+        s for s in sentences if any(a.overlaps(b) for a in s.entities for b in s.entities if a != b) and len(s.entities) >= 3
     )
     response = extract(server, {"model": "span-genia", "tokens": [list(nested.tokens)]})
     assert response.status_code == 200, response.text
@@ -151,9 +103,7 @@ def test_long_text_is_windowed_not_truncated(server: Server) -> None:
         ({"texts": ["a"] * 300}, 413, "too_many_texts", "texts"),
     ],
 )
-def test_bad_input_errors(
-    server: Server, payload: dict[str, object], status: int, code: str, where: str | None
-) -> None:
+def test_bad_input_errors(server: Server, payload: dict[str, object], status: int, code: str, where: str | None) -> None:
     response = extract(server, payload)
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code

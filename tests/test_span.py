@@ -26,9 +26,7 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def tiny_network(tiny_backbone: Path):
     torch.manual_seed(0)
-    config = SpanConfig(
-        labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8}
-    )
+    config = SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8})
     backbone = resolve_backbone(str(tiny_backbone))
     network = build_span_network(config, backbone, LoraSettings(rank=2, alpha=4)).eval()
     return network, backbone
@@ -100,9 +98,7 @@ def test_decode_flat_and_nested_rules() -> None:
     labels = ("A", "B", "C")
     flat = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="flat"))
     assert {(e.type, e.fragments) for e in flat} == {("A", ((0, 3),)), ("B", ((5, 6),))}
-    nested = decode_sentence(
-        keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="nested")
-    )
+    nested = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="nested"))
     # [0,3) ⊃ [0,1) is nesting (kept); [1,4) crosses [0,3) (dropped); duplicate [5,6) keeps its best type
     assert {(e.type, e.fragments) for e in nested} == {("A", ((0, 3),)), ("B", ((0, 1),)), ("B", ((5, 6),))}
     filtered = decode_sentence(np.zeros(5), spans, probs, keep, labels, DecodeOptions())

@@ -92,9 +92,7 @@ class SubwordEncoder:
             for i, piece in enumerate(pieces):
                 subword_index[b, i, : len(piece)] = piece
                 subword_mask[b, i, : len(piece)] = 1
-        return SubwordBatch(
-            input_ids, attention_mask, subword_index, subword_mask, word_mask, [len(e.ids) for e in encodings]
-        )
+        return SubwordBatch(input_ids, attention_mask, subword_index, subword_mask, word_mask, [len(e.ids) for e in encodings])
 
 
 def _word_pieces(word_ids: list[int | None], n_words: int) -> list[list[int]]:

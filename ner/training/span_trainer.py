@@ -99,10 +99,7 @@ def tune_threshold(program: SpanProgram, sentences: list[Sentence], batch_size: 
         options = program.config.decode.replace(threshold=threshold)
         pairs: list[tuple[EntitySet, EntitySet]] = []
         for indices, batch, outputs in runs:
-            pairs += [
-                (sentences[i].entities, p)
-                for i, p in zip(indices, program.decode(batch, outputs, options), strict=True)
-            ]
+            pairs += [(sentences[i].entities, p) for i, p in zip(indices, program.decode(batch, outputs, options), strict=True)]
         f1 = float(evaluate(pairs)["f1"])  # type: ignore[arg-type]
         if f1 > best[1]:
             best = (threshold, f1)
@@ -124,9 +121,7 @@ def _manifest(
         architecture="span",
         version=datetime.date.today().isoformat() + ".1",
         labels=list(config.labels),
-        backbone=BackboneRecord(
-            name=backbone.name, package=backbone.package, version=backbone.version, sha256=backbone.sha256
-        ),
+        backbone=BackboneRecord(name=backbone.name, package=backbone.package, version=backbone.version, sha256=backbone.sha256),
         config=config.to_dict(),
         lora=lora.to_dict(),
         data={"folder": data_dir.name, "train": "train.jsonl", "dev": "dev.jsonl", "test": "test.jsonl"},
@@ -189,9 +184,7 @@ def train_span(
     for epoch in range(start_epoch, settings.epochs):
         started = time.perf_counter()
         network.train()
-        bar = tqdm(
-            shuffled_batches(train, settings.batch_size, rng), desc=f"epoch {epoch + 1}/{settings.epochs}", unit="batch"
-        )
+        bar = tqdm(shuffled_batches(train, settings.batch_size, rng), desc=f"epoch {epoch + 1}/{settings.epochs}", unit="batch")
         running = 0.0
         for step, indices in enumerate(bar, start=1):
             batch = program.prepare([list(train[i].tokens) for i in indices])

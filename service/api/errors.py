@@ -41,9 +41,7 @@ class ApiError(Exception):
         return ERROR_STATUS[self.code]
 
 
-def error_response(
-    code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
+def error_response(code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": {"code": code, "message": message, "field": field}}
     return JSONResponse(body, status_code=ERROR_STATUS[code], headers=headers)
 

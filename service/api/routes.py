@@ -51,9 +51,7 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 503, 504)
-}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 503, 504)}
 
 
 def _validate_tokens(tokens: list[list[str]]) -> None:

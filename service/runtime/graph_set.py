@@ -38,8 +38,6 @@ def load_graph_set(folder: Path, device: str = "cpu", threads: int | None = None
     manifest = read_manifest(folder)
     spec = architecture(manifest.architecture)
     runtime = RuntimeName(info["format"])
-    graphs = {
-        name: load_graph(folder / f"{name}{GRAPH_SUFFIX[runtime]}", runtime, device, threads) for name in spec.graphs
-    }
+    graphs = {name: load_graph(folder / f"{name}{GRAPH_SUFFIX[runtime]}", runtime, device, threads) for name in spec.graphs}
     subwords = SubwordEncoder(load_tokenizer(folder))
     return LoadedGraphSet(folder, manifest, info, spec.build_program(graphs, manifest.config, subwords))

@@ -46,8 +46,7 @@ def soft_nms(items: list[Candidate], decay: float, iou_threshold: float) -> list
         current = pending.pop(0)
         kept.append(current)
         pending = [
-            (s, e, c, score * decay if iou((s, e), current[:2]) >= iou_threshold else score)
-            for s, e, c, score in pending
+            (s, e, c, score * decay if iou((s, e), current[:2]) >= iou_threshold else score) for s, e, c, score in pending
         ]
         pending.sort(key=lambda c: -c[3])
     return kept
@@ -68,9 +67,7 @@ def decode_sentence(
     labels: tuple[str, ...],
     options: DecodeOptions,
 ) -> EntitySet:
-    found = soft_nms(
-        candidates(filter_prob, spans, class_probs, seed_mask, options), options.nms_decay, options.nms_iou
-    )
+    found = soft_nms(candidates(filter_prob, spans, class_probs, seed_mask, options), options.nms_decay, options.nms_iou)
     accepted: list[Candidate] = []
     for item in sorted(found, key=lambda c: -c[3]):
         if item[3] > options.threshold and not any(_conflicts(item, other, options.overlap) for other in accepted):

@@ -85,9 +85,7 @@ class SpanScorer(nn.Module):
 
 
 class SpanProposalGraph(nn.Module):
-    def __init__(
-        self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int
-    ) -> None:
+    def __init__(self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int) -> None:
         super().__init__()
         self.filter = SpanScorer(word_size, context_size, hidden, 2, levels, outer=False)
         self.regressor = SpanScorer(word_size, context_size, hidden, 2, levels, outer=True)

@@ -1,0 +1,115 @@
+"""HTTP side: requests to POST /extract with timing, the server's /metrics and /models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Sample:
+    scheduled: float  # when the request was due (open loop) or sent (closed loop), perf_counter
+    finished: float
+    status: int
+    sentences: int
+    words: int
+    queue_ms: float | None
+    inference_ms: float | None
+
+    @property
+    def latency(self) -> float:
+        return self.finished - self.scheduled
+
+
+def read_sentences(data_dir: Path, split: str = "test") -> list[list[str]]:
+    """The tokens of a canonical JSONL split (the tester's own reader: it imports nothing of nerserve)."""
+    with (data_dir / f"{split}.jsonl").open(encoding="utf-8") as handle:
+        return [json.loads(line)["tokens"] for line in handle if line.strip()]
+
+
+def _header_ms(response: httpx.Response, name: str) -> float | None:
+    value = response.headers.get(name)
+    return float(value.removesuffix("ms")) if value else None
+
+
+async def extract(
+    client: httpx.AsyncClient, model: str | None, sentences: list[list[str]], scheduled: float | None = None
+) -> Sample:
+    start = scheduled if scheduled is not None else time.perf_counter()
+    payload: dict[str, Any] = {"tokens": sentences}
+    if model:
+        payload["model"] = model
+    try:
+        response = await client.post("/extract", json=payload)
+        status = response.status_code
+        queue_ms, inference_ms = _header_ms(response, "x-queue-time"), _header_ms(response, "x-inference-time")
+    except httpx.HTTPError:
+        status, queue_ms, inference_ms = 0, None, None  # connection-level failure
+    return Sample(start, time.perf_counter(), status, len(sentences), sum(map(len, sentences)), queue_ms, inference_ms)
+
+
+_METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {"name{labels}": value} (labels kept verbatim)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _METRIC.match(line.strip())
+        if match:
+            values[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return values
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
+    response = await client.get("/metrics")
+    response.raise_for_status()
+    return parse_metrics(response.text)
+
+
+def metric_delta(before: dict[str, float], after: dict[str, float], name: str, model: str) -> float:
+    key = f'{name}{{model="{model}"}}'
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def server_split(before: dict[str, float], after: dict[str, float], model: str, seconds: float) -> dict[str, float]:
+    """The server's own view of a run: queue vs inference time, batch size, tokens/s."""
+
+    def mean(name: str) -> float:
+        count = metric_delta(before, after, f"{name}_count", model)
+        return metric_delta(before, after, f"{name}_sum", model) / count if count else 0.0
+
+    return {
+        "server_queue_ms_mean": mean("nerserve_queue_seconds") * 1000,
+        "server_batch_inference_ms_mean": mean("nerserve_inference_seconds") * 1000,
+        "server_batch_size_mean": mean("nerserve_batch_sentences"),
+        "server_padding_ratio_mean": mean("nerserve_batch_padding_ratio"),
+        "server_tokens_per_second": metric_delta(before, after, "nerserve_tokens_total", model) / seconds,
+    }
+
+
+async def model_info(client: httpx.AsyncClient, model: str | None) -> dict[str, Any]:
+    response = await client.get("/models")
+    response.raise_for_status()
+    body = response.json()
+    name = model or body["default"]
+    for entry in body["models"]:
+        if entry["name"] == name:
+            return dict(entry)
+    raise SystemExit(f"model {name!r} is not served at this URL")
+
+
+def make_client(url: str, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0), limits=limits)
+
+
+async def gather_bounded(coroutines: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*coroutines))

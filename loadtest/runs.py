@@ -1,0 +1,111 @@
+"""Closed-loop and open-loop runs: bounded in count and time, against one model."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import httpx
+
+from loadtest.client import Sample, extract, scrape, server_split
+from loadtest.schedule import arrivals
+from loadtest.stats import summarize
+
+MAX_OUTSTANDING = 4096  # open loop: beyond this many unanswered requests the client itself is saturated
+
+
+def summarize_run(samples: list[Sample], seconds: float, label: dict[str, Any]) -> dict[str, Any]:
+    ok = [s for s in samples if s.status == 200]
+    statuses: dict[str, int] = {}
+    for s in samples:
+        statuses[str(s.status)] = statuses.get(str(s.status), 0) + 1
+    return {
+        **label,
+        "seconds": seconds,
+        "requests": len(samples),
+        "ok": len(ok),
+        "errors": len(samples) - len(ok),
+        "status_counts": statuses,
+        "http_429": statuses.get("429", 0),
+        "sentences_per_second": sum(s.sentences for s in ok) / seconds if seconds else 0.0,
+        "words_per_second": sum(s.words for s in ok) / seconds if seconds else 0.0,
+        "latency_ms": summarize([s.latency for s in ok]),
+    }
+
+
+async def closed_loop(
+    client: httpx.AsyncClient,
+    model: str,
+    sentences: list[list[str]],
+    concurrency: int,
+    duration: float,
+    per_request: int = 1,
+) -> dict[str, Any]:
+    """`concurrency` workers, each sending its next request when the previous one returns."""
+    batches = itertools.cycle([sentences[i : i + per_request] for i in range(0, len(sentences), per_request)])
+    samples: list[Sample] = []
+    before = await scrape(client)
+    start = time.perf_counter()
+    end = start + duration
+
+    async def worker() -> None:
+        while time.perf_counter() < end:
+            samples.append(await extract(client, model, next(batches)))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = time.perf_counter() - start
+    after = await scrape(client)
+    label = {"mode": "closed", "model": model, "concurrency": concurrency, "sentences_per_request": per_request}
+    return {**summarize_run(samples, seconds, label), **server_split(before, after, model, seconds)}
+
+
+async def open_loop(
+    client: httpx.AsyncClient,
+    model: str,
+    sentences: list[list[str]],
+    rate: float,
+    duration: float,
+    kind: str = "poisson",
+    per_request: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Requests fired at pre-computed times; latency counts from the scheduled time, so a server
+    that falls behind shows it in latency instead of silently lowering the offered load."""
+    schedule = arrivals(rate, duration, kind, seed)
+    batches = itertools.cycle([sentences[i : i + per_request] for i in range(0, len(sentences), per_request)])
+    samples: list[Sample] = []
+    tasks: set[asyncio.Task[None]] = set()
+    overflow = 0
+    before = await scrape(client)
+    start = time.perf_counter()
+
+    async def fire(due: float, batch: list[list[str]]) -> None:
+        samples.append(await extract(client, model, batch, scheduled=due))
+
+    for offset in schedule:
+        due = start + offset
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if len(tasks) >= MAX_OUTSTANDING:
+            overflow += 1
+            continue
+        task = asyncio.create_task(fire(due, next(batches)))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=120)
+    seconds = max(time.perf_counter() - start, duration)
+    after = await scrape(client)
+    label = {
+        "mode": "open",
+        "model": model,
+        "rate": rate,
+        "arrivals": kind,
+        "sentences_per_request": per_request,
+        "offered": len(schedule),
+        "client_overflow": overflow,
+    }
+    return {**summarize_run(samples, seconds, label), **server_split(before, after, model, seconds)}

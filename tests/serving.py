@@ -1,0 +1,55 @@
+"""A real nerserve process on 127.0.0.1 for tests (started with `python -m ner serve`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+READY_TIMEOUT = 900  # first start exports the graphs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    def __init__(self, **settings: object) -> None:
+        self.port = free_port()
+        env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
+        env["NERSERVE_PORT"] = str(self.port)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ner", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> None:
+        end = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                response = httpx.get(f"{self.url}/health/ready", timeout=2)
+                if response.status_code == 200:
+                    return
+                if response.json().get("status") == "failed":
+                    raise RuntimeError(response.text)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("server not ready")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()

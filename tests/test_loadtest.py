@@ -1,0 +1,149 @@
+"""The load tester: statistics and scheduling on synthetic numbers, then a smoke run against a
+real server started by the test (loopback only, bounded in time)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.client import parse_metrics
+from loadtest.protocols import protocol_batches, setgen_batches
+from loadtest.report import knee, slo_throughput
+from loadtest.schedule import arrivals, sweep_rates
+from loadtest.stats import is_stable, percentile, summarize
+from tests.serving import Server
+
+
+def test_percentiles_are_exact() -> None:
+    samples = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    assert percentile(samples, 50) == pytest.approx(0.0505)
+    assert percentile(samples, 99) == pytest.approx(0.09901)
+    assert percentile([0.2], 99.9) == 0.2
+    summary = summarize(samples)
+    assert summary["p50"] == pytest.approx(50.5) and summary["max"] == pytest.approx(100)
+
+
+def test_schedules_are_precomputed_and_bounded() -> None:
+    constant = arrivals(10, 2.0, "constant")
+    assert constant == [i / 10 for i in range(20)]
+    poisson = arrivals(200, 10.0, "poisson", seed=1)
+    assert poisson == sorted(poisson) and all(0 < t < 10 for t in poisson)
+    assert 1800 < len(poisson) < 2200  # ≈ rate × duration
+    assert arrivals(200, 10.0, "poisson", seed=1) == poisson  # reproducible
+    assert sweep_rates(10, 1000, 3) == [10.0, 100.0, 1000.0]
+    with pytest.raises(ValueError):
+        arrivals(1, 1, "bursty")
+
+
+def test_protocol_batching() -> None:
+    sentences = [["w"] * n for n in (10, 300, 500, 20, 20, 790, 5)]
+    batches = setgen_batches(sentences)
+    assert all(max(map(len, b)) * len(b) <= 800 or len(b) == 1 for b in batches)
+    assert [s for b in batches for s in b] == sentences  # fixed order, nothing dropped
+    nag, repeat = protocol_batches("nag", sentences)
+    assert repeat and nag == [sentences[:4]]
+    gner, _ = protocol_batches("gner", sentences)
+    assert [len(b) for b in gner] == [4, 3]
+
+
+def test_stability_knee_slo_and_metrics_parsing() -> None:
+    assert is_stable([100, 101, 100.5]) and not is_stable([100, 120, 100])
+    runs = [
+        {"mode": "open", "rate": r, "ok": 1, "errors": e, "sentences_per_second": s, "latency_ms": {"p99": p}}
+        for r, s, p, e in ((10, 10, 20, 0), (50, 50, 30, 0), (100, 90, 120, 0), (200, 95, 900, 3))
+    ]
+    assert knee(runs)["rate"] == 50
+    assert slo_throughput(runs, 130)["rate"] == 100
+    text = '# HELP x\nnerserve_tokens_total{model="m"} 42.0\nnerserve_queue_depth{model="m"} 3\n'
+    assert parse_metrics(text) == {'nerserve_tokens_total{model="m"}': 42.0, 'nerserve_queue_depth{model="m"}': 3.0}
+
+
+def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
+    server = Server(models='["span-conll03"]', threads=1)
+    try:
+        server.wait_ready()
+        base = [sys.executable, "-m", "loadtest"]
+        closed = subprocess.run(
+            [
+                *base,
+                "run",
+                "--model",
+                "span-conll03",
+                "--data",
+                str(data_root / "conll03"),
+                "--mode",
+                "closed",
+                "--concurrency",
+                "1,4",
+                "--duration",
+                "2",
+                "--url",
+                server.url,
+                "--out",
+                str(tmp_path / "closed"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert "| closed | c=4 |" in closed.stdout
+        summary = json.loads((tmp_path / "closed" / "summary.json").read_text())
+        assert [r["concurrency"] for r in summary["runs"]] == [1, 4]
+        assert all(r["ok"] > 0 and r["errors"] == 0 for r in summary["runs"])
+        assert (tmp_path / "closed" / "throughput_latency.png").stat().st_size > 1000
+        opened = subprocess.run(
+            [
+                *base,
+                "run",
+                "--model",
+                "span-conll03",
+                "--data",
+                str(data_root / "conll03"),
+                "--mode",
+                "open",
+                "--rate",
+                "20",
+                "--duration",
+                "2",
+                "--slo-p99-ms",
+                "5000",
+                "--url",
+                server.url,
+                "--out",
+                str(tmp_path / "open"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert "SLO p99 < 5000.0 ms: 20.0 requests/s" in opened.stdout
+        table = subprocess.run(
+            [
+                *base,
+                "protocol",
+                "--table",
+                "nag",
+                "--models",
+                "span-conll03",
+                "--data",
+                str(data_root / "conll03"),
+                "--url",
+                server.url,
+                "--max-seconds",
+                "3",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        rows = json.loads(table.stdout)["rows"]
+        assert rows[0]["sentences_per_second"] > 0 and rows[0]["model_only_sentences_per_second"] > 0
+        assert rows[-1]["reference"] and rows[-1]["speedup"] == 1.0
+    finally:
+        server.stop()
