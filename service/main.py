@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -115,7 +116,12 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.service_state.draining = True
-        super().handle_exit(sig, frame)
+        # As uvicorn's own handler, except that the signal is not re-raised after the graceful
+        # shutdown: a drained server exits 0, which orchestrators read as a clean stop.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
 
 
 def run(settings: Settings) -> None:
