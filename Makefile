@@ -1,11 +1,12 @@
 # The two commands of the README. Both set up everything they need on a fresh machine.
-#   make serve   install, then run the default model (until the service lands: evaluate it on CoNLL-2003 test)
+#   make serve   install, then serve every model in model_store/ (graphs exported on first start)
 #   make test    install (with dev tools), then lint, type-check and run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DATA   ?= ../shared/data
-MODEL  ?= span-conll03
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
 
 .PHONY: install serve test lint
 
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 serve: install
-	$(BIN)/nerserve eval $(MODEL) --data $(DATA)/conll03 --split test
+	NERSERVE_DATA=$(DATA) $(BIN)/nerserve serve --host $(HOST) --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check .
