@@ -1,0 +1,32 @@
+"""The command line answers bad input with one line naming the file, line or flag (exit 2)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def nerserve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ner", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bad_data_file_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "dev.jsonl").write_text(
+        '{"tokens": ["a"], "entities": []}\n{"tokens": ["a"], "entities": [{"type": "X", "spans": [[0, 5]]}]}\n'
+    )
+    result = nerserve("eval", "span-conll03", "--data", str(tmp_path), "--split", "dev")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path}/dev.jsonl:2: entity 'X': span [0, 5] outside 0..1 or empty"
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_split_unknown_model_and_bad_flag(tmp_path: Path, data_root: Path) -> None:
+    missing = nerserve("eval", "span-conll03", "--data", str(tmp_path), "--split", "test")
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path}/test.jsonl: no such data file"
+    unknown = nerserve("eval", "no-such-model", "--data", str(data_root / "conll03"), "--limit", "1")
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown model 'no-such-model'")
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    flag = nerserve("eval", "span-conll03", "--data", str(tmp_path), "--bogus")
+    assert flag.returncode == 2 and "No such option: --bogus" in flag.stderr
+    assert "Traceback" not in flag.stderr
+    bad_split = nerserve("eval", "span-conll03", "--data", str(tmp_path), "--split", "validation")
+    assert bad_split.returncode == 2 and "--split" in bad_split.stderr
