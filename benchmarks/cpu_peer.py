@@ -33,15 +33,7 @@ def profile(program: Any, sentences: list[list[str]], batch_size: int) -> dict[s
         t1 = time.perf_counter()
         encoded = program.graphs["encoder"].run(batch.encoder_inputs)
         t2 = time.perf_counter()
-        outputs = program.graphs["span_proposal"].run(
-            {
-                "word_states": encoded["word_states"],
-                "context": encoded["context"],
-                "word_mask": batch.encoder_inputs["word_mask"],
-                "seeds": batch.seeds,
-                "seed_mask": batch.seed_mask,
-            }
-        )
+        outputs = program.graphs["span_proposal"].run(program.span_inputs(batch, encoded))
         t3 = time.perf_counter()
         program.decode(batch, {**encoded, **outputs})
         t4 = time.perf_counter()

@@ -66,17 +66,20 @@ class SpanProgram:
         }
         return SpanBatch(inputs, seeds, seed_mask, [len(w) for w in sentences], encoded.padded_tokens)
 
+    @staticmethod
+    def span_inputs(batch: SpanBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The span-proposal graph's feeds: the encoder's outputs plus the batch's seeds."""
+        return {
+            "word_states": encoded["word_states"],
+            "context": encoded["context"],
+            "word_mask": batch.encoder_inputs["word_mask"],
+            "seeds": batch.seeds,
+            "seed_mask": batch.seed_mask,
+        }
+
     def run(self, batch: SpanBatch) -> dict[str, np.ndarray]:
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        outputs = self.graphs["span_proposal"].run(
-            {
-                "word_states": encoded["word_states"],
-                "context": encoded["context"],
-                "word_mask": batch.encoder_inputs["word_mask"],
-                "seeds": batch.seeds,
-                "seed_mask": batch.seed_mask,
-            }
-        )
+        outputs = self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
         return {**encoded, **outputs}
 
     def decode(
