@@ -12,8 +12,9 @@ URL="http://127.0.0.1:$PORT"
 mkdir -p "$OUT"
 declare -A DATASET=([span-conll03]=conll03 [span-genia]=genia)
 
+declare -A RUNTIMES=([span-conll03]="eager torchscript onnx onnx-int8" [span-genia]="eager onnx")
 for model in span-conll03 span-genia; do
-  for runtime in eager torchscript onnx onnx-int8; do
+  for runtime in ${RUNTIMES[$model]}; do
     flags="--runtime ${runtime%-int8}"; [[ $runtime == onnx-int8 ]] && flags="$flags --int8"
     echo "eval $model $runtime" >&2
     nerserve eval "$model" --data "$DATA/${DATASET[$model]}" --split test --json $flags > "$OUT/eval-$model-$runtime.json"
