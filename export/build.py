@@ -28,6 +28,9 @@ from ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
 from service.runtime import GRAPH_SUFFIX, RuntimeName
 from service.runtime.graph_set import EXPORT_JSON, load_graph_set
 
+# INT8 quantises the encoder (the backbone: nearly all the time) and keeps the small span graph in
+# fp32: its boundary offsets are rounded to words, where quantisation noise flips boundaries.
+INT8_GRAPHS = ("encoder",)
 DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 # Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters) so that the
 # exporter cannot mistake one axis for another or specialise a size-1 axis.
@@ -97,7 +100,7 @@ def export_model(
             path = staging / f"{graph_name}{GRAPH_SUFFIX[fmt]}"
             if fmt == RuntimeName.onnx:
                 write_onnx(modules[graph_name], args, path, inputs, outputs, spec.axes[graph_name])
-                if int8:
+                if int8 and graph_name in INT8_GRAPHS:
                     fp32 = path.with_suffix(".fp32.onnx")
                     path.rename(fp32)
                     quantize_int8(fp32, path)
@@ -119,6 +122,7 @@ def export_model(
             "architecture": model.manifest.architecture,
             "format": fmt.value,
             "int8": int8,
+            "int8_graphs": list(INT8_GRAPHS) if int8 else [],
             "opset": OPSET if fmt == RuntimeName.onnx else None,
             "exporter": "torch.onnx.export(dynamo=True)" if fmt == RuntimeName.onnx else "torch.jit.trace",
             "versions": {

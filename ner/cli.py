@@ -131,16 +131,21 @@ def evaluate_model(
     from ner.loading import load_model
     from ner.runner import score
 
+    if int8 and runtime != Runtime.onnx:
+        raise typer.BadParameter("--int8 needs --runtime onnx", param_hint="--int8")
     sentences = read_split(data, split.value, limit)
-    model = load_model(name, device)
-    options = model.program.config.decode
+    if runtime == Runtime.eager:
+        program = load_model(name, device).program
+    else:
+        program = _exported_program(name, runtime.value, int8, device)
+    options = program.config.decode
     if threshold is not None:
         options = options.replace(threshold=threshold)
-    report = score(lambda batch: model.program.predict(batch, options), sentences, batch_size, progress=not as_json)
+    report = score(lambda batch: program.predict(batch, options), sentences, batch_size, progress=not as_json)
     report = {
-        "model": model.manifest.name,
+        "model": name,
         "split": split.value,
-        "runtime": runtime.value,
+        "runtime": runtime.value + ("-int8" if int8 else ""),
         "threshold": options.threshold,
         "threads": torch.get_num_threads(),
         **report,
@@ -161,7 +166,7 @@ def evaluate_model(
             typer.echo(f"  {part:>12}  F1 {counts['f1']:.4f}  gold {counts['gold']}")
 
 
-def _exported_program(name: str, fmt: str, int8: bool, device: str | None, quiet: bool) -> Any:
+def _exported_program(name: str, fmt: str, int8: bool, device: str | None) -> Any:
     """The program over a ready graph set of NAME, exporting it first when there is none."""
     from ner.model_store import graph_set_folder
     from service.runtime.graph_set import EXPORT_JSON, load_graph_set

@@ -86,7 +86,7 @@ EXPORT_VERSION = "1"  # bump when the export code changes what it writes
 
 def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
     digest = hashlib.sha256()
-    for part in (EXPORT_VERSION, fmt, "int8" if int8 else "fp32"):
+    for part in (EXPORT_VERSION, fmt, "int8-encoder" if int8 else "fp32"):
         digest.update(part.encode() + b"\0")
     for name in (MANIFEST, WEIGHTS):
         digest.update((folder / name).read_bytes())
