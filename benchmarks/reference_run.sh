@@ -50,3 +50,4 @@ python -m loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed
   --duration 10 --url "$URL" --out "$OUT/closed-batch1"
 stop
 echo "written to $OUT" >&2
+python benchmarks/render_reference.py "$OUT" > /dev/null
