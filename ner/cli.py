@@ -108,6 +108,18 @@ def train(
     typer.echo(json.dumps(manifest.scores, indent=2))
 
 
+@app.command()
+@_user_errors
+def tune(
+    name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
+    data: DataOption,
+) -> None:
+    """Re-choose a trained model's decoding options on dev and rewrite its manifest (test re-scored)."""
+    from ner.training.decode_tuning import retune_model
+
+    typer.echo(json.dumps(retune_model(name, data), indent=2))
+
+
 @app.command("eval")
 @_user_errors
 def evaluate_model(

@@ -22,15 +22,13 @@ from ner.archs.span.loss import span_loss
 from ner.archs.span.program import SpanBatch, SpanProgram
 from ner.backbone import BackboneInfo, resolve_backbone
 from ner.data import Sentence, label_set, read_split
-from ner.evaluation import evaluate
 from ner.loading import build_span_network, device_name, eager_program
 from ner.lora import LoraSettings, save_weights, trainable_state
 from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
-from ner.runner import length_batches, score
-from ner.types import EntitySet
+from ner.runner import score
+from ner.training.decode_tuning import THRESHOLDS, tune_decoding
 
 DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
-THRESHOLD_GRID = tuple(round(x, 2) for x in np.arange(0.3, 0.91, 0.05))
 
 
 @dataclass
@@ -89,21 +87,9 @@ def to_tensors(batch: SpanBatch, device: str) -> tuple[dict[str, torch.Tensor], 
 
 
 def tune_threshold(program: SpanProgram, sentences: list[Sentence], batch_size: int) -> tuple[float, float]:
-    """δ with the best dev F1: graphs run once, decoding repeated per threshold."""
-    runs: list[tuple[list[int], SpanBatch, dict[str, np.ndarray]]] = []
-    for indices in length_batches([len(s.tokens) for s in sentences], batch_size):
-        batch = program.prepare([list(sentences[i].tokens) for i in indices])
-        runs.append((indices, batch, program.run(batch)))
-    best = (program.config.decode.threshold, -1.0)
-    for threshold in THRESHOLD_GRID:
-        options = program.config.decode.replace(threshold=threshold)
-        pairs: list[tuple[EntitySet, EntitySet]] = []
-        for indices, batch, outputs in runs:
-            pairs += [(sentences[i].entities, p) for i, p in zip(indices, program.decode(batch, outputs, options), strict=True)]
-        f1 = float(evaluate(pairs)["f1"])  # type: ignore[arg-type]
-        if f1 > best[1]:
-            best = (threshold, f1)
-    return best
+    """δ with the best dev F1 (the other decoding options as configured)."""
+    best, f1, _ = tune_decoding(program, sentences, batch_size, {"threshold": THRESHOLDS})
+    return best.threshold, f1
 
 
 def _manifest(
