@@ -75,11 +75,10 @@ def protocol(
                         **result,
                     }
                 )
-            if reference is None:  # the 1× row: the first model, one sentence per request
-                single, _ = protocol_batches("gner", sentences)
-                single = [[s] for batch in single for s in batch][: sum(len(b) for b in batches) if not repeat else 4]
+            if reference is None:  # the 1× row: the first model, the same sentences one per request
+                singles = [[sentence] for batch in batches for sentence in batch]
                 info = await model_info(client, names[0])
-                result = await run_protocol(client, names[0], single if not repeat else [single[0]], repeat, max_seconds)
+                result = await run_protocol(client, names[0], singles, repeat, max_seconds)
                 rows.append(
                     {
                         "model": f"{names[0]} (batch 1)",

@@ -73,7 +73,8 @@ async def run_protocol(
         chunk_rates: list[float] = []
         while not is_stable(chunk_rates) and time.perf_counter() - start < max_seconds:
             chunk_start = time.perf_counter()
-            chunk = [await extract(client, model, batches[0]) for _ in range(20)]
+            # cycle through the batches: the batch-1 reference row sends the same sentences one by one
+            chunk = [await extract(client, model, batches[i % len(batches)]) for i in range(20)]
             errors += sum(s.status != 200 for s in chunk)
             samples += chunk
             chunk_rates.append(sum(s.sentences for s in chunk) / (time.perf_counter() - chunk_start))
