@@ -86,6 +86,7 @@ class Scheduler:
         self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs")
         self._tasks: list[asyncio.Task[None]] = []
         self._recent_rate = 0.0  # sentences per second of the last batches, for Retry-After
+        self._running = False  # the graph thread is busy with a batch
 
     @property
     def depth(self) -> int:
@@ -174,11 +175,14 @@ class Scheduler:
             costs = [i.cost for i in self._queue[: limits.max_batch_size]]
             full = len(self._queue) >= limits.max_batch_size or max(costs) * len(costs) >= limits.max_batch_tokens
             remaining = close_at - self.clock()
-            if full or remaining <= 0:
+            busy = self._running or not self._handoff.empty()
+            # While the graphs are busy a batch keeps growing (it could not run sooner anyway);
+            # once they are idle it closes at max_wait, or at once when full.
+            if full or (remaining <= 0 and not busy):
                 break
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), timeout=remaining)
+                await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
         chosen = set(select_batch(self._queue, limits))
         batch = [item for i, item in enumerate(self._queue) if i in chosen]
         self._queue = [item for i, item in enumerate(self._queue) if i not in chosen]
@@ -211,11 +215,15 @@ class Scheduler:
             started = self.clock()
             for item in batch:
                 item.started = started
+            self._running = True
             try:
                 results = await loop.run_in_executor(self._runner, self.run, prepared)
             except Exception as error:
                 self._fail(batch, error)
                 continue
+            finally:
+                self._running = False
+                self._arrived.set()  # wake the collector: the graphs are free
             finished = self.clock()
             seconds = finished - started
             for item, result in zip(batch, results, strict=True):
