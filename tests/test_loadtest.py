@@ -60,89 +60,55 @@ def test_stability_knee_slo_and_metrics_parsing() -> None:
     assert parse_metrics(text) == {'nerserve_tokens_total{model="m"}': 42.0, 'nerserve_queue_depth{model="m"}': 3.0}
 
 
+def loadtest(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "loadtest", *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
     server = Server(models='["span-conll03"]', threads=1)
     try:
         server.wait_ready()
-        base = [sys.executable, "-m", "loadtest"]
-        closed = subprocess.run(
-            [
-                *base,
-                "run",
-                "--model",
-                "span-conll03",
-                "--data",
-                str(data_root / "conll03"),
-                "--mode",
-                "closed",
-                "--concurrency",
-                "1,4",
-                "--duration",
-                "2",
-                "--url",
-                server.url,
-                "--out",
-                str(tmp_path / "closed"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
+        common = ["--model", "span-conll03", "--data", str(data_root / "conll03"), "--url", server.url]
+        closed = loadtest(
+            "run", *common, "--mode", "closed", "--concurrency", "1,4", "--duration", "2", "--out", str(tmp_path / "closed")
         )
-        assert "| closed | c=4 |" in closed.stdout
+        assert "| closed | c=4 |" in closed
         summary = json.loads((tmp_path / "closed" / "summary.json").read_text())
         assert [r["concurrency"] for r in summary["runs"]] == [1, 4]
         assert all(r["ok"] > 0 and r["errors"] == 0 for r in summary["runs"])
         assert (tmp_path / "closed" / "throughput_latency.png").stat().st_size > 1000
-        opened = subprocess.run(
-            [
-                *base,
-                "run",
-                "--model",
-                "span-conll03",
-                "--data",
-                str(data_root / "conll03"),
-                "--mode",
-                "open",
-                "--rate",
-                "20",
-                "--duration",
-                "2",
-                "--slo-p99-ms",
-                "5000",
-                "--url",
-                server.url,
-                "--out",
-                str(tmp_path / "open"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
+        opened = loadtest(
+            "run",
+            *common,
+            "--mode",
+            "open",
+            "--rate",
+            "20",
+            "--duration",
+            "2",
+            "--slo-p99-ms",
+            "5000",
+            "--out",
+            str(tmp_path / "open"),
         )
-        assert "SLO p99 < 5000.0 ms: 20.0 requests/s" in opened.stdout
-        table = subprocess.run(
-            [
-                *base,
-                "protocol",
-                "--table",
-                "nag",
-                "--models",
-                "span-conll03",
-                "--data",
-                str(data_root / "conll03"),
-                "--url",
-                server.url,
-                "--max-seconds",
-                "3",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
+        assert "SLO p99 < 5000.0 ms: 20.0 requests/s" in opened
+        table = loadtest(
+            "protocol",
+            "--table",
+            "nag",
+            "--models",
+            "span-conll03",
+            "--data",
+            str(data_root / "conll03"),
+            "--url",
+            server.url,
+            "--max-seconds",
+            "3",
+            "--json",
         )
-        rows = json.loads(table.stdout)["rows"]
+        rows = json.loads(table)["rows"]
         assert rows[0]["sentences_per_second"] > 0 and rows[0]["model_only_sentences_per_second"] > 0
         assert rows[-1]["reference"] and rows[-1]["speedup"] == 1.0
     finally:
