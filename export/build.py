@@ -90,9 +90,7 @@ def export_model(
     try:
         # example inputs for every graph, from the eager program itself
         batch = model.program.prepare(EXAMPLE_SENTENCES)
-        values: dict[str, np.ndarray] = dict(batch.encoder_inputs)
-        values.update({"seeds": batch.seeds, "seed_mask": batch.seed_mask})
-        values.update(model.program.run(batch))
+        values: dict[str, np.ndarray] = model.program.export_values(batch)
         graphs_info: dict[str, Any] = {}
         for graph_name, (inputs, outputs) in spec.graphs.items():
             log(f"{name}: exporting graph {graph_name} ({fmt.value}{' int8' if int8 else ''})")

@@ -21,6 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class Architecture(StrEnum):
     span = "span"
+    nag = "nag"
 
 
 class Split(StrEnum):
@@ -90,7 +91,7 @@ def train(
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")] = None,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
-    from ner.training.span_trainer import TrainSettings, train_span
+    from ner.training.loop import TrainSettings
 
     settings = TrainSettings(
         epochs=epochs,
@@ -104,7 +105,14 @@ def train(
         dev_limit=dev_limit,
         time_budget_minutes=time_budget_minutes,
     )
-    manifest = train_span(data, out, settings, backbone, device)
+    if architecture == Architecture.nag:
+        from ner.training.nag_trainer import train_nag
+
+        manifest = train_nag(data, out, settings, backbone, device)
+    else:
+        from ner.training.span_trainer import train_span
+
+        manifest = train_span(data, out, settings, backbone, device)
     typer.echo(json.dumps(manifest.scores, indent=2))
 
 
@@ -154,6 +162,8 @@ def evaluate_model(
     if threshold is not None:
         options = options.replace(threshold=threshold)
     report = score(lambda batch: program.predict(batch, options), sentences, batch_size, progress=not as_json)
+    if hasattr(program, "outcomes"):  # generative decoders: how sequences ended, drops included
+        report["decoder_outcomes"] = dict(program.outcomes)
     report = {
         "model": name,
         "split": split.value,

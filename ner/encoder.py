@@ -127,11 +127,24 @@ class WordEncoder(nn.Module):
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        states, hidden = self.encode(input_ids, attention_mask, subword_index, subword_mask, char_ids, shape_ids, word_mask)
+        return states, hidden[:, 0]
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        subword_index: torch.Tensor,
+        subword_mask: torch.Tensor,
+        char_ids: torch.Tensor,
+        shape_ids: torch.Tensor,
+        word_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """word_states [B, N, 2·lstm_hidden] and the sub-word states [B, S, H] they came from."""
         outputs = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         layers = outputs.hidden_states[-self.config.last_layers :]
         hidden = torch.stack(layers, dim=0).mean(dim=0)
         words = pool_subwords(hidden, subword_index, subword_mask, self.config.pooling)
         features = torch.cat([words, self.chars(char_ids), self.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
-        states = self.lstm(self.dropout(features), lengths)
-        return states, hidden[:, 0]
+        return self.lstm(self.dropout(features), lengths), hidden

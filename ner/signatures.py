@@ -40,3 +40,35 @@ SPAN_GRAPHS: dict[str, Signature] = {
     "span_proposal": (SPAN_INPUTS, SPAN_OUTPUTS),
 }
 AXES: dict[str, dict[str, tuple[str, ...]]] = {"encoder": ENCODER_AXES, "span_proposal": SPAN_AXES}
+
+# NAG-NER: encoder + entity-start classifier, then one parallel decoder pass over all queries
+# (a query = one entity to write: sentence, start word, start sub-word position, rank n).
+NAG_ENCODER_INPUTS = (*ENCODER_INPUTS, "subword_words", "memory_mask")
+NAG_ENCODER_OUTPUTS = ("start_probs", "memory", "word_queries")
+NAG_DECODER_INPUTS = ("memory", "memory_mask", "word_queries", "query_sentence", "query_word", "query_position", "query_rank")
+NAG_DECODER_OUTPUTS = ("token_ids", "token_probs")
+NAG_AXES: dict[str, dict[str, tuple[str, ...]]] = {
+    "encoder": {
+        **{name: ENCODER_AXES[name] for name in ENCODER_INPUTS},
+        "subword_words": ("batch", "subwords"),
+        "memory_mask": ("batch", "subwords"),
+        "start_probs": ("batch", "words", ""),
+        "memory": ("batch", "subwords", ""),
+        "word_queries": ("batch", "words", ""),
+    },
+    "decoder": {
+        "memory": ("batch", "subwords", ""),
+        "memory_mask": ("batch", "subwords"),
+        "word_queries": ("batch", "words", ""),
+        "query_sentence": ("queries",),
+        "query_word": ("queries",),
+        "query_position": ("queries",),
+        "query_rank": ("queries",),
+        "token_ids": ("queries", ""),
+        "token_probs": ("queries", ""),
+    },
+}
+NAG_GRAPHS: dict[str, Signature] = {
+    "encoder": (NAG_ENCODER_INPUTS, NAG_ENCODER_OUTPUTS),
+    "decoder": (NAG_DECODER_INPUTS, NAG_DECODER_OUTPUTS),
+}

@@ -118,7 +118,7 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
 
     def run(prepared: tuple[Any, list[Any]]) -> list[Any]:
         batch, options = prepared
-        return list(program.decode(batch, program.run(batch), options))
+        return list(program.decode(batch, program.run(batch, options), options))
 
     limits = BatchLimits(settings.max_batch_size, settings.max_batch_tokens, settings.max_wait_ms, settings.max_queue)
     scheduler = Scheduler(prepare=prepare, run=run, limits=limits, observer=observer)

@@ -1,5 +1,5 @@
-"""Export of a tiny random-weight span model: graphs written, parity checked on real dev sentences,
-unchanged source skipped, broken graph files named in the error."""
+"""Export of tiny random-weight span and nag models: graphs written, parity checked on real dev
+sentences, unchanged source skipped, broken graph files named in the error."""
 
 from pathlib import Path
 
@@ -7,33 +7,50 @@ import pytest
 import torch
 
 from export.build import export_model
+from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.span.config import SpanConfig
 from ner.backbone import resolve_backbone
 from ner.graph import GraphError
-from ner.loading import build_span_network
+from ner.loading import build_network
 from ner.lora import LoraSettings, save_weights
 from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
 from service.runtime import RuntimeName
 from service.runtime.graph_set import load_graph_set
 
+TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
+CONFIGS = {
+    "span": SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder=TINY_ENCODER),
+    # τ_s = 0.9: random weights then select many starts, so the decoder graph runs in parity
+    "nag": NagConfig(
+        labels=("LOC", "MISC", "ORG", "PER"),
+        encoder=TINY_ENCODER,
+        decoder_dim=32,
+        decoder_heads=2,
+        decoder_ffn=64,
+        decode=NagDecodeOptions(start_threshold=0.9),
+    ),
+}
+GRAPHS = {"span": {"encoder", "span_proposal"}, "nag": {"encoder", "decoder"}}
 
-@pytest.fixture(scope="module")
-def tiny_model(tiny_backbone: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def tiny_model(request: pytest.FixtureRequest, tiny_backbone: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    config = SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8})
+    arch = request.param
+    config = CONFIGS[arch]
     backbone = resolve_backbone(str(tiny_backbone))
     lora = LoraSettings(rank=2, alpha=4)
-    network = build_span_network(config, backbone, lora)
+    network = build_network(arch, config, backbone, lora)
     with torch.no_grad():  # LoRA B starts at zero: make the adapters count, so merging is exercised
         for name, parameter in network.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.05)
-    folder = tmp_path_factory.mktemp("store") / "tiny-span"
+    folder = tmp_path_factory.mktemp("store") / f"tiny-{arch}"
     save_weights(network, folder / WEIGHTS)
     record = BackboneRecord(name=str(tiny_backbone), package=None, version=None, sha256=backbone.sha256)
     manifest = Manifest(
-        name="tiny-span",
-        architecture="span",
+        name=f"tiny-{arch}",
+        architecture=arch,
         version="test",
         labels=list(config.labels),
         backbone=record,
@@ -52,7 +69,7 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     assert info["parity"]["sentences"] == 200
     assert info["parity"]["max_abs_diff"] <= 1e-4
     assert info["parity"]["entity_sets_identical"]
-    assert set(info["graphs"]) == {"encoder", "span_proposal"}
+    assert set(info["graphs"]) == GRAPHS[info["architecture"]]
     folder = Path(info["folder"])
     loaded = load_graph_set(folder)
     assert loaded.program.predict([["Peter", "lives", "in", "Paris"]])[0] is not None

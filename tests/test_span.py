@@ -12,7 +12,7 @@ from ner.archs.span.decode import decode_sentence, soft_nms
 from ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
 from ner.archs.span.program import enumerate_seeds
 from ner.backbone import resolve_backbone
-from ner.loading import build_span_network, eager_program
+from ner.loading import build_network, eager_program
 from ner.lora import LoraSettings, load_weights, save_weights
 
 SENTENCES = [
@@ -28,7 +28,7 @@ def tiny_network(tiny_backbone: Path):
     torch.manual_seed(0)
     config = SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8})
     backbone = resolve_backbone(str(tiny_backbone))
-    network = build_span_network(config, backbone, LoraSettings(rank=2, alpha=4)).eval()
+    network = build_network("span", config, backbone, LoraSettings(rank=2, alpha=4)).eval()
     return network, backbone
 
 
@@ -62,7 +62,7 @@ def test_seeds_enumerate_every_width() -> None:
 
 def test_outputs_do_not_depend_on_batch(tiny_network) -> None:
     network, backbone = tiny_network
-    program = eager_program(network, backbone, "cpu")
+    program = eager_program("span", network, backbone, "cpu")
     together = program.prepare(SENTENCES)
     outputs = program.run(together)
     for b, sentence in enumerate(SENTENCES):
@@ -76,7 +76,7 @@ def test_outputs_do_not_depend_on_batch(tiny_network) -> None:
 def test_weights_roundtrip_fp16(tiny_network, tmp_path: Path) -> None:
     network, backbone = tiny_network
     save_weights(network, tmp_path / "w.safetensors")
-    fresh = build_span_network(network.config, backbone, LoraSettings(rank=2, alpha=4))
+    fresh = build_network("span", network.config, backbone, LoraSettings(rank=2, alpha=4))
     load_weights(fresh, tmp_path / "w.safetensors")
     for (name, a), (_, b) in zip(network.named_parameters(), fresh.named_parameters(), strict=True):
         if a.requires_grad:

@@ -10,8 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from ner.archs.span.config import DecodeOptions
-from ner.archs.span.program import SpanBatch, SpanProgram
 from ner.data import Sentence
 from ner.evaluation import evaluate
 from ner.runner import length_batches
@@ -58,13 +56,18 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
 
 
 def tune_decoding(
-    program: SpanProgram, sentences: Sequence[Sentence], batch_size: int, grid: dict[str, Sequence[Any]]
-) -> tuple[DecodeOptions, float, list[dict[str, Any]]]:
-    """The grid point with the best strict F1 on `sentences`, its F1, and every point's F1."""
-    runs: list[tuple[list[int], SpanBatch, dict[str, np.ndarray]]] = []
+    program: Any,
+    sentences: Sequence[Sentence],
+    batch_size: int,
+    grid: dict[str, Sequence[Any]],
+    run_options: Any = None,
+) -> tuple[Any, float, list[dict[str, Any]]]:
+    """The grid point with the best strict F1 on `sentences`, its F1, and every point's F1. The
+    graphs run once (with `run_options`, which must not exclude any grid point's results)."""
+    runs: list[tuple[list[int], Any, dict[str, np.ndarray]]] = []
     for indices in length_batches([len(s.tokens) for s in sentences], batch_size):
         batch = program.prepare([list(sentences[i].tokens) for i in indices])
-        runs.append((indices, batch, program.run(batch)))
+        runs.append((indices, batch, program.run(batch, run_options)))
     names = list(grid)
     best, best_f1, table = program.config.decode, -1.0, []
     for values in itertools.product(*(grid[n] for n in names)):

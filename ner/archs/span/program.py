@@ -77,10 +77,16 @@ class SpanProgram:
             "seed_mask": batch.seed_mask,
         }
 
-    def run(self, batch: SpanBatch) -> dict[str, np.ndarray]:
+    def run(self, batch: SpanBatch, options: object = None) -> dict[str, np.ndarray]:
+        """`options` are accepted for the shared program contract; span decoding uses them only
+        after the graphs."""
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
         outputs = self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
         return {**encoded, **outputs}
+
+    def export_values(self, batch: SpanBatch) -> dict[str, np.ndarray]:
+        """Every graph input and output, as export examples."""
+        return {**batch.encoder_inputs, "seeds": batch.seeds, "seed_mask": batch.seed_mask, **self.run(batch)}
 
     def decode(
         self,

@@ -1,0 +1,70 @@
+"""Hyper-parameters, label set, output vocabulary and decoding defaults of NAG-NER (stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+Overlap = Literal["flat", "any"]
+
+# The decoder's output vocabulary: these specials, then one tag per entity type, then one pointer
+# per sub-word position of the sentence (entities are always made of the sentence's own sub-words,
+# so the generated "token" is the source position: a copy vocabulary instead of a 30k softmax).
+PAD, BOS, EOS, OUTSIDE = 0, 1, 2, 3
+SPECIALS = ("<pad>", "<s>", "</s>", "<O>")
+
+
+@dataclass(frozen=True)
+class NagDecodeOptions:
+    """Per-request decoding options; defaults come from the manifest (τ_s tuned on dev)."""
+
+    start_threshold: float = 0.3  # τ_s: a word starts entities when p(count = 0) < τ_s
+    threshold: float = 0.0  # minimum entity score (geometric mean of its token probabilities)
+    overlap: Overlap = "any"  # flat: no two entities share a word (the better one wins)
+
+    def replace(self, **changes: Any) -> NagDecodeOptions:
+        values = asdict(self)
+        values.update(changes)
+        return NagDecodeOptions(**values)
+
+
+@dataclass(frozen=True)
+class NagConfig:
+    labels: tuple[str, ...]
+    l_max: int = 8  # longest entity in sub-words; the decoder writes l_max + 3 tokens
+    o_max: int = 5  # most entities starting at one word
+    encoder: dict[str, Any] = field(default_factory=dict)  # ner.encoder.EncoderConfig fields
+    decoder_dim: int = 384
+    decoder_layers: int = 2
+    decoder_heads: int = 6
+    decoder_ffn: int = 1024
+    decoder_dropout: float = 0.1
+    negatives_per_sentence: int = 3  # words with no entity that learn to write "<O> word" per sentence
+    decode: NagDecodeOptions = field(default_factory=NagDecodeOptions)
+
+    @property
+    def length(self) -> int:
+        return self.l_max + 3  # <s> TYPE sub-words… </s>
+
+    @property
+    def fixed_vocabulary(self) -> int:
+        return len(SPECIALS) + len(self.labels)
+
+    def type_id(self, label: str) -> int:
+        return len(SPECIALS) + self.labels.index(label)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["labels"] = list(self.labels)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> NagConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown nag config keys: {sorted(unknown)}")
+        values = dict(values)
+        values["labels"] = tuple(values["labels"])
+        values["decode"] = NagDecodeOptions(**values.get("decode", {}))
+        return cls(**values)

@@ -1,0 +1,157 @@
+"""Runs NAG-NER's graphs for a batch of sentences (numpy in, numpy out): encoder once, choose the
+(start word, rank) queries from the start probabilities, one decoder pass over all of them, parse.
+
+The same program serves training-time evaluation (eager graphs), export parity and the service.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ner.archs.nag.config import NagConfig, NagDecodeOptions
+from ner.archs.nag.decode import decode_queries
+from ner.graph import Graph
+from ner.text.chars import encode_chars
+from ner.text.subword import SubwordEncoder
+from ner.types import EntitySet
+
+GRAPHS = ("encoder", "decoder")
+EXPORT_QUERIES = 7  # example query count for export: distinct from every other example axis
+
+
+@dataclass
+class NagBatch:
+    encoder_inputs: dict[str, np.ndarray]
+    pieces: list[list[list[int]]]  # per sentence, per word: its sub-word positions
+    lengths: list[int]
+    padded_tokens: int
+
+
+class NagProgram:
+    def __init__(self, graphs: Mapping[str, Graph], config: NagConfig, subwords: SubwordEncoder) -> None:
+        missing = [name for name in GRAPHS if name not in graphs]
+        if missing:
+            raise ValueError(f"nag program needs graphs {missing}")
+        self.graphs = graphs
+        self.config = config
+        self.subwords = subwords
+        # how generated sequences ended: entity / outside (<O>) / unmapped (dropped)
+        self.outcomes: Counter[str] = Counter()
+
+    def prepare(self, sentences: list[list[str]]) -> NagBatch:
+        encoded = self.subwords.encode(sentences)
+        n_words = encoded.word_mask.shape[1]
+        char_ids, shape_ids = encode_chars(sentences, n_words)
+        subword_words = np.zeros_like(encoded.input_ids)
+        memory_mask = np.zeros(encoded.input_ids.shape, dtype=np.float32)
+        pieces: list[list[list[int]]] = []
+        for b, words in enumerate(sentences):
+            sentence_pieces = []
+            for w in range(len(words)):
+                positions = encoded.subword_index[b, w, : int(encoded.subword_mask[b, w].sum())].tolist()
+                subword_words[b, positions] = w
+                memory_mask[b, positions] = 1.0
+                sentence_pieces.append(positions)
+            pieces.append(sentence_pieces)
+        inputs = {
+            "input_ids": encoded.input_ids,
+            "attention_mask": encoded.attention_mask,
+            "subword_index": encoded.subword_index,
+            "subword_mask": encoded.subword_mask,
+            "char_ids": char_ids,
+            "shape_ids": shape_ids,
+            "word_mask": encoded.word_mask,
+            "subword_words": subword_words,
+            "memory_mask": memory_mask,
+        }
+        return NagBatch(inputs, pieces, [len(w) for w in sentences], encoded.padded_tokens)
+
+    def _options(self, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None, count: int) -> list[NagDecodeOptions]:
+        return list(options) if isinstance(options, Sequence) else [options or self.config.decode] * count
+
+    def select_queries(self, batch: NagBatch, start_probs: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
+        """Words whose p(no entity starts here) < τ_s start argmax-count entities: one query each."""
+        starts = (start_probs[..., 0] < thresholds[:, None]) & (batch.encoder_inputs["word_mask"] > 0)
+        counts = np.where(starts, start_probs[..., 1:].argmax(axis=-1) + 1, 0)
+        sentence, word = np.nonzero(counts)
+        repeat = counts[sentence, word]
+        sentence, word = np.repeat(sentence, repeat), np.repeat(word, repeat)
+        first = np.cumsum(repeat) - repeat
+        rank = np.arange(len(sentence)) - np.repeat(first, repeat)
+        position = batch.encoder_inputs["subword_index"][sentence, word, 0]
+        return {
+            "query_sentence": sentence.astype(np.int64),
+            "query_word": word.astype(np.int64),
+            "query_position": position.astype(np.int64),
+            "query_rank": rank.astype(np.int64),
+        }
+
+    def _decoder(
+        self, batch: NagBatch, encoded: Mapping[str, np.ndarray], queries: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        if len(queries["query_sentence"]) == 0:
+            empty = (0, self.config.length)
+            return {"token_ids": np.zeros(empty, dtype=np.int64), "token_probs": np.zeros(empty, dtype=np.float32)}
+        feeds = {
+            "memory": encoded["memory"],
+            "memory_mask": batch.encoder_inputs["memory_mask"],
+            "word_queries": encoded["word_queries"],
+            **queries,
+        }
+        return self.graphs["decoder"].run(feeds)
+
+    def run(
+        self, batch: NagBatch, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None = None
+    ) -> dict[str, np.ndarray]:
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        chosen = self._options(options, len(batch.lengths))
+        thresholds = np.array([o.start_threshold for o in chosen], dtype=np.float32)
+        queries = self.select_queries(batch, encoded["start_probs"], thresholds)
+        return {**encoded, **queries, **self._decoder(batch, encoded, queries)}
+
+    def export_values(self, batch: NagBatch) -> dict[str, np.ndarray]:
+        """Every graph input and output for export examples, with a fixed number of queries (a
+        trained or random model may select none, or as many as another axis is long)."""
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        pairs = [(b, w) for b, n in enumerate(batch.lengths) for w in range(n)][:EXPORT_QUERIES]
+        sentence = np.array([b for b, _ in pairs], dtype=np.int64)
+        word = np.array([w for _, w in pairs], dtype=np.int64)
+        queries = {
+            "query_sentence": sentence,
+            "query_word": word,
+            "query_position": batch.encoder_inputs["subword_index"][sentence, word, 0].astype(np.int64),
+            "query_rank": np.arange(len(pairs), dtype=np.int64) % self.config.o_max,
+        }
+        return {**batch.encoder_inputs, **encoded, **queries, **self._decoder(batch, encoded, queries)}
+
+    def decode(
+        self,
+        batch: NagBatch,
+        outputs: Mapping[str, np.ndarray],
+        options: NagDecodeOptions | Sequence[NagDecodeOptions] | None = None,
+    ) -> list[EntitySet]:
+        """Entity sets of the batch's sentences; `options` may differ per sentence."""
+        chosen = self._options(options, len(batch.lengths))
+        sentence, word = outputs["query_sentence"], outputs["query_word"]
+        # τ_s again: outputs run with a looser τ_s (dev tuning) hold a superset of the queries,
+        # and a query's tokens do not depend on the other queries.
+        thresholds = np.array([o.start_threshold for o in chosen], dtype=np.float32)
+        keep = outputs["start_probs"][sentence, word, 0] < thresholds[sentence]
+        queries = list(zip(sentence[keep].tolist(), word[keep].tolist(), strict=True))
+        return decode_queries(
+            outputs["token_ids"][keep],
+            outputs["token_probs"][keep],
+            queries,
+            batch.pieces,
+            self.config,
+            chosen,
+            self.outcomes,
+        )
+
+    def predict(self, sentences: list[list[str]], options: NagDecodeOptions | None = None) -> list[EntitySet]:
+        batch = self.prepare(sentences)
+        return self.decode(batch, self.run(batch, options), options)

@@ -1,0 +1,231 @@
+"""The training loop every architecture shares: LoRA on the backbone + full heads, AdamW with linear
+warm-up/decay, model selection on dev F1, resumable checkpoints, fixed seed, progress bar, and the
+final scoring (dev, regression slice, test) stored in the manifest."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from ner.backbone import BackboneInfo
+from ner.data import Sentence
+from ner.lora import LoraSettings, save_weights, trainable_state
+from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from ner.runner import score
+
+DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
+LossFunction = Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = 6
+    batch_size: int = 16
+    lr_lora: float = 5e-4
+    lr_heads: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+    seed: int = 47
+    max_width: int | None = None  # span: default covers 99.5 % of training entities
+    train_limit: int | None = None
+    dev_limit: int | None = None
+    eval_batch_size: int = 64
+    time_budget_minutes: float | None = None  # stop after the epoch that crosses it
+    lora_rank: int = 16
+
+
+@dataclass
+class ModelRecord:
+    """What a manifest says about a trained model, besides its scores."""
+
+    name: str
+    architecture: str
+    config: dict[str, Any]
+    backbone: BackboneInfo
+    lora: LoraSettings
+    data_dir: Path
+    settings: TrainSettings
+    extra: dict[str, Any] = field(default_factory=dict)  # architecture-specific training facts
+
+    def manifest(self, training: dict[str, Any], scores: dict[str, Any]) -> Manifest:
+        backbone = self.backbone
+        return Manifest(
+            name=self.name,
+            architecture=self.architecture,
+            version=datetime.date.today().isoformat() + ".1",
+            labels=list(self.config["labels"]),
+            backbone=BackboneRecord(
+                name=backbone.name, package=backbone.package, version=backbone.version, sha256=backbone.sha256
+            ),
+            config=self.config,
+            lora=self.lora.to_dict(),
+            data={"folder": self.data_dir.name, "train": "train.jsonl", "dev": "dev.jsonl", "test": "test.jsonl"},
+            training={**asdict(self.settings), **self.extra, **training},
+            scores=scores,
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def is_nested(sentences: list[Sentence]) -> bool:
+    return any(a.overlaps(b) for s in sentences for a in s.entities for b in s.entities if a != b)
+
+
+def shuffled_batches(sentences: list[Sentence], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Random batches of similar length: shuffle, sort within chunks of 50 batches, shuffle batches."""
+    order = list(range(len(sentences)))
+    rng.shuffle(order)
+    chunk = batch_size * 50
+    batches: list[list[int]] = []
+    for i in range(0, len(order), chunk):
+        part = sorted(order[i : i + chunk], key=lambda j: len(sentences[j].tokens))
+        batches += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+@dataclass
+class FitResult:
+    best_state: dict[str, torch.Tensor]
+    history: list[dict[str, Any]]
+    minutes: float
+
+
+def fit(
+    network: nn.Module,
+    predict: Callable[[list[list[str]]], Any],
+    loss_of: LossFunction,
+    train: list[Sentence],
+    dev: list[Sentence],
+    record: ModelRecord,
+    out: Path,
+) -> FitResult:
+    """Epochs of `loss_of(batch indices)` steps, dev F1 after each; the best weights are written to
+    OUT as they appear and every epoch is checkpointed to OUT/checkpoint/last.pt (resumed from)."""
+    settings = record.settings
+    lora_params = [p for n, p in network.named_parameters() if p.requires_grad and "lora_" in n]
+    head_params = [p for n, p in network.named_parameters() if p.requires_grad and "lora_" not in n]
+    optimizer = torch.optim.AdamW(
+        [{"params": lora_params, "lr": settings.lr_lora}, {"params": head_params, "lr": settings.lr_heads}],
+        weight_decay=settings.weight_decay,
+    )
+    steps_per_epoch = (len(train) + settings.batch_size - 1) // settings.batch_size
+    total_steps = steps_per_epoch * settings.epochs
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(settings.warmup * total_steps), total_steps)
+
+    checkpoint = out / "checkpoint" / "last.pt"
+    start_epoch, best_f1, history, elapsed = 0, -1.0, [], 0.0
+    best_state: dict[str, torch.Tensor] | None = None
+    if checkpoint.is_file():
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        network.load_state_dict(saved["model"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        start_epoch, best_f1, elapsed = int(saved["epoch"]), float(saved["best_f1"]), float(saved["elapsed"])
+        history = list(saved["history"])
+        best_state = saved["best_state"]
+        print(f"resumed from {checkpoint} after epoch {start_epoch} (best dev F1 {best_f1:.4f})")
+
+    rng = random.Random(settings.seed)
+    for _ in range(start_epoch):  # same batch order as an uninterrupted run
+        shuffled_batches(train, settings.batch_size, rng)
+    for epoch in range(start_epoch, settings.epochs):
+        started = time.perf_counter()
+        network.train()
+        bar = tqdm(shuffled_batches(train, settings.batch_size, rng), desc=f"epoch {epoch + 1}/{settings.epochs}", unit="batch")
+        running = 0.0
+        for step, indices in enumerate(bar, start=1):
+            loss, parts = loss_of(indices)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            running = 0.98 * running + 0.02 * float(loss) if step > 1 else float(loss)
+            if step % 20 == 0:
+                bar.set_postfix(loss=f"{running:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
+        network.eval()
+        report = score(predict, dev, settings.eval_batch_size)
+        elapsed += time.perf_counter() - started
+        history.append({"epoch": epoch + 1, "dev_f1": report["f1"], "loss": running, "minutes": elapsed / 60})
+        print(
+            f"epoch {epoch + 1}: loss {running:.4f}, dev P/R/F1 {report['precision']:.4f}/{report['recall']:.4f}/"
+            f"{report['f1']:.4f}, {elapsed / 60:.1f} min so far",
+            flush=True,
+        )
+        if report["f1"] > best_f1:
+            best_f1 = float(report["f1"])
+            best_state = {k: v.detach().clone() for k, v in trainable_state(network).items()}
+            save_weights(network, out / WEIGHTS)
+            progress = {"history": history, "status": "in progress"}
+            write_manifest(out, record.manifest(progress, {"dev": {"f1": best_f1}}))
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "model": trainable_state(network),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "epoch": epoch + 1,
+                "best_f1": best_f1,
+                "elapsed": elapsed,
+                "history": history,
+                "best_state": best_state,
+            },
+            checkpoint,
+        )
+        if settings.time_budget_minutes and elapsed / 60 > settings.time_budget_minutes:
+            print(f"time budget of {settings.time_budget_minutes} min reached after epoch {epoch + 1}")
+            break
+    if best_state is None:
+        raise RuntimeError("no epoch was trained")
+    network.load_state_dict(best_state, strict=False)
+    network.eval()
+    return FitResult(best_state, history, elapsed / 60)
+
+
+def final_scores(
+    predict: Callable[[list[list[str]]], Any], dev: list[Sentence], test: list[Sentence], batch_size: int, device: str
+) -> dict[str, Any]:
+    """Dev, the regression slice and test (with the nested and discontinuous breakdowns)."""
+    dev_report = score(predict, dev, batch_size)
+    test_report = score(predict, test, batch_size, progress=True)
+    print(f"test P/R/F1 {test_report['precision']:.4f}/{test_report['recall']:.4f}/{test_report['f1']:.4f}")
+    keep = ("precision", "recall", "f1", "sentences", "sentences_per_second")
+    slice_report = score(predict, dev[:DEV_SLICE], batch_size)
+    breakdowns = {k: test_report[k] for k in ("nested", "discontinuous")}
+    return {
+        "dev": {k: dev_report[k] for k in keep},
+        "dev_slice": {k: slice_report[k] for k in ("f1", "sentences")},
+        "test": {k: test_report[k] for k in keep} | breakdowns,
+        "measured_on": f"{platform.machine()}, {torch.get_num_threads()} threads, {device}",
+    }
+
+
+def finish(network: nn.Module, record: ModelRecord, fitted: FitResult, scores: dict[str, Any], out: Path) -> Manifest:
+    training = {
+        "history": fitted.history,
+        "minutes": fitted.minutes,
+        "status": "done",
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+        "torch": torch.__version__,
+    }
+    save_weights(network, out / WEIGHTS)
+    manifest = record.manifest(training, scores)
+    write_manifest(out, manifest)
+    return manifest

@@ -1,0 +1,91 @@
+"""Train NAG-NER with the shared loop (ner.training.loop), then choose τ_s on dev."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ner.archs.nag.config import NagConfig, NagDecodeOptions, Overlap
+from ner.archs.nag.loss import nag_loss
+from ner.archs.nag.program import NagProgram
+from ner.archs.nag.targets import batch_targets, coverage
+from ner.backbone import resolve_backbone
+from ner.data import Sentence, label_set, read_split
+from ner.loading import build_network, device_name, eager_program
+from ner.lora import LoraSettings
+from ner.model_store import Manifest
+from ner.training.decode_tuning import tune_decoding
+from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, seed_everything
+
+START_THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
+
+
+def l_max_coverage(program: NagProgram, sentences: list[Sentence], l_max: int) -> dict[str, float]:
+    """How many training entities fit in l_max sub-words."""
+    pieces = []
+    for k in range(0, len(sentences), 256):
+        pieces += program.prepare([list(s.tokens) for s in sentences[k : k + 256]]).pieces
+    return coverage([s.entities for s in sentences], pieces, l_max)
+
+
+def tune_start_threshold(program: NagProgram, dev: list[Sentence], batch_size: int) -> tuple[NagDecodeOptions, float]:
+    """τ_s with the best dev F1. The graphs run once at the loosest τ_s: a stricter one only drops
+    queries, and a query's tokens do not depend on the others."""
+    loosest = program.config.decode.replace(start_threshold=max(START_THRESHOLDS))
+    best, f1, _ = tune_decoding(program, dev, batch_size, {"start_threshold": START_THRESHOLDS}, run_options=loosest)
+    return best, f1
+
+
+def train_nag(
+    data_dir: Path, out: Path, settings: TrainSettings, backbone_spec: str | None = None, device: str | None = None
+) -> Manifest:
+    seed_everything(settings.seed)
+    torch_device = device_name(device)
+    train = read_split(data_dir, "train", settings.train_limit)
+    dev = read_split(data_dir, "dev", settings.dev_limit)
+    overlap: Overlap = "any" if is_nested(train) or any(e.is_discontinuous for s in train for e in s.entities) else "flat"
+    config = NagConfig(labels=tuple(label_set(train)), decode=NagDecodeOptions(overlap=overlap))
+    backbone = resolve_backbone(backbone_spec)
+    lora = LoraSettings(rank=settings.lora_rank, alpha=2 * settings.lora_rank)
+    network = build_network("nag", config, backbone, lora).to(torch_device)
+    program: NagProgram = eager_program("nag", network, backbone, torch_device)
+    covered = l_max_coverage(program, train, config.l_max)
+    at_paper_l_max = covered
+    while covered["covered"] < L_MAX_COVERAGE and config.l_max < covered["longest"]:
+        config = NagConfig.from_dict({**config.to_dict(), "l_max": config.l_max + 1})
+        covered = l_max_coverage(program, train, config.l_max)
+    if config.l_max != network.config.l_max:  # the decoder's slot count depends on l_max
+        network = build_network("nag", config, backbone, lora).to(torch_device)
+        program = eager_program("nag", network, backbone, torch_device)
+    covered = {**covered, "l_max": config.l_max, "covered_at_l_max_8": at_paper_l_max["covered"]}
+    record = ModelRecord(out.name, "nag", config.to_dict(), backbone, lora, data_dir, settings, {"l_max_coverage": covered})
+    trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
+    print(
+        f"nag: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "
+        f"l_max {config.l_max} covers {covered['covered']:.4f} of {covered['entities']} entities "
+        f"(longest {covered['longest']} sub-words), {trainable:,} trainable parameters, device {torch_device}",
+        flush=True,
+    )
+    rng = random.Random(settings.seed + 1)  # negatives
+
+    def loss_of(indices: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = program.prepare([list(train[i].tokens) for i in indices])
+        inputs = {k: torch.from_numpy(v).to(torch_device) for k, v in batch.encoder_inputs.items()}
+        targets = batch_targets([train[i].entities for i in indices], batch.pieces, config, rng)
+        return nag_loss(network, inputs, targets)
+
+    fitted = fit(network, program.predict, loss_of, train, dev, record, out)
+    best, tuned_f1 = tune_start_threshold(program, dev, settings.eval_batch_size)
+    config = NagConfig.from_dict({**config.to_dict(), "decode": asdict(best)})
+    network.config = config
+    program.config = config
+    record.config = config.to_dict()
+    print(f"dev-tuned τ_s={best.start_threshold}: dev F1 {tuned_f1:.4f}", flush=True)
+    program.outcomes.clear()
+    scores = final_scores(program.predict, dev, read_split(data_dir, "test"), settings.eval_batch_size, torch_device)
+    scores["decoder_outcomes"] = dict(program.outcomes)  # incl. sequences that could not be mapped
+    return finish(network, record, fitted, scores, out)
