@@ -32,7 +32,7 @@ def sequence(*tokens: int) -> np.ndarray:
 def test_discontinuous_sequence_maps_to_fragments() -> None:
     ids = sequence(BOS, CONFIG.type_id("ADR"), V + 2, V + 3, V + 5, EOS)
     entity, outcome = parse_query(ids, np.full(CONFIG.length, 0.9), 1, PIECES, WORD_OF, CONFIG)
-    assert outcome == "entity" and entity is not None
+    assert outcome == "exact" and entity is not None
     assert entity.type == "ADR" and entity.fragments == ((1, 2), (3, 4))
     assert entity.score == pytest.approx(0.9)
 
@@ -41,7 +41,6 @@ def test_discontinuous_sequence_maps_to_fragments() -> None:
     ("ids", "start", "outcome"),
     [
         (sequence(BOS, OUTSIDE, V + 1, EOS), 0, "outside"),
-        (sequence(BOS, CONFIG.type_id("ADR"), V + 2, EOS), 1, "unmapped"),  # half a word
         (sequence(BOS, CONFIG.type_id("ADR"), V + 1, EOS), 2, "unmapped"),  # not the start word
         (sequence(BOS, CONFIG.type_id("ADR"), V + 5, V + 1, EOS), 3, "unmapped"),  # right to left
         (sequence(BOS, CONFIG.type_id("ADR"), V + 1, V + 4), 0, "unmapped"),  # no </s>
@@ -52,6 +51,21 @@ def test_discontinuous_sequence_maps_to_fragments() -> None:
 def test_unmappable_sequences_are_counted(ids: np.ndarray, start: int, outcome: str) -> None:
     entity, got = parse_query(ids, np.full(CONFIG.length, 0.9), start, PIECES, WORD_OF, CONFIG)
     assert entity is None and got == outcome
+
+
+@pytest.mark.parametrize(
+    "pointers",
+    [
+        (V + 2, EOS),  # half of "muscle"
+        (V + 2, V + 3, V + 3, EOS),  # its last sub-word written twice
+        (V + 3, V + 2, EOS),  # its sub-words swapped: still the one word
+    ],
+)
+def test_sub_word_slips_map_to_whole_words(pointers: tuple[int, ...]) -> None:
+    entity, outcome = parse_query(
+        sequence(BOS, CONFIG.type_id("ADR"), *pointers), np.full(CONFIG.length, 0.9), 1, PIECES, WORD_OF, CONFIG
+    )
+    assert outcome == "merged" and entity is not None and entity.fragments == ((1, 2),)
 
 
 def test_flat_rule_and_duplicates() -> None:
@@ -69,7 +83,7 @@ def test_flat_rule_and_duplicates() -> None:
     assert [e.fragments for e in flat[0]] == [((3, 4),)]
     anything = decode_queries(token_ids, probs, queries, [PIECES], CONFIG, [NagDecodeOptions(overlap="any")], outcomes)
     assert {e.fragments for e in anything[0]} == {((1, 4),), ((3, 4),)}
-    assert outcomes["entity"] == 6
+    assert outcomes["exact"] == 6
 
 
 def test_fragments_of_words() -> None:

@@ -17,11 +17,26 @@ from ner.types import EntitySet
 
 THRESHOLDS = tuple(round(float(x), 2) for x in np.arange(0.3, 0.91, 0.05))
 DECODE_GRID: dict[str, Sequence[Any]] = {"threshold": THRESHOLDS[:11], "nms_decay": (0.9, 0.6, 0.3)}
+START_THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+# the decoding options each architecture tunes on dev
+GRIDS: dict[str, dict[str, Sequence[Any]]] = {
+    "span": DECODE_GRID,
+    "nag": {"start_threshold": START_THRESHOLDS, "threshold": (0.0, 0.3, 0.4, 0.5, 0.6)},
+}
+
+
+def loosest_run(program: Any, grid: dict[str, Sequence[Any]]) -> Any:
+    """Options to run the graphs with once for a whole grid: NAG's τ_s selects the decoder's
+    queries, and a stricter τ_s only drops some (a query's tokens do not depend on the others)."""
+    if "start_threshold" in grid:
+        return program.config.decode.replace(start_threshold=max(grid["start_threshold"]))
+    return None
 
 
 def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, Any]:
-    """Re-choose a trained model's decoding options on dev (threshold × Soft-NMS decay), then
-    re-score dev, the regression slice and test with them, and rewrite its manifest."""
+    """Re-choose a trained model's decoding options on dev (span: threshold × Soft-NMS decay;
+    nag: τ_s × threshold), then re-score dev, the regression slice and test with them, and
+    rewrite its manifest."""
     from dataclasses import asdict
 
     from ner.data import read_split
@@ -33,7 +48,8 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
     program = model.program
     dev = read_split(data_dir, "dev")
     before = float(score(program.predict, dev, batch_size)["f1"])
-    best, after, table = tune_decoding(program, dev, batch_size, DECODE_GRID)
+    grid = GRIDS[model.manifest.architecture]
+    best, after, table = tune_decoding(program, dev, batch_size, grid, loosest_run(program, grid))
     top = sorted(table, key=lambda row: -row["f1"])[:5]
     program.config = replace(program.config, decode=best)
     manifest = read_manifest(model.folder)
@@ -43,9 +59,13 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
     dev_slice = score(program.predict, dev[:300], batch_size)
     manifest.scores["dev"] = {k: v for k, v in score(program.predict, dev, batch_size).items() if k in keep}
     manifest.scores["dev_slice"] = {"f1": dev_slice["f1"], "sentences": dev_slice["sentences"]}
-    manifest.scores["test"] = {k: test[k] for k in keep} | {"nested": test["nested"]}
+    manifest.scores["test"] = {k: test[k] for k in keep} | {k: test[k] for k in ("nested", "discontinuous")}
+    if hasattr(program, "outcomes"):
+        program.outcomes.clear()
+        score(program.predict, read_split(data_dir, "test"), batch_size)
+        manifest.scores["decoder_outcomes"] = dict(program.outcomes)
     manifest.training["decode_tuning"] = {
-        "grid": {k: list(v) for k, v in DECODE_GRID.items()},
+        "grid": {k: list(v) for k, v in grid.items()},
         "dev_f1_before": before,
         "dev_f1_after": after,
         "chosen": asdict(best),

@@ -17,10 +17,9 @@ from ner.data import Sentence, label_set, read_split
 from ner.loading import build_network, device_name, eager_program
 from ner.lora import LoraSettings
 from ner.model_store import Manifest
-from ner.training.decode_tuning import tune_decoding
+from ner.training.decode_tuning import GRIDS, loosest_run, tune_decoding
 from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, seed_everything
 
-START_THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
 
 
@@ -33,10 +32,8 @@ def l_max_coverage(program: NagProgram, sentences: list[Sentence], l_max: int) -
 
 
 def tune_start_threshold(program: NagProgram, dev: list[Sentence], batch_size: int) -> tuple[NagDecodeOptions, float]:
-    """τ_s with the best dev F1. The graphs run once at the loosest τ_s: a stricter one only drops
-    queries, and a query's tokens do not depend on the others."""
-    loosest = program.config.decode.replace(start_threshold=max(START_THRESHOLDS))
-    best, f1, _ = tune_decoding(program, dev, batch_size, {"start_threshold": START_THRESHOLDS}, run_options=loosest)
+    """τ_s and the entity-score threshold with the best dev F1 (the graphs run once)."""
+    best, f1, _ = tune_decoding(program, dev, batch_size, GRIDS["nag"], loosest_run(program, GRIDS["nag"]))
     return best, f1
 
 
@@ -84,7 +81,7 @@ def train_nag(
     network.config = config
     program.config = config
     record.config = config.to_dict()
-    print(f"dev-tuned τ_s={best.start_threshold}: dev F1 {tuned_f1:.4f}", flush=True)
+    print(f"dev-tuned τ_s={best.start_threshold}, threshold={best.threshold}: dev F1 {tuned_f1:.4f}", flush=True)
     program.outcomes.clear()
     scores = final_scores(program.predict, dev, read_split(data_dir, "test"), settings.eval_batch_size, torch_device)
     scores["decoder_outcomes"] = dict(program.outcomes)  # incl. sequences that could not be mapped

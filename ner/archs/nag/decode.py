@@ -1,9 +1,15 @@
 """NAG-NER decoding in numpy: generated token sequences → typed word fragments.
 
 A sequence is cut at its first `</s>`. Its second token is the type (or `<O>`: no entity); the
-rest must be pointers that, read left to right from the query's start word, cover whole words in
-increasing order. Skipped words split the entity into fragments (a discontinuous mention).
-Sequences that cannot be mapped are dropped and counted.
+rest must be pointers which, read left to right, name words in increasing order from the query's
+start word. Skipped words split the entity into fragments (a discontinuous mention).
+
+Each pointer stands for the word it points into. A non-autoregressive decoder writes all slots at
+once, so its typical slips are the known ones of parallel decoding — a sub-word written twice, or
+one of a word's sub-words left out ("muscle" = mus ##cle written as mus ##cle ##cle, or mus) —
+and they do not change which words are meant: such sequences are mapped, and counted as
+"merged" apart from the "exact" ones. Sequences whose words do not start at the start word or go
+backwards cannot be mapped: they are dropped and counted ("unmapped").
 """
 
 from __future__ import annotations
@@ -19,21 +25,23 @@ from ner.types import Entity, EntitySet, Fragment
 
 def words_of_pointers(
     positions: list[int], start_word: int, pieces: list[list[int]], word_of: dict[int, int]
-) -> list[int] | None:
-    """Word indices the sub-word positions spell out, or None when they do not spell whole words
-    left to right from the start word."""
+) -> tuple[list[int], bool] | None:
+    """(word indices the sub-word positions name, whether they spell those words exactly), or
+    None when they do not go left to right from the start word."""
     words: list[int] = []
-    i = 0
-    while i < len(positions):
-        word = word_of.get(positions[i])
-        if word is None or (words and word <= words[-1]) or (not words and word != start_word):
+    for position in positions:
+        word = word_of.get(position)
+        if word is None or (not words and word != start_word):
             return None
-        need = pieces[word]
-        if positions[i : i + len(need)] != need:
+        if words and word == words[-1]:
+            continue
+        if words and word < words[-1]:
             return None
         words.append(word)
-        i += len(need)
-    return words or None
+    if not words:
+        return None
+    exact = positions == [p for word in words for p in pieces[word]]
+    return words, exact
 
 
 def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
@@ -49,7 +57,7 @@ def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
 def parse_query(
     ids: np.ndarray, probs: np.ndarray, start_word: int, pieces: list[list[int]], word_of: dict[int, int], config: NagConfig
 ) -> tuple[Entity | None, str]:
-    """One generated sequence → (entity, outcome) with outcome in entity / outside / unmapped."""
+    """One generated sequence → (entity, outcome) with outcome in exact / merged / outside / unmapped."""
     tag = int(ids[1])
     if tag == OUTSIDE:
         return None, "outside"
@@ -67,11 +75,12 @@ def parse_query(
         positions.append(token - config.fixed_vocabulary)
     if end is None:
         return None, "unmapped"
-    words = words_of_pointers(positions, start_word, pieces, word_of)
-    if words is None:
+    mapped = words_of_pointers(positions, start_word, pieces, word_of)
+    if mapped is None:
         return None, "unmapped"
+    words, exact = mapped
     score = math.exp(float(np.log(np.maximum(probs[1 : end + 1], 1e-12)).mean()))
-    return Entity(config.labels[tag - len(SPECIALS)], fragments_of(words), score), "entity"
+    return Entity(config.labels[tag - len(SPECIALS)], fragments_of(words), score), "exact" if exact else "merged"
 
 
 def resolve_overlaps(entities: list[Entity], options: NagDecodeOptions) -> EntitySet:
