@@ -21,7 +21,7 @@ from tests.serving import Server
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    instance = Server(models='["span-conll03","span-genia"]', default_model="span-conll03", threads=2)
+    instance = Server(models='["span-conll03","span-genia","nag-cadec"]', default_model="span-conll03", threads=2)
     try:
         instance.wait_ready()
         yield instance
@@ -67,6 +67,31 @@ def test_nested_genia_sentences(server: Server, data_root: Path) -> None:
     served = [{(e["type"], tuple(tuple(f) for f in e["token_spans"])) for e in r["entities"]} for r in body["results"]]
     assert served == [set(entities.keys()) for entities in offline]
     assert float(response.headers["X-Inference-Time"].removesuffix("ms")) > 0
+
+
+def test_discontinuous_cadec_entities_have_exact_fragments(server: Server, data_root: Path) -> None:
+    sentences = [s for s in read_split(data_root / "cadec", "test") if any(e.is_discontinuous for e in s.entities)]
+    response = extract(server, {"model": "nag-cadec", "tokens": [list(s.tokens) for s in sentences]})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    correct_discontinuous = []
+    for sentence, result in zip(sentences, results, strict=True):
+        text = " ".join(sentence.tokens)
+        check_offsets(text, result["entities"])
+        for entity in result["entities"]:
+            fragments = tuple(tuple(f) for f in entity["token_spans"])
+            assert len(fragments) == len(entity["spans"])
+            for (a, b), (start, end) in zip(entity["spans"], fragments, strict=True):
+                assert text[a:b] == " ".join(sentence.tokens[start:end])  # each fragment exact
+            if len(fragments) > 1 and (entity["type"], fragments) in sentence.entities.keys():
+                correct_discontinuous.append(entity)
+    # e.g. "muscle ... pain" in "severe muscle and joint pain": several spans, one per fragment
+    assert correct_discontinuous, "no discontinuous entity recognised in the CADEC test sentences that have one"
+    models = httpx.get(f"{server.url}/models").json()["models"]
+    nag = next(m for m in models if m["name"] == "nag-cadec")
+    assert nag["capabilities"]["discontinuous"] and set(nag["options"]) == {"start_threshold", "threshold"}
+    too_strict = extract(server, {"model": "nag-cadec", "tokens": [["a"]], "options": {"start_threshold": 0}})
+    assert too_strict.status_code == 422 and too_strict.json()["error"]["field"] == "options.start_threshold"
 
 
 def test_raw_paragraph_offsets(server: Server) -> None:
