@@ -86,12 +86,18 @@ def server_split(before: dict[str, float], after: dict[str, float], model: str, 
         count = metric_delta(before, after, f"{name}_count", model)
         return metric_delta(before, after, f"{name}_sum", model) / count if count else 0.0
 
+    graph_seconds = metric_delta(before, after, "nerserve_inference_seconds_sum", model)
+    sentences = metric_delta(before, after, "nerserve_sentences_total", model)
     return {
         "server_queue_ms_mean": mean("nerserve_queue_seconds") * 1000,
         "server_batch_inference_ms_mean": mean("nerserve_inference_seconds") * 1000,
         "server_batch_size_mean": mean("nerserve_batch_sentences"),
         "server_padding_ratio_mean": mean("nerserve_batch_padding_ratio"),
         "server_tokens_per_second": metric_delta(before, after, "nerserve_tokens_total", model) / seconds,
+        # The same batches as the graphs ran them (graphs + decode, in the server's worker
+        # thread): the offline speed the service overhead is measured against.
+        "server_graph_sentences_per_second": sentences / graph_seconds if graph_seconds else 0.0,
+        "server_graph_busy_fraction": graph_seconds / seconds if seconds else 0.0,
     }
 
 

@@ -1,0 +1,74 @@
+"""What batching can gain on this machine, offline: sentences/s of a model's exported graphs
+(tokenise → graphs → decode, no HTTP) at batch sizes 1..32, with sentences in arrival order (as
+a server receives them) and length-sorted (the best a batcher could pack).
+
+    python benchmarks/batching_ceiling.py --model span-conll03 --data ../shared/data/conll03 --json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ner.data import read_split
+from ner.model_store import graph_set_folder
+from service.runtime.graph_set import load_graph_set
+
+app = typer.Typer(add_completion=False)
+
+
+def sentences_per_second(program: Any, sentences: list[list[str]], batch_size: int) -> float:
+    batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]
+    program.predict(batches[0])  # warm-up
+    started = time.perf_counter()
+    for batch in batches:
+        program.predict(batch)
+    return len(sentences) / (time.perf_counter() - started)
+
+
+@app.command()
+def main(
+    model: Annotated[str, typer.Option()] = "span-conll03",
+    data: Annotated[Path, typer.Option()] = Path("../shared/data/conll03"),
+    runtime: Annotated[str, typer.Option()] = "onnx",
+    limit: Annotated[int, typer.Option(min=32)] = 1000,
+    threads: Annotated[int | None, typer.Option(min=1)] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    program = load_graph_set(graph_set_folder(model, runtime), "cpu", threads).program
+    arrival = [list(s.tokens) for s in read_split(data, "test", limit)]
+    by_length = sorted(arrival, key=len)
+    rows = []
+    for size in (1, 2, 4, 8, 16, 32):
+        rows.append(
+            {
+                "batch_size": size,
+                "arrival_order": sentences_per_second(program, arrival, size),
+                "length_sorted": sentences_per_second(program, by_length, size),
+            }
+        )
+    base = rows[0]["arrival_order"]
+    result = {
+        "model": model,
+        "runtime": runtime,
+        "sentences": len(arrival),
+        "threads": threads,
+        "rows": rows,
+        "best_gain_over_batch_1": max(max(r["arrival_order"], r["length_sorted"]) for r in rows) / base,
+    }
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for row in rows:
+        typer.echo(
+            f"batch {row['batch_size']:>2}: {row['arrival_order']:7.1f} (arrival order)  {row['length_sorted']:7.1f} (sorted)"
+        )
+    typer.echo(f"best gain over batch 1: {result['best_gain_over_batch_1']:.2f}x")
+
+
+if __name__ == "__main__":
+    app()
