@@ -17,6 +17,10 @@ class OnnxGraph:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        # ONNX Runtime's intra-op threads busy-wait between operators by default. In a server the
+        # same cores run the event loop and the next batch's tokenisation, which the spinning
+        # starves; idle threads sleep instead.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
