@@ -163,3 +163,25 @@ def test_outputs_do_not_depend_on_batch(tiny_program) -> None:
         np.testing.assert_array_equal(alone["token_ids"], outputs["token_ids"][mine])
         np.testing.assert_allclose(alone["token_probs"], outputs["token_probs"][mine], atol=1e-5)
         assert tiny_program.decode(alone_batch, alone)[0].keys() == decoded[b].keys()
+
+
+def test_loss_trains_the_decoder_and_start_head(tiny_program) -> None:
+    from ner.archs.nag.loss import nag_loss
+
+    network = tiny_program.graphs["decoder"].module  # EagerGraph over the network's decoder
+    assert network is not None
+    full = tiny_program.graphs["encoder"].module  # NagEncoderGraph(encoder, head)
+    batch = tiny_program.prepare(SENTENCES)
+    inputs = {k: torch.from_numpy(v) for k, v in batch.encoder_inputs.items()}
+    gold = [frozenset({Entity("ADR", ((2, 4), (6, 7)))}), frozenset(), frozenset({Entity("Drug", ((6, 8),))})]
+    targets = batch_targets(gold, batch.pieces, tiny_program.config, random.Random(0))
+
+    class Parts(torch.nn.Module):  # the attributes nag_loss reads from a NagNetwork
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder, self.head, self.decoder = full.encoder, full.head, network
+
+    loss, parts = nag_loss(Parts(), inputs, targets)  # type: ignore[arg-type]
+    assert torch.isfinite(loss) and set(parts) == {"gen", "start"}
+    loss.backward()
+    assert network.slots.grad is not None and full.head.start[0].weight.grad is not None

@@ -19,8 +19,9 @@ from torch import nn
 from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from ner.backbone import BackboneInfo
-from ner.data import Sentence
+from ner.backbone import BackboneInfo, resolve_backbone
+from ner.data import Sentence, read_split
+from ner.loading import device_name
 from ner.lora import LoraSettings, save_weights, trainable_state
 from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
 from ner.runner import score
@@ -75,6 +76,27 @@ class ModelRecord:
             training={**asdict(self.settings), **self.extra, **training},
             scores=scores,
         )
+
+
+@dataclass
+class RunStart:
+    device: str
+    train: list[Sentence]
+    dev: list[Sentence]
+    backbone: BackboneInfo
+    lora: LoraSettings
+
+
+def start_run(data_dir: Path, settings: TrainSettings, backbone_spec: str | None, device: str | None) -> RunStart:
+    """Seed, device, the train/dev splits, the backbone and the LoRA settings of a training run."""
+    seed_everything(settings.seed)
+    return RunStart(
+        device_name(device),
+        read_split(data_dir, "train", settings.train_limit),
+        read_split(data_dir, "dev", settings.dev_limit),
+        resolve_backbone(backbone_spec),
+        LoraSettings(rank=settings.lora_rank, alpha=2 * settings.lora_rank),
+    )
 
 
 def seed_everything(seed: int) -> None:

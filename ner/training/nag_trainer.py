@@ -12,13 +12,11 @@ from ner.archs.nag.config import NagConfig, NagDecodeOptions, Overlap
 from ner.archs.nag.loss import nag_loss
 from ner.archs.nag.program import NagProgram
 from ner.archs.nag.targets import batch_targets, coverage
-from ner.backbone import resolve_backbone
 from ner.data import Sentence, label_set, read_split
-from ner.loading import build_network, device_name, eager_program
-from ner.lora import LoraSettings
+from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
 from ner.training.decode_tuning import GRIDS, loosest_run, tune_decoding
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, seed_everything
+from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run
 
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
 
@@ -40,14 +38,10 @@ def tune_start_threshold(program: NagProgram, dev: list[Sentence], batch_size: i
 def train_nag(
     data_dir: Path, out: Path, settings: TrainSettings, backbone_spec: str | None = None, device: str | None = None
 ) -> Manifest:
-    seed_everything(settings.seed)
-    torch_device = device_name(device)
-    train = read_split(data_dir, "train", settings.train_limit)
-    dev = read_split(data_dir, "dev", settings.dev_limit)
+    run = start_run(data_dir, settings, backbone_spec, device)
+    torch_device, train, dev, backbone, lora = run.device, run.train, run.dev, run.backbone, run.lora
     overlap: Overlap = "any" if is_nested(train) or any(e.is_discontinuous for s in train for e in s.entities) else "flat"
     config = NagConfig(labels=tuple(label_set(train)), decode=NagDecodeOptions(overlap=overlap))
-    backbone = resolve_backbone(backbone_spec)
-    lora = LoraSettings(rank=settings.lora_rank, alpha=2 * settings.lora_rank)
     network = build_network("nag", config, backbone, lora).to(torch_device)
     program: NagProgram = eager_program("nag", network, backbone, torch_device)
     covered = l_max_coverage(program, train, config.l_max)

@@ -11,13 +11,11 @@ import torch
 from ner.archs.span.config import DecodeOptions, Overlap, SpanConfig
 from ner.archs.span.loss import span_loss
 from ner.archs.span.program import SpanBatch, SpanProgram
-from ner.backbone import resolve_backbone
 from ner.data import Sentence, label_set, read_split
-from ner.loading import build_network, device_name, eager_program
-from ner.lora import LoraSettings
+from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
 from ner.training.decode_tuning import THRESHOLDS, tune_decoding
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, seed_everything
+from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run
 
 
 def coverage_width(sentences: list[Sentence], coverage: float = 0.995) -> int:
@@ -44,10 +42,8 @@ def tune_threshold(program: SpanProgram, sentences: list[Sentence], batch_size: 
 def train_span(
     data_dir: Path, out: Path, settings: TrainSettings, backbone_spec: str | None = None, device: str | None = None
 ) -> Manifest:
-    seed_everything(settings.seed)
-    torch_device = device_name(device)
-    train = read_split(data_dir, "train", settings.train_limit)
-    dev = read_split(data_dir, "dev", settings.dev_limit)
+    run = start_run(data_dir, settings, backbone_spec, device)
+    torch_device, train, dev, backbone, lora = run.device, run.train, run.dev, run.backbone, run.lora
     labels = tuple(label_set(train))
     overlap: Overlap = "nested" if is_nested(train) else "flat"
     config = SpanConfig(
@@ -55,8 +51,6 @@ def train_span(
         max_width=settings.max_width or coverage_width(train),
         decode=DecodeOptions(overlap=overlap),
     )
-    backbone = resolve_backbone(backbone_spec)
-    lora = LoraSettings(rank=settings.lora_rank, alpha=2 * settings.lora_rank)
     network = build_network("span", config, backbone, lora).to(torch_device)
     program = eager_program("span", network, backbone, torch_device)
     record = ModelRecord(out.name, "span", config.to_dict(), backbone, lora, data_dir, settings)

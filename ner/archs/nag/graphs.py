@@ -52,22 +52,6 @@ class NagEncoderGraph(nn.Module):
         self.encoder = encoder
         self.head = head
 
-    def logits(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        subword_index: torch.Tensor,
-        subword_mask: torch.Tensor,
-        char_ids: torch.Tensor,
-        shape_ids: torch.Tensor,
-        word_mask: torch.Tensor,
-        subword_words: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        states, hidden = self.encoder.encode(
-            input_ids, attention_mask, subword_index, subword_mask, char_ids, shape_ids, word_mask
-        )
-        return self.head(states, hidden, subword_words)
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -80,9 +64,10 @@ class NagEncoderGraph(nn.Module):
         subword_words: torch.Tensor,
         memory_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        start, memory, queries = self.logits(
-            input_ids, attention_mask, subword_index, subword_mask, char_ids, shape_ids, word_mask, subword_words
+        states, hidden = self.encoder.encode(
+            input_ids, attention_mask, subword_index, subword_mask, char_ids, shape_ids, word_mask
         )
+        start, memory, queries = self.head(states, hidden, subword_words)
         # memory_mask is a graph input so that the decoder graph can take it from the same feed
         return torch.softmax(start, dim=-1), memory * memory_mask.unsqueeze(-1), queries
 

@@ -7,31 +7,17 @@ import torch
 from torch.nn import functional as F
 
 from ner.archs.nag.config import PAD
-from ner.archs.nag.graphs import NagEncoderGraph
 from ner.archs.nag.network import NagNetwork
 from ner.archs.nag.targets import IGNORE, BatchTargets
+from ner.signatures import ENCODER_INPUTS
 
 
 def nag_loss(
     network: NagNetwork, inputs: dict[str, torch.Tensor], targets: BatchTargets
 ) -> tuple[torch.Tensor, dict[str, float]]:
     device = inputs["input_ids"].device
-    encoder = NagEncoderGraph(network.encoder, network.head)
-    start_logits, memory, word_queries = encoder.logits(
-        *(
-            inputs[k]
-            for k in (
-                "input_ids",
-                "attention_mask",
-                "subword_index",
-                "subword_mask",
-                "char_ids",
-                "shape_ids",
-                "word_mask",
-                "subword_words",
-            )
-        )
-    )
+    states, hidden = network.encoder.encode(*(inputs[name] for name in ENCODER_INPUTS))
+    start_logits, memory, word_queries = network.head(states, hidden, inputs["subword_words"])
     memory = memory * inputs["memory_mask"].unsqueeze(-1)
     counts = torch.full(start_logits.shape[:2], IGNORE, dtype=torch.int64)
     for b, per_word in enumerate(targets.counts):

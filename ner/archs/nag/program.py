@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ner.archs.feeds import encoder_feeds
 from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.nag.decode import decode_queries
 from ner.graph import Graph
-from ner.text.chars import encode_chars
 from ner.text.subword import SubwordEncoder
 from ner.types import EntitySet
 
@@ -43,9 +43,9 @@ class NagProgram:
         self.outcomes: Counter[str] = Counter()
 
     def prepare(self, sentences: list[list[str]]) -> NagBatch:
-        encoded = self.subwords.encode(sentences)
-        n_words = encoded.word_mask.shape[1]
-        char_ids, shape_ids = encode_chars(sentences, n_words)
+        inputs, encoded = encoder_feeds(self.subwords, sentences)
+        # the decoder's memory is the sentence's word sub-words: each knows its word, and
+        # specials and padding are masked out (a pointer can only name a word's sub-word)
         subword_words = np.zeros_like(encoded.input_ids)
         memory_mask = np.zeros(encoded.input_ids.shape, dtype=np.float32)
         pieces: list[list[list[int]]] = []
@@ -57,17 +57,7 @@ class NagProgram:
                 memory_mask[b, positions] = 1.0
                 sentence_pieces.append(positions)
             pieces.append(sentence_pieces)
-        inputs = {
-            "input_ids": encoded.input_ids,
-            "attention_mask": encoded.attention_mask,
-            "subword_index": encoded.subword_index,
-            "subword_mask": encoded.subword_mask,
-            "char_ids": char_ids,
-            "shape_ids": shape_ids,
-            "word_mask": encoded.word_mask,
-            "subword_words": subword_words,
-            "memory_mask": memory_mask,
-        }
+        inputs.update({"subword_words": subword_words, "memory_mask": memory_mask})
         return NagBatch(inputs, pieces, [len(w) for w in sentences], encoded.padded_tokens)
 
     def _options(self, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None, count: int) -> list[NagDecodeOptions]:

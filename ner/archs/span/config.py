@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from ner.archs.config_io import config_from_dict
 
 Overlap = Literal["flat", "nested"]
 
@@ -45,11 +47,4 @@ class SpanConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SpanConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown span config keys: {sorted(unknown)}")
-        values = dict(values)
-        values["labels"] = tuple(values["labels"])
-        values["decode"] = DecodeOptions(**values.get("decode", {}))
-        return cls(**values)
+        return config_from_dict(cls, values, DecodeOptions)

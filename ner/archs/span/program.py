@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ner.archs.feeds import encoder_feeds
 from ner.archs.span.config import DecodeOptions, SpanConfig
 from ner.archs.span.decode import decode_sentence
 from ner.graph import Graph
-from ner.text.chars import encode_chars
 from ner.text.subword import SubwordEncoder
 from ner.types import EntitySet
 
@@ -44,9 +44,7 @@ class SpanProgram:
         self.subwords = subwords
 
     def prepare(self, sentences: list[list[str]]) -> SpanBatch:
-        encoded = self.subwords.encode(sentences)
-        n_words = encoded.word_mask.shape[1]
-        char_ids, shape_ids = encode_chars(sentences, n_words)
+        inputs, encoded = encoder_feeds(self.subwords, sentences)
         seed_lists = [enumerate_seeds(len(words), self.config.max_width) for words in sentences]
         k = max(len(s) for s in seed_lists)
         seeds = np.zeros((len(sentences), k, 2), dtype=np.int64)
@@ -55,15 +53,6 @@ class SpanProgram:
         for b, listed in enumerate(seed_lists):
             seeds[b, : len(listed)] = listed
             seed_mask[b, : len(listed)] = 1.0
-        inputs = {
-            "input_ids": encoded.input_ids,
-            "attention_mask": encoded.attention_mask,
-            "subword_index": encoded.subword_index,
-            "subword_mask": encoded.subword_mask,
-            "char_ids": char_ids,
-            "shape_ids": shape_ids,
-            "word_mask": encoded.word_mask,
-        }
         return SpanBatch(inputs, seeds, seed_mask, [len(w) for w in sentences], encoded.padded_tokens)
 
     @staticmethod

@@ -1,0 +1,21 @@
+"""Architecture configs ↔ manifest dicts (stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def config_from_dict(cls: type[T], values: dict[str, Any], decode: type[Any]) -> T:
+    """A frozen config dataclass from its manifest dict: labels as a tuple, `decode` rebuilt,
+    unknown keys refused (a manifest from another version fails loudly, not half-read)."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys: {sorted(unknown)}")
+    values = dict(values)
+    values["labels"] = tuple(values["labels"])
+    values["decode"] = decode(**values.get("decode", {}))
+    return cls(**values)
