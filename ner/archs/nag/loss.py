@@ -26,7 +26,7 @@ def nag_loss(
         start_logits.reshape(-1, start_logits.shape[-1]), counts.to(device).reshape(-1), ignore_index=IGNORE
     )
     if not targets.queries:
-        return start_loss, {"start": float(start_loss)}
+        return start_loss, {"start": float(start_loss.detach())}
     queries = targets.queries
     tokens = torch.tensor([q.tokens for q in queries], dtype=torch.int64)
     tokens = tokens.masked_fill(tokens == PAD, IGNORE)
@@ -45,4 +45,4 @@ def nag_loss(
         torch.tensor([q.rank for q in queries], device=device),
     )
     generation = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.to(device).reshape(-1), ignore_index=IGNORE)
-    return generation + start_loss, {"gen": float(generation), "start": float(start_loss)}
+    return generation + start_loss, {"gen": float(generation.detach()), "start": float(start_loss.detach())}
