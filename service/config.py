@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(8192, ge=16)
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
+    max_padding: float = Field(
+        0.2, ge=0.0, le=1.0, description="largest share of padding in a batch (on CPU padding costs more than batching gains)"
+    )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
     max_body_bytes: int = Field(2_000_000, ge=1024)
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")

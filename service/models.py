@@ -120,7 +120,13 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
         batch, options = prepared
         return list(program.decode(batch, program.run(batch, options), options))
 
-    limits = BatchLimits(settings.max_batch_size, settings.max_batch_tokens, settings.max_wait_ms, settings.max_queue)
+    limits = BatchLimits(
+        settings.max_batch_size,
+        settings.max_batch_tokens,
+        settings.max_wait_ms,
+        settings.max_queue,
+        max_padding=settings.max_padding,
+    )
     scheduler = Scheduler(prepare=prepare, run=run, limits=limits, observer=observer)
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
 

@@ -13,6 +13,7 @@ class BatchLimits:
     max_wait_ms: float = 5.0  # a batch closes this long after its oldest item arrived
     max_queue: int = 2048  # sentences waiting; beyond it requests are refused (429)
     lookahead: int = 4  # packing looks at max_batch_size × lookahead oldest items
+    max_padding: float = 1.0  # largest share of a batch's padded cost that may be padding
 
 
 class Sized(Protocol):
@@ -40,13 +41,14 @@ def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
     anchor = window[0].cost
     others = sorted(range(1, len(window)), key=lambda i: (abs(window[i].cost - anchor), i))
     chosen = [0]
-    longest = anchor
+    longest, total = anchor, anchor
     for i in others:
         if len(chosen) >= limits.max_batch_size:
             break
         candidate_longest = max(longest, window[i].cost)
-        if candidate_longest * (len(chosen) + 1) > limits.max_batch_tokens:
+        padded = candidate_longest * (len(chosen) + 1)
+        if padded > limits.max_batch_tokens or 1 - (total + window[i].cost) / padded > limits.max_padding:
             continue
         chosen.append(i)
-        longest = candidate_longest
+        longest, total = candidate_longest, total + window[i].cost
     return sorted(chosen)
