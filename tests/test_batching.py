@@ -26,6 +26,14 @@ def test_token_budget_bounds_padded_cost() -> None:
     assert select_batch([Item(900)], BatchLimits(max_batch_tokens=250)) == [0]  # oversized runs alone
 
 
+def test_padding_bound_keeps_lengths_together() -> None:
+    queue = [Item(10), Item(50), Item(11), Item(9), Item(48), Item(12)]
+    limits = BatchLimits(max_batch_size=8, max_batch_tokens=10_000, max_padding=0.2)
+    # 10, 11, 9, 12 pad to 4 × 12 = 48 with 42 real (12.5 % padding); a 48 or 50 would make it > 80 %
+    assert select_batch(queue, limits) == [0, 2, 3, 5]
+    assert select_batch(queue, BatchLimits(max_batch_size=8, max_batch_tokens=10_000)) == [0, 1, 2, 3, 4, 5]
+
+
 def test_lookahead_limits_the_search() -> None:
     queue = [Item(5)] + [Item(80)] * 10 + [Item(5)]
     chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_batch_tokens=10_000, lookahead=2))
