@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -105,14 +106,9 @@ def train(
         dev_limit=dev_limit,
         time_budget_minutes=time_budget_minutes,
     )
-    if architecture == Architecture.nag:
-        from ner.training.nag_trainer import train_nag
-
-        manifest = train_nag(data, out, settings, backbone, device)
-    else:
-        from ner.training.span_trainer import train_span
-
-        manifest = train_span(data, out, settings, backbone, device)
+    # each architecture's trainer lives in ner/training/<arch>_trainer.py as train_<arch>
+    trainer = importlib.import_module(f"ner.training.{architecture.value}_trainer")
+    manifest = getattr(trainer, f"train_{architecture.value}")(data, out, settings, backbone, device)
     typer.echo(json.dumps(manifest.scores, indent=2))
 
 

@@ -43,6 +43,7 @@ class SubwordBatch:
     subword_mask: np.ndarray  # [B, N, P] float32
     word_mask: np.ndarray  # [B, N] float32
     n_subwords: list[int]
+    pieces: list[list[list[int]]]  # per sentence, per word: its sub-word positions (unpadded)
 
     @property
     def padded_tokens(self) -> int:
@@ -92,7 +93,9 @@ class SubwordEncoder:
             for i, piece in enumerate(pieces):
                 subword_index[b, i, : len(piece)] = piece
                 subword_mask[b, i, : len(piece)] = 1
-        return SubwordBatch(input_ids, attention_mask, subword_index, subword_mask, word_mask, [len(e.ids) for e in encodings])
+        return SubwordBatch(
+            input_ids, attention_mask, subword_index, subword_mask, word_mask, [len(e.ids) for e in encodings], maps
+        )
 
 
 def _word_pieces(word_ids: list[int | None], n_words: int) -> list[list[int]]:

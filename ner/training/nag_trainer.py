@@ -25,7 +25,7 @@ def l_max_coverage(program: NagProgram, sentences: list[Sentence], l_max: int) -
     """How many training entities fit in l_max sub-words."""
     pieces = []
     for k in range(0, len(sentences), 256):
-        pieces += program.prepare([list(s.tokens) for s in sentences[k : k + 256]]).pieces
+        pieces += program.subwords.encode([list(s.tokens) for s in sentences[k : k + 256]]).pieces
     return coverage([s.entities for s in sentences], pieces, l_max)
 
 

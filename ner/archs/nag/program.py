@@ -39,7 +39,7 @@ class NagProgram:
         self.graphs = graphs
         self.config = config
         self.subwords = subwords
-        # how generated sequences ended: entity / outside (<O>) / unmapped (dropped)
+        # how generated sequences ended: exact / merged / outside (<O>) / unmapped (dropped)
         self.outcomes: Counter[str] = Counter()
 
     def prepare(self, sentences: list[list[str]]) -> NagBatch:
@@ -48,17 +48,12 @@ class NagProgram:
         # specials and padding are masked out (a pointer can only name a word's sub-word)
         subword_words = np.zeros_like(encoded.input_ids)
         memory_mask = np.zeros(encoded.input_ids.shape, dtype=np.float32)
-        pieces: list[list[list[int]]] = []
-        for b, words in enumerate(sentences):
-            sentence_pieces = []
-            for w in range(len(words)):
-                positions = encoded.subword_index[b, w, : int(encoded.subword_mask[b, w].sum())].tolist()
+        for b, sentence_pieces in enumerate(encoded.pieces):
+            for w, positions in enumerate(sentence_pieces):
                 subword_words[b, positions] = w
                 memory_mask[b, positions] = 1.0
-                sentence_pieces.append(positions)
-            pieces.append(sentence_pieces)
         inputs.update({"subword_words": subword_words, "memory_mask": memory_mask})
-        return NagBatch(inputs, pieces, [len(w) for w in sentences], encoded.padded_tokens)
+        return NagBatch(inputs, encoded.pieces, [len(w) for w in sentences], encoded.padded_tokens)
 
     def _options(self, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None, count: int) -> list[NagDecodeOptions]:
         return list(options) if isinstance(options, Sequence) else [options or self.config.decode] * count
