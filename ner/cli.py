@@ -23,6 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Architecture(StrEnum):
     span = "span"
     nag = "nag"
+    diffusion = "diffusion"
 
 
 class Split(StrEnum):
@@ -90,6 +91,9 @@ def train(
     time_budget_minutes: Annotated[float | None, typer.Option(min=0.0, help="stop after the epoch crossing it")] = None,
     backbone: Annotated[str | None, typer.Option(help="package name or local HF folder")] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")] = None,
+    init_from: Annotated[
+        str | None, typer.Option(help="trained model whose encoder starts this one (same backbone, any architecture)")
+    ] = None,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from ner.training.loop import TrainSettings
@@ -105,6 +109,7 @@ def train(
         train_limit=train_limit,
         dev_limit=dev_limit,
         time_budget_minutes=time_budget_minutes,
+        init_from=init_from,
     )
     # each architecture's trainer lives in ner/training/<arch>_trainer.py as train_<arch>
     trainer = importlib.import_module(f"ner.training.{architecture.value}_trainer")

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ner.archs.diffusion.config import DiffusionConfig
+from ner.archs.diffusion.network import DiffusionNetwork
 from ner.archs.nag.config import NagConfig
 from ner.archs.nag.network import NagNetwork
 from ner.archs.registry import architecture
@@ -26,6 +28,7 @@ from ner.torch_graph import EagerGraph
 NETWORKS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[nn.Module, int, Any], nn.Module]]] = {
     "span": (SpanConfig.from_dict, SpanNetwork),
     "nag": (NagConfig.from_dict, NagNetwork),
+    "diffusion": (DiffusionConfig.from_dict, DiffusionNetwork),
 }
 
 

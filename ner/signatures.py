@@ -72,3 +72,24 @@ NAG_GRAPHS: dict[str, Signature] = {
     "encoder": (NAG_ENCODER_INPUTS, NAG_ENCODER_OUTPUTS),
     "decoder": (NAG_DECODER_INPUTS, NAG_DECODER_OUTPUTS),
 }
+
+# DiffusionNER: the shared encoder once, then one denoiser step per DDIM step over K noisy spans
+# (K = "proposals" varies per request; the sampling loop runs outside the graphs).
+DIFFUSION_INPUTS = ("word_states", "word_mask", "noisy_spans", "timestep")
+DIFFUSION_OUTPUTS = ("class_probs", "left_probs", "right_probs")
+DIFFUSION_AXES: dict[str, dict[str, tuple[str, ...]]] = {
+    "encoder": ENCODER_AXES,
+    "denoiser": {
+        "word_states": ("batch", "words", ""),
+        "word_mask": ("batch", "words"),
+        "noisy_spans": ("batch", "proposals", ""),
+        "timestep": ("batch",),
+        "class_probs": ("batch", "proposals", ""),
+        "left_probs": ("batch", "proposals", "words"),
+        "right_probs": ("batch", "proposals", "words"),
+    },
+}
+DIFFUSION_GRAPHS: dict[str, Signature] = {
+    "encoder": (ENCODER_INPUTS, ENCODER_OUTPUTS),
+    "denoiser": (DIFFUSION_INPUTS, DIFFUSION_OUTPUTS),
+}

@@ -1,4 +1,4 @@
-"""Export of tiny random-weight span and nag models: graphs written, parity checked on real dev
+"""Export of tiny random-weight span, nag and diffusion models: graphs written, parity checked on real dev
 sentences, unchanged source skipped, broken graph files named in the error."""
 
 from pathlib import Path
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from export.build import export_model
+from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
 from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.span.config import SpanConfig
 from ner.backbone import resolve_backbone
@@ -29,8 +30,18 @@ CONFIGS = {
         decoder_ffn=64,
         decode=NagDecodeOptions(start_threshold=0.9),
     ),
+    # threshold 0: random weights still yield entities, so parity compares entity sets; K and the
+    # step count differ from the export example's (7 proposals, one step)
+    "diffusion": DiffusionConfig(
+        labels=("LOC", "MISC", "ORG", "PER"),
+        encoder=TINY_ENCODER,
+        span_heads=2,
+        span_ffn=64,
+        pointer_dim=16,
+        decode=DiffusionDecodeOptions(proposals=12, steps=3, threshold=0.0),
+    ),
 }
-GRAPHS = {"span": {"encoder", "span_proposal"}, "nag": {"encoder", "decoder"}}
+GRAPHS = {"span": {"encoder", "span_proposal"}, "nag": {"encoder", "decoder"}, "diffusion": {"encoder", "denoiser"}}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

@@ -9,12 +9,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ner.archs.diffusion.config import DiffusionConfig
+from ner.archs.diffusion.program import DiffusionProgram
 from ner.archs.nag.config import NagConfig
 from ner.archs.nag.program import NagProgram
 from ner.archs.span.config import SpanConfig
 from ner.archs.span.program import SpanProgram
 from ner.graph import Graph
-from ner.signatures import AXES, NAG_AXES, NAG_GRAPHS, SPAN_GRAPHS, Signature
+from ner.signatures import AXES, DIFFUSION_AXES, DIFFUSION_GRAPHS, NAG_AXES, NAG_GRAPHS, SPAN_GRAPHS, Signature
 from ner.text.subword import SubwordEncoder
 
 
@@ -40,6 +42,19 @@ class NagOptions(BaseModel):
     threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum entity score (mean token probability)")
 
 
+class DiffusionOptions(BaseModel):
+    """Per-request sampling and decoding options of DiffusionNER (defaults: the model's manifest)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposals: int | None = Field(None, ge=1, le=500, description="K: noisy spans denoised per sentence")
+    steps: int | None = Field(None, ge=1, le=50, description="DDIM denoising steps (more: slower, often better)")
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="noise seed (each sentence draws its own noise)")
+    threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="minimum entity score (mean of type and boundary probabilities)"
+    )
+
+
 ProgramFactory = Callable[[Mapping[str, Graph], dict[str, Any], SubwordEncoder], Any]
 
 
@@ -63,9 +78,16 @@ def _nag_program(graphs: Mapping[str, Graph], config: dict[str, Any], subwords: 
     return NagProgram(graphs, NagConfig.from_dict(config), subwords)
 
 
+def _diffusion_program(graphs: Mapping[str, Graph], config: dict[str, Any], subwords: SubwordEncoder) -> DiffusionProgram:
+    return DiffusionProgram(graphs, DiffusionConfig.from_dict(config), subwords)
+
+
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "span": ArchitectureSpec("span", SPAN_GRAPHS, AXES, True, False, False, _span_program, SpanOptions),
     "nag": ArchitectureSpec("nag", NAG_GRAPHS, NAG_AXES, True, True, False, _nag_program, NagOptions),
+    "diffusion": ArchitectureSpec(
+        "diffusion", DIFFUSION_GRAPHS, DIFFUSION_AXES, True, False, False, _diffusion_program, DiffusionOptions
+    ),
 }
 
 

@@ -22,6 +22,8 @@ START_THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 GRIDS: dict[str, dict[str, Sequence[Any]]] = {
     "span": DECODE_GRID,
     "nag": {"start_threshold": START_THRESHOLDS, "threshold": (0.0, 0.3, 0.4, 0.5, 0.6)},
+    # φ/3 around the paper's 2.5/3 (it tuned φ in [2.5, 2.7]); lower values for a CPU-trained model
+    "diffusion": {"threshold": tuple(round(float(x), 3) for x in np.arange(0.5, 0.951, 0.025))},
 }
 
 

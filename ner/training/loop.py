@@ -45,6 +45,7 @@ class TrainSettings:
     eval_batch_size: int = 64
     time_budget_minutes: float | None = None  # stop after the epoch that crosses it
     lora_rank: int = 16
+    init_from: str | None = None  # a trained model whose encoder (LoRA + char CNN + BiLSTM) starts this one
 
 
 @dataclass
@@ -97,6 +98,33 @@ def start_run(data_dir: Path, settings: TrainSettings, backbone_spec: str | None
         resolve_backbone(backbone_spec),
         LoraSettings(rank=settings.lora_rank, alpha=2 * settings.lora_rank),
     )
+
+
+def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo) -> dict[str, Any]:
+    """Copy the shared word encoder (LoRA adapters, char CNN, shape embedding, BiLSTM) of a trained
+    model of any architecture into `network`: every architecture's encoder has the same parameter
+    names, so a new architecture starts from an encoder already fitted to the data."""
+    from safetensors.torch import load_file
+
+    from ner.model_store import model_dir, read_manifest
+
+    folder = model_dir(model_name)
+    source = read_manifest(folder)
+    if source.backbone.sha256 != backbone.sha256:
+        raise ValueError(f"{folder}: trained on another backbone, its encoder cannot start this model")
+    saved = load_file(str(folder / WEIGHTS))
+    params = dict(network.named_parameters())
+    copied = 0
+    with torch.no_grad():
+        for name, tensor in saved.items():
+            if name.startswith("encoder.") and name in params and params[name].shape == tensor.shape:
+                params[name].copy_(tensor.to(params[name].dtype))
+                copied += 1
+    encoder_params = sum(1 for n, p in params.items() if n.startswith("encoder.") and p.requires_grad)
+    if copied != encoder_params:
+        raise ValueError(f"{folder}: only {copied} of {encoder_params} encoder tensors fit this model")
+    print(f"encoder initialised from {folder.name} ({copied} tensors)", flush=True)
+    return {"model": folder.name, "version": source.version, "tensors": copied}
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,1 @@
+"""DiffusionNER: entities denoised from K noisy spans (boundary diffusion, DDIM sampling)."""

@@ -1,0 +1,56 @@
+"""Hyper-parameters, label set and decoding defaults of DiffusionNER (stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ner.archs.config_io import config_from_dict
+
+Overlap = Literal["flat", "nested"]
+Schedule = Literal["cosine", "linear"]
+SpanPooling = Literal["lrconcat", "mean"]
+
+
+@dataclass(frozen=True)
+class DiffusionDecodeOptions:
+    """Per-request sampling and decoding options; defaults come from the manifest."""
+
+    proposals: int = 60  # K noisy spans per sentence
+    steps: int = 5  # DDIM denoising steps (head evaluations)
+    seed: int = 48  # noise seed; every sentence draws its own noise from it
+    threshold: float = 2.5 / 3  # φ/3: mean of the type and both boundary probabilities
+    overlap: Overlap = "flat"  # flat: no shared words; nested: no crossing spans
+
+    def replace(self, **changes: Any) -> DiffusionDecodeOptions:
+        values = asdict(self)
+        values.update(changes)
+        return DiffusionDecodeOptions(**values)
+
+
+@dataclass(frozen=True)
+class DiffusionConfig:
+    labels: tuple[str, ...]
+    encoder: dict[str, Any] = field(default_factory=dict)  # ner.encoder.EncoderConfig fields
+    span_layers: int = 2  # span encoder: self-attention among spans + cross-attention to words
+    span_heads: int = 8
+    span_ffn: int = 1024
+    dropout: float = 0.1
+    pointer_dim: int = 128  # hidden size of the boundary pointers ([B, K, N, pointer_dim] is their cost)
+    span_pooling: SpanPooling = "lrconcat"
+    schedule: Schedule = "cosine"
+    timesteps: int = 1000  # T
+    scale: float = 1.0  # λ: the noise space is [-λ, λ]
+    train_proposals: int = 60  # K during training (gold spans repeated to fill it)
+    eta: float = 1.0  # DDIM stochasticity (1: the paper's sampler)
+    boundary_weight: float = 1.0  # loss and matching weight of the boundary terms
+    decode: DiffusionDecodeOptions = field(default_factory=DiffusionDecodeOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["labels"] = list(self.labels)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DiffusionConfig:
+        return config_from_dict(cls, values, DiffusionDecodeOptions)
