@@ -107,6 +107,16 @@ def test_hungarian_matches_each_gold_span_once() -> None:
     assert sorted(zip(rows.tolist(), cols.tolist(), strict=True)) == [(1, 0), (2, 1)]  # the better duplicate wins
 
 
+def test_one_to_many_matching_spreads_every_gold_entity() -> None:
+    classes, left, right = proposals([(2, 3, 1, 0.6), (0, 0, 2, 0.9), (2, 3, 1, 0.95), (0, 0, 2, 0.5), (5, 5, 1, 0.4)])
+    gold = [(0, 0, 2), (2, 3, 1)]
+    rows, cols = match(classes, left, right, gold, 1.0, copies=4)
+    assignment = dict(zip(rows.tolist(), cols.tolist(), strict=True))
+    assert assignment == {0: 1, 1: 0, 2: 1, 3: 0}  # each gold twice, the odd proposal out unmatched
+    rows, cols = match(classes, left, right, gold, 1.0, copies=60)  # capped at the proposal count
+    assert len(rows) == 5 and sorted(cols.tolist()).count(0) >= 2
+
+
 def test_clean_spans_repeat_gold_and_fill_empty_sentences() -> None:
     config = DiffusionConfig(labels=LABELS, train_proposals=5)
     gold = gold_spans(EntitySet({Entity("protein", ((4, 6),)), Entity("DNA", ((0, 2),))}), LABELS)

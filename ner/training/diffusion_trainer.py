@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +55,14 @@ def train_diffusion(
         inputs = {k: torch.from_numpy(v).to(torch_device) for k, v in batch.encoder_inputs.items()}
         return diffusion_loss(network, inputs, [train[i].entities for i in indices], sampler, rng)
 
-    fitted = fit(network, program.predict, loss_of, train, dev, record, out)
+    def dev_score() -> dict[str, Any]:
+        """Dev P/R/F1 at the threshold tuned on dev: a fixed φ would judge early epochs, whose
+        probabilities are less sharp, by the wrong cut (the graphs run once per epoch)."""
+        best, _, table = tune_decoding(program, dev, settings.eval_batch_size, GRIDS["diffusion"])
+        program.config = DiffusionConfig.from_dict({**program.config.to_dict(), "decode": asdict(best)})
+        return {**max(table, key=lambda row: row["f1"])}
+
+    fitted = fit(network, program.predict, loss_of, train, dev, record, out, dev_score)
     best, tuned_f1, _ = tune_decoding(program, dev, settings.eval_batch_size, GRIDS["diffusion"])
     config = DiffusionConfig.from_dict({**config.to_dict(), "decode": asdict(best)})
     network.config = config

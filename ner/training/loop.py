@@ -165,8 +165,10 @@ def fit(
     dev: list[Sentence],
     record: ModelRecord,
     out: Path,
+    dev_score: Callable[[], dict[str, Any]] | None = None,
 ) -> FitResult:
-    """Epochs of `loss_of(batch indices)` steps, dev F1 after each; the best weights are written to
+    """Epochs of `loss_of(batch indices)` steps, dev F1 after each (`dev_score()` instead of scoring
+    `predict` when given, e.g. F1 at the threshold tuned on dev); the best weights are written to
     OUT as they appear and every epoch is checkpointed to OUT/checkpoint/last.pt (resumed from)."""
     settings = record.settings
     lora_params = [p for n, p in network.named_parameters() if p.requires_grad and "lora_" in n]
@@ -211,7 +213,7 @@ def fit(
             if step % 20 == 0:
                 bar.set_postfix(loss=f"{running:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
         network.eval()
-        report = score(predict, dev, settings.eval_batch_size)
+        report = dev_score() if dev_score else score(predict, dev, settings.eval_batch_size)
         elapsed += time.perf_counter() - started
         history.append({"epoch": epoch + 1, "dev_f1": report["f1"], "loss": running, "minutes": elapsed / 60})
         print(

@@ -42,6 +42,7 @@ class DiffusionConfig:
     timesteps: int = 1000  # T
     scale: float = 1.0  # λ: the noise space is [-λ, λ]
     train_proposals: int = 60  # K during training (gold spans repeated to fill it)
+    gold_copies: int = 60  # gold entities repeated to this many columns for one-to-many matching; 1: one-to-one
     eta: float = 1.0  # DDIM stochasticity (1: the paper's sampler)
     boundary_weight: float = 1.0  # loss and matching weight of the boundary terms
     decode: DiffusionDecodeOptions = field(default_factory=DiffusionDecodeOptions)

@@ -41,16 +41,21 @@ def clean_spans(golds: list[Gold], lengths: np.ndarray, config: DiffusionConfig,
 
 
 def match(
-    class_probs: np.ndarray, left_probs: np.ndarray, right_probs: np.ndarray, gold: Gold, weight: float
+    class_probs: np.ndarray, left_probs: np.ndarray, right_probs: np.ndarray, gold: Gold, weight: float, copies: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Proposal and gold indices of the minimum-cost assignment for one sentence: cost =
-    −weight·(p_left[l] + p_right[r]) − p_type[c] (probabilities, as the official matcher)."""
-    left = np.array([g[0] for g in gold])
-    right = np.array([g[1] for g in gold])
-    classes = np.array([g[2] for g in gold])
+    −weight·(p_left[l] + p_right[r]) − p_type[c] (probabilities, as the official matcher).
+
+    One-to-many when `copies` > len(gold) (the official `repeat_gt_entities`): the gold list is
+    repeated to `copies` columns (capped at the proposal count) and each copy takes one proposal,
+    so every gold entity supervises several proposals spread by the assignment."""
+    columns = np.resize(np.arange(len(gold)), max(len(gold), min(copies, len(class_probs))))
+    left = np.array([gold[i][0] for i in columns])
+    right = np.array([gold[i][1] for i in columns])
+    classes = np.array([gold[i][2] for i in columns])
     cost = -weight * (left_probs[:, left] + right_probs[:, right]) - class_probs[:, classes]
     rows, cols = linear_sum_assignment(cost)
-    return rows, cols
+    return rows, columns[cols]
 
 
 def diffusion_loss(
@@ -81,7 +86,7 @@ def diffusion_loss(
     for b, gold in enumerate(golds):
         if not gold:
             continue
-        rows, cols = match(class_probs[b], left_probs[b], right_probs[b], gold, config.boundary_weight)
+        rows, cols = match(class_probs[b], left_probs[b], right_probs[b], gold, config.boundary_weight, config.gold_copies)
         for k, g in zip(rows.tolist(), cols.tolist(), strict=True):
             targets[b, k] = gold[g][2]
             sentence.append(b)
@@ -90,9 +95,9 @@ def diffusion_loss(
             right_target.append(gold[g][1])
     matched = len(sentence)
     total = targets.size
-    # the official nil_weight = -1: the no-entity class weighs matched / unmatched proposals
+    # the official nil_weight = -1: the no-entity class weighs matched / unmatched proposals (≤ 1)
     weights = torch.ones(class_logits.shape[-1], device=device)
-    weights[0] = max(matched, 1) / max(total - matched, 1)
+    weights[0] = min(1.0, max(matched, 1) / max(total - matched, 1))
     type_loss = F.cross_entropy(
         class_logits.reshape(-1, class_logits.shape[-1]), torch.from_numpy(targets).to(device).reshape(-1), weight=weights
     )
