@@ -7,8 +7,9 @@ vectors do not depend on what it is batched with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -29,6 +30,12 @@ class EncoderConfig:
     shape_dim: int = 20
     lstm_hidden: int = 192  # per direction
     dropout: float = 0.3
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EncoderConfig:
+        """From a manifest's `config.encoder` (keys this version does not know are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
 
 
 def load_backbone(info: BackboneInfo) -> PreTrainedModel:

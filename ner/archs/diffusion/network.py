@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from torch import nn
 
 from ner.archs.diffusion.config import DiffusionConfig
@@ -11,16 +9,11 @@ from ner.archs.diffusion.graphs import DenoiserGraph
 from ner.encoder import EncoderConfig, WordEncoder
 
 
-def encoder_config(config: DiffusionConfig) -> EncoderConfig:
-    known = {f.name for f in fields(EncoderConfig)}
-    return EncoderConfig(**{k: v for k, v in config.encoder.items() if k in known})
-
-
 class DiffusionNetwork(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int, config: DiffusionConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = WordEncoder(backbone, hidden_size, encoder_config(config))
+        self.encoder = WordEncoder(backbone, hidden_size, EncoderConfig.from_dict(config.encoder))
         self.denoiser = DenoiserGraph(self.encoder.output_size, config)
 
     def graphs(self) -> dict[str, nn.Module]:

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 from torch import nn
 
 from ner.archs.nag.config import NagConfig
 from ner.archs.nag.graphs import NagDecoderGraph, NagEncoderGraph, NagEncoderHead
 from ner.encoder import EncoderConfig, WordEncoder
-
-
-def encoder_config(config: NagConfig) -> EncoderConfig:
-    known = {f.name for f in fields(EncoderConfig)}
-    return EncoderConfig(**{k: v for k, v in config.encoder.items() if k in known})
 
 
 def position_table(backbone: nn.Module) -> torch.Tensor | None:
@@ -29,7 +22,7 @@ class NagNetwork(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int, config: NagConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = WordEncoder(backbone, hidden_size, encoder_config(config))
+        self.encoder = WordEncoder(backbone, hidden_size, EncoderConfig.from_dict(config.encoder))
         self.head = NagEncoderHead(self.encoder.output_size, hidden_size, config)
         self.decoder = NagDecoderGraph(config, hidden_size, position_table(backbone))
 

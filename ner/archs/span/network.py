@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from torch import nn
 
 from ner.archs.span.config import SpanConfig
@@ -11,16 +9,11 @@ from ner.archs.span.graphs import SpanProposalGraph
 from ner.encoder import EncoderConfig, WordEncoder
 
 
-def encoder_config(config: SpanConfig) -> EncoderConfig:
-    known = {f.name for f in fields(EncoderConfig)}
-    return EncoderConfig(**{k: v for k, v in config.encoder.items() if k in known})
-
-
 class SpanNetwork(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int, config: SpanConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = WordEncoder(backbone, hidden_size, encoder_config(config))
+        self.encoder = WordEncoder(backbone, hidden_size, EncoderConfig.from_dict(config.encoder))
         self.head = SpanProposalGraph(
             self.encoder.output_size,
             self.encoder.context_size,
