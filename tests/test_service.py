@@ -21,7 +21,9 @@ from tests.serving import Server
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    instance = Server(models='["span-conll03","span-genia","nag-cadec","diffusion-conll03"]', default_model="span-conll03", threads=2)
+    instance = Server(
+        models='["span-conll03","span-genia","nag-cadec","diffusion-conll03"]', default_model="span-conll03", threads=2
+    )
     try:
         instance.wait_ready()
         yield instance
