@@ -1,6 +1,7 @@
 """Batcher: packing as a pure function; the scheduler with a fake graph runner (no model)."""
 
 import asyncio
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -110,3 +111,36 @@ def test_drain_answers_accepted_work_then_refuses() -> None:
         await scheduler.stop()
 
     asyncio.run(scenario())
+
+
+def test_next_batch_is_prepared_while_the_graphs_run() -> None:
+    """Double buffering: a batch closed while the graphs are busy is prepared before they finish."""
+    events: list[str] = []
+    release = threading.Event()
+
+    def prepare(payloads: list[str]) -> list[str]:
+        events.append("prepare " + ",".join(payloads))
+        return payloads
+
+    def run(prepared: list[str]) -> list[str]:
+        events.append("run " + ",".join(prepared))
+        if prepared == ["a"]:
+            assert release.wait(timeout=5)
+        events.append("done " + ",".join(prepared))
+        return prepared
+
+    async def scenario() -> None:
+        scheduler = Scheduler(prepare=prepare, run=run, limits=BatchLimits(max_wait_ms=1))
+        scheduler.start()
+        first = scheduler.submit([("a", 1)])
+        while "run a" not in events:
+            await asyncio.sleep(0.001)
+        second = scheduler.submit([("b", 1)])
+        while "prepare b" not in events:
+            await asyncio.sleep(0.001)
+        release.set()
+        await asyncio.gather(*first, *second)
+        await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert events.index("prepare b") < events.index("done a")

@@ -86,7 +86,6 @@ class Scheduler:
         self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs")
         self._tasks: list[asyncio.Task[None]] = []
         self._recent_rate = 0.0  # sentences per second of the last batches, for Retry-After
-        self._running = False  # the graph thread is busy with a batch
 
     @property
     def depth(self) -> int:
@@ -175,10 +174,12 @@ class Scheduler:
             costs = [i.cost for i in self._queue[: limits.max_batch_size]]
             full = len(self._queue) >= limits.max_batch_size or max(costs) * len(costs) >= limits.max_batch_tokens
             remaining = close_at - self.clock()
-            busy = self._running or not self._handoff.empty()
-            # While the graphs are busy a batch keeps growing (it could not run sooner anyway);
-            # once they are idle it closes at max_wait, or at once when full.
-            if full or (remaining <= 0 and not busy):
+            # Double buffering: while a prepared batch already waits for the graphs, this one keeps
+            # growing (it could not run sooner anyway). Otherwise it closes at max_wait, or at once
+            # when full, and is prepared while the graphs still run the current batch, so the graph
+            # thread never idles through a prepare (measured: busy 82 % at c=64 when every batch
+            # waited for the graphs to be free before it was even closed).
+            if full or (remaining <= 0 and self._handoff.empty()):
                 break
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
@@ -204,6 +205,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while True:
             handed = await self._handoff.get()
+            self._arrived.set()  # the hand-off slot is free: wake the collector to close the next batch
             if handed is None:
                 return
             batch, prepared = handed
@@ -215,15 +217,11 @@ class Scheduler:
             started = self.clock()
             for item in batch:
                 item.started = started
-            self._running = True
             try:
                 results = await loop.run_in_executor(self._runner, self.run, prepared)
             except Exception as error:
                 self._fail(batch, error)
                 continue
-            finally:
-                self._running = False
-                self._arrived.set()  # wake the collector: the graphs are free
             finished = self.clock()
             seconds = finished - started
             for item, result in zip(batch, results, strict=True):
