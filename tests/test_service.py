@@ -130,7 +130,7 @@ def test_diffusion_steps_and_proposals_per_request(server: Server, data_root: Pa
         )
     for options, response in zip(variants, batched, strict=True):
         assert response.status_code == 200, response.text
-        for sentence, result in zip(tokens[:5], response.json()["results"], strict=True):
+        for sentence, result in zip(tokens[:5], response.json()["results"][:5], strict=True):
             alone = extract(server, {"model": "diffusion-conll03", "tokens": [sentence], "options": options})
             assert diffusion_keys(alone.json()["results"][0]) == diffusion_keys(result)
     for field, value in (("proposals", 0), ("steps", 51), ("seed", -1)):
