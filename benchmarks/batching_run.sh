@@ -7,6 +7,9 @@
 # and what batching can gain at all on this machine, offline (benchmarks/batching_ceiling.py).
 # Server on core 0 (one graph thread), client on core 1. Run on an otherwise idle machine:
 #   bash benchmarks/batching_run.sh
+# The GPU-like layout (the graph thread has a core of its own, as it has its device on a GPU node;
+# HTTP, tokenisation and decoding run beside it on the other core, shared with the client):
+#   SERVER_CORE=0,1 CLIENT_CORE=1 CEILING=0 OUT=docs/reference-run/batching-2cores bash benchmarks/batching_run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -18,8 +21,10 @@ SERVER_CORE=${SERVER_CORE:-0}
 CLIENT_CORE=${CLIENT_CORE:-1}
 mkdir -p "$OUT"
 
-taskset -c "$SERVER_CORE" python benchmarks/batching_ceiling.py --model span-conll03 --data "$DATA/conll03" \
-  --threads 1 --limit 600 --json > "$OUT/ceiling.json"
+if [ "${CEILING:-1}" = 1 ]; then
+  taskset -c "$SERVER_CORE" python benchmarks/batching_ceiling.py --model span-conll03 --data "$DATA/conll03" \
+    --threads 1 --limit 600 --json > "$OUT/ceiling.json"
+fi
 
 serve() {
   taskset -c "$SERVER_CORE" nerserve serve --port "$PORT" --models span-conll03 --threads 1 "$@" > "$OUT/server.log" 2>&1 &
