@@ -246,6 +246,7 @@ def serve(
     runtime: Annotated[Runtime | None, typer.Option()] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph")] = None,
+    default_model: Annotated[str | None, typer.Option(help="model for requests that name none")] = None,
 ) -> None:
     """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
     from service.config import Settings
@@ -261,6 +262,7 @@ def serve(
         "max_padding": max_padding,
         "device": device,
         "threads": threads,
+        "default_model": default_model,
         "runtime": runtime.value if runtime else None,
         "models": [m.strip() for m in models.split(",") if m.strip()] if models else None,
     }

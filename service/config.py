@@ -18,7 +18,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="NERSERVE_", extra="ignore")
 
     models: list[str] = Field(default_factory=list, description="models to serve; empty = every model in the store")
-    default_model: str | None = None
+    default_model: str | None = Field(
+        "span-conll03", description="model for requests that name none (the first served model if it is not served)"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     runtime: Runtime = Runtime.onnx

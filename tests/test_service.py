@@ -246,3 +246,15 @@ def test_sigterm_drains_in_flight_then_exits() -> None:
         response = pending.result(timeout=120)
     assert response.status_code == 200 and len(response.json()["results"]) == 120
     assert server.process.wait(60) == 0
+
+
+def test_default_model_is_span_conll03_when_served_else_the_first() -> None:
+    from service.api.routes import ServiceState
+    from service.config import Settings
+
+    served: dict[str, object] = dict.fromkeys(["diffusion-conll03", "nag-cadec", "span-conll03"], object())
+    assert ServiceState(Settings(), models=served).default_model == "span-conll03"
+    chosen = ServiceState(Settings(default_model="nag-cadec"), models=served)
+    assert chosen.default_model == "nag-cadec"
+    without = {"nag-genia": object(), "diffusion-genia": object()}
+    assert ServiceState(Settings(), models=without).default_model == "nag-genia"

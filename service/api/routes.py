@@ -33,7 +33,9 @@ class ServiceState:
 
     @property
     def default_model(self) -> str | None:
-        if self.settings.default_model:
+        # The configured default when it is served; otherwise the first served model (GET /models
+        # names the one in use), so a store without span-conll03 still answers model-less requests.
+        if self.settings.default_model in self.models:
             return self.settings.default_model
         return next(iter(self.models), None)
 
