@@ -15,15 +15,16 @@ import pytest
 
 from ner.data import read_split
 from ner.model_store import graph_set_folder
+from service.api.routes import ServiceState
+from service.config import Settings
 from service.runtime.graph_set import load_graph_set
 from tests.serving import Server
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    instance = Server(
-        models='["span-conll03","span-genia","nag-cadec","diffusion-conll03"]', default_model="span-conll03", threads=2
-    )
+    # no default_model: requests without a model must reach span-conll03 by the service's own default
+    instance = Server(models='["span-conll03","span-genia","nag-cadec","diffusion-conll03"]', threads=2)
     try:
         instance.wait_ready()
         yield instance
@@ -249,9 +250,6 @@ def test_sigterm_drains_in_flight_then_exits() -> None:
 
 
 def test_default_model_is_span_conll03_when_served_else_the_first() -> None:
-    from service.api.routes import ServiceState
-    from service.config import Settings
-
     served: dict[str, object] = dict.fromkeys(["diffusion-conll03", "nag-cadec", "span-conll03"], object())
     assert ServiceState(Settings(), models=served).default_model == "span-conll03"
     chosen = ServiceState(Settings(default_model="nag-cadec"), models=served)
