@@ -20,7 +20,8 @@ import numpy as np
 from ner.data import read_split
 from ner.model_store import graph_set_folder
 from ner.runner import length_batches, score
-from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+from ner.graph_format import EXPORT_JSON
+from service.runtime.graph_set import load_graph_set
 
 
 def profile(program: Any, sentences: list[list[str]], batch_size: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ through a model's exported graphs (tokenise → encoder → steps × denoiser �
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +16,8 @@ import typer
 from ner.data import read_split
 from ner.model_store import graph_set_folder
 from ner.runner import score
-from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+from ner.graph_format import EXPORT_JSON
+from service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 
@@ -46,7 +48,7 @@ def main(
     rows: list[dict[str, Any]] = []
     for k in parse_list(proposals):
         for n in parse_list(steps):
-            options = defaults.replace(proposals=k, steps=n)
+            options = replace(defaults, proposals=k, steps=n)
             report = score(lambda batch, o=options: program.predict(batch, o), sentences, batch_size)
             row = {
                 "proposals": k,

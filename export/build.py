@@ -12,6 +12,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +22,12 @@ import torch
 
 from export.parity import check_parity, parity_batches
 from export.writers import OPSET, quantize_int8, write_onnx, write_torchscript
-from ner.archs.registry import architecture
 from ner.data import read_split
+from ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from ner.loading import load_model
 from ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
-from service.runtime import GRAPH_SUFFIX, RuntimeName
-from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+from service.runtime.graph_set import load_graph_set
 
-# INT8 quantises the encoder (the backbone: nearly all the time) and keeps the small span graph in
-# fp32: its boundary offsets are rounded to words, where quantisation noise flips boundaries.
-INT8_GRAPHS = ("encoder",)
 DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 # Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters) so that the
 # exporter cannot mistake one axis for another or specialise a size-1 axis.
@@ -45,7 +42,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _signature(names: tuple[str, ...], values: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]]) -> list[Any]:
+def _signature(names: tuple[str, ...], values: dict[str, np.ndarray], axes: Mapping[str, tuple[str, ...]]) -> list[Any]:
     return [
         {
             "name": n,
@@ -58,16 +55,17 @@ def _signature(names: tuple[str, ...], values: dict[str, np.ndarray], axes: dict
 
 def export_model(
     name: str,
-    fmt: RuntimeName,
+    fmt: GraphFormat,
     int8: bool = False,
     data_root: Path = DATA_ROOT,
     build_dir: Path | None = None,
     force: bool = False,
     log: Any = print,
 ) -> dict[str, Any]:
-    if fmt == RuntimeName.eager:
-        raise ValueError("eager is not an export format: choose onnx or torchscript")
-    if int8 and fmt != RuntimeName.onnx:
+    """INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
+    keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise
+    flips them)."""
+    if int8 and fmt != GraphFormat.onnx:
         raise ValueError("--int8 is available for --format onnx only")
     source = model_dir(name)
     target = graph_set_folder(name, fmt.value, int8, build_dir)
@@ -78,7 +76,9 @@ def export_model(
             return {**previous, "skipped": True, "folder": str(target)}
     started = time.perf_counter()
     model = load_model(name, device="cpu")
-    spec = architecture(model.manifest.architecture)
+    spec = model.spec
+    signatures = spec.signatures(model.network.config)
+    int8_graphs = spec.int8_graphs if int8 else ()
     merged = copy.deepcopy(model.network)
     adapted: Any = merged.encoder.backbone
     merged.encoder.backbone = adapted.merge_and_unload()  # LoRA folded into the weights
@@ -92,37 +92,36 @@ def export_model(
         batch = model.program.prepare(EXAMPLE_SENTENCES)
         values: dict[str, np.ndarray] = model.program.export_values(batch)
         graphs_info: dict[str, Any] = {}
-        for graph_name, (inputs, outputs) in spec.graphs.items():
+        for graph_name, signature in signatures.items():
             log(f"{name}: exporting graph {graph_name} ({fmt.value}{' int8' if int8 else ''})")
-            args = tuple(torch.from_numpy(np.ascontiguousarray(values[n])) for n in inputs)
-            path = staging / f"{graph_name}{GRAPH_SUFFIX[fmt]}"
-            if fmt == RuntimeName.onnx:
-                write_onnx(modules[graph_name], args, path, inputs, outputs, spec.axes[graph_name])
-                if int8 and graph_name in INT8_GRAPHS:
+            args = tuple(torch.from_numpy(np.ascontiguousarray(values[n])) for n in signature.inputs)
+            path = graph_file(staging, graph_name, fmt)
+            if fmt == GraphFormat.onnx:
+                write_onnx(modules[graph_name], args, path, signature)
+                if graph_name in int8_graphs:
                     fp32 = path.with_suffix(".fp32.onnx")
                     path.rename(fp32)
                     quantize_int8(fp32, path)
                     fp32.unlink()
             else:
-                write_torchscript(modules[graph_name], args, path, inputs, outputs)
-            axes = spec.axes[graph_name]
+                write_torchscript(modules[graph_name], args, path, signature)
             graphs_info[graph_name] = {
                 "file": path.name,
                 "sha256": _sha256(path),
                 "bytes": path.stat().st_size,
-                "inputs": _signature(inputs, values, axes),
-                "outputs": _signature(outputs, values, axes),
+                "inputs": _signature(signature.inputs, values, signature.axes),
+                "outputs": _signature(signature.outputs, values, signature.axes),
             }
         shutil.copy(source / MANIFEST, staging / MANIFEST)
-        model.program.subwords.tokenizer.save(str(staging / "tokenizer.json"))
+        model.program.subwords.tokenizer.save(str(staging / TOKENIZER_JSON))
         info: dict[str, Any] = {
             "model": source.name,
             "architecture": model.manifest.architecture,
             "format": fmt.value,
             "int8": int8,
-            "int8_graphs": list(INT8_GRAPHS) if int8 else [],
-            "opset": OPSET if fmt == RuntimeName.onnx else None,
-            "exporter": "torch.onnx.export(dynamo=True)" if fmt == RuntimeName.onnx else "torch.jit.trace",
+            "int8_graphs": list(int8_graphs),
+            "opset": OPSET if fmt == GraphFormat.onnx else None,
+            "exporter": "torch.onnx.export(dynamo=True)" if fmt == GraphFormat.onnx else "torch.jit.trace",
             "versions": {
                 "torch": torch.__version__,
                 "onnxruntime": onnxruntime.__version__,

@@ -18,26 +18,24 @@ import onnx
 import torch
 from torch import nn
 
-from service.runtime.torchscript import GRAPH_IO
+from ner.graph import GraphSignature
+from ner.graph_format import TORCHSCRIPT_IO
 
 OPSET = 18
 
 
-def write_onnx(
-    module: nn.Module,
-    args: tuple[torch.Tensor, ...],
-    path: Path,
-    inputs: tuple[str, ...],
-    outputs: tuple[str, ...],
-    axes: dict[str, tuple[str, ...]],
-) -> None:
+def write_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, signature: GraphSignature) -> None:
+    """The example `args` must give every named axis a size of 2 or more (torch.export
+    specialises sizes 0 and 1); axes the signature allows to be empty (a decoder's cache before
+    its first step) are declared with a minimum of 0."""
     dims: dict[str, torch.export.Dim] = {}
 
     def dim(name: str) -> torch.export.Dim:
         if name not in dims:
-            dims[name] = torch.export.Dim(name, min=1)
+            dims[name] = torch.export.Dim(name, min=0 if name in signature.may_be_empty else 1)
         return dims[name]
 
+    inputs, outputs, axes = signature.inputs, signature.outputs, signature.axes
     dynamic = {name: {i: dim(axis) for i, axis in enumerate(axes[name]) if axis} for name in inputs}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -64,14 +62,12 @@ def write_onnx(
     onnx.save_model(model, str(path), save_as_external_data=False)
 
 
-def write_torchscript(
-    module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]
-) -> None:
+def write_torchscript(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, signature: GraphSignature) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(module, args, check_trace=False, strict=False)
-    names = json.dumps({"inputs": list(inputs), "outputs": list(outputs)})
-    torch.jit.save(traced, str(path), _extra_files={GRAPH_IO: names})
+    names = json.dumps({"inputs": list(signature.inputs), "outputs": list(signature.outputs)})
+    torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_IO: names})
 
 
 def quantize_int8(source: Path, target: Path) -> None:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from tqdm import tqdm
 
 from ner.data import Sentence
 from ner.evaluation import evaluate
 from ner.types import EntitySet
-
-
-class Predictor(Protocol):
-    def predict(self, sentences: list[list[str]], options: Any = None) -> list[EntitySet]: ...
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -3,11 +3,34 @@ export parity's reference side, and the service's eager runtime for debugging)."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import torch
 from torch import nn
+
+from ner.graph import Value
+
+
+def to_tensor(value: Value, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return torch.from_numpy(np.ascontiguousarray(value)).to(device)
+
+
+def from_tensors(
+    names: tuple[str, ...],
+    outputs: torch.Tensor | tuple[torch.Tensor, ...],
+    keep_on_device: Collection[str],
+    device: torch.device,
+) -> dict[str, Value]:
+    """Named outputs as numpy, except those kept on an accelerator (as tensors, for the next call)."""
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    keep = set(keep_on_device) if device.type != "cpu" else set()
+    return {
+        name: out if name in keep else out.detach().cpu().numpy() for name, out in zip(names, outputs, strict=True)
+    }
 
 
 class EagerGraph:
@@ -19,8 +42,8 @@ class EagerGraph:
         self.output_names = output_names
         self.device = torch.device(device)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = [torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device) for name in self.input_names]
+    def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
+        tensors = [to_tensor(inputs[name], self.device) for name in self.input_names]
         was_training = self.module.training
         self.module.eval()
         try:
@@ -28,6 +51,4 @@ class EagerGraph:
                 outputs = self.module(*tensors)
         finally:
             self.module.train(was_training)
-        if isinstance(outputs, torch.Tensor):
-            outputs = (outputs,)
-        return {name: out.detach().cpu().numpy() for name, out in zip(self.output_names, outputs, strict=True)}
+        return from_tensors(self.output_names, outputs, keep_on_device, self.device)

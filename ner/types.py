@@ -62,9 +62,6 @@ class EntitySet(frozenset[Entity]):
     def keys(self) -> set[tuple[str, tuple[Fragment, ...]]]:
         return {entity.key() for entity in self}
 
-    def sorted(self) -> list[Entity]:
-        return sorted(self, key=lambda e: (e.start, e.end, e.type))
-
 
 @dataclass(frozen=True)
 class Word:

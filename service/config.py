@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-class Runtime(StrEnum):
-    onnx = "onnx"
-    torchscript = "torchscript"
-    eager = "eager"
+from ner.graph_format import Runtime
 
 
 class Settings(BaseSettings):

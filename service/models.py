@@ -1,7 +1,9 @@
 """The models a server runs: graph set (or eager model) + program + options + scheduler each.
 
-Graphs missing at start-up are exported in a subprocess (`python -m ner export`): the service
-never imports the export or training code, and a failed export is reported, not half-loaded.
+Graphs missing at start-up are exported in a subprocess (`python -m nerserve export`): the
+service never imports the export or training code, and a failed export is reported, not
+half-loaded. Errors here are domain errors (ModelLoadError, OptionError); the API maps them to
+HTTP.
 """
 
 from __future__ import annotations
@@ -13,19 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from ner.archs.registry import ArchitectureSpec, architecture
+from ner.archs.base import ArchitectureSpec, ProgramBase
+from ner.archs.registry import architecture
+from ner.graph_format import EXPORT_JSON, Runtime
 from ner.model_store import Manifest, graph_set_folder, list_models, model_dir, read_manifest
-from service.api.errors import ApiError
+from ner.text.subword import Tokenized
+from ner.types import EntitySet
 from service.batching.packing import BatchLimits
 from service.batching.scheduler import Scheduler
-from service.config import Runtime, Settings
+from service.config import Settings
 from service.metrics import Metrics, ModelObserver
 from service.pipeline import Planner
-from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+from service.runtime.graph_set import load_graph_set
 
 log = logging.getLogger("nerserve")
+
+# What the batcher carries per sentence: the tokenised sentence (or window) and its options.
+Payload = tuple[Tokenized, Any]
 
 
 class ModelLoadError(RuntimeError):
@@ -36,8 +42,8 @@ class ModelLoadError(RuntimeError):
 class ServedModel:
     name: str
     manifest: Manifest
-    spec: ArchitectureSpec
-    program: Any
+    spec: ArchitectureSpec[Any, Any]
+    program: ProgramBase[Any, Any, Any]
     planner: Planner
     scheduler: Scheduler
     observer: ModelObserver
@@ -48,32 +54,24 @@ class ServedModel:
         return self.program.config.decode
 
     def resolve_options(self, raw: dict[str, Any]) -> Any:
-        try:
-            parsed: BaseModel = self.spec.options.model_validate(raw)
-        except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(p) for p in ("options", *first["loc"]))
-            message = "unknown option" if first["type"] == "extra_forbidden" else first["msg"]
-            raise ApiError("invalid_option", f"{field}: {message}", field) from None
-        changes = {k: v for k, v in parsed.model_dump().items() if v is not None}
-        return self.defaults.replace(**changes) if changes else self.defaults
-
-    def option_defaults(self) -> dict[str, Any]:
-        return {name: getattr(self.defaults, name) for name in self.spec.options.model_fields}
+        """The request's options over the model's defaults (OptionError names a bad one)."""
+        return self.spec.resolve_options(self.defaults, raw)
 
     def info(self) -> dict[str, Any]:
         manifest = self.manifest
+        capabilities = self.spec.capabilities
         return {
             "name": self.name,
             "architecture": manifest.architecture,
             "version": manifest.version,
             "labels": manifest.labels,
             "capabilities": {
-                "nested": self.spec.nested,
-                "discontinuous": self.spec.discontinuous,
-                "open_labels": self.spec.open_labels,
+                "nested": capabilities.nested,
+                "discontinuous": capabilities.discontinuous,
+                "open_labels": capabilities.open_labels,
+                "autoregressive": capabilities.autoregressive,
             },
-            "options": self.option_defaults(),
+            "options": self.spec.option_defaults(self.defaults),
             "runtime": self.runtime,
             "scores": {k: v for k, v in manifest.scores.items() if k in ("dev", "test")},
         }
@@ -84,14 +82,14 @@ def _ensure_export(name: str, runtime: str) -> Path:
     if (folder / EXPORT_JSON).is_file():
         return folder
     log.info("exporting %s to %s (missing at start-up)", name, runtime)
-    command = [sys.executable, "-m", "ner", "export", name, "--format", runtime]
+    command = [sys.executable, "-m", "nerserve", "export", name, "--format", runtime]
     completed = subprocess.run(command, check=False, stderr=None, stdout=subprocess.DEVNULL)
     if completed.returncode != 0 or not (folder / EXPORT_JSON).is_file():
         raise ModelLoadError(f"{name}: export to {runtime} failed (exit {completed.returncode})")
     return folder
 
 
-def _program(name: str, settings: Settings) -> tuple[Manifest, Any]:
+def _program(name: str, settings: Settings) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
     if settings.runtime == Runtime.eager:
         from ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
@@ -110,15 +108,15 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
     folder = model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
     manifest, program = _program(name, settings)
-    planner = Planner(program.subwords.tokenizer, settings.window_subwords, settings.window_overlap_words)
+    planner = Planner(program.subwords, settings.window_subwords, settings.window_overlap_words)
     observer = ModelObserver(metrics, folder.name)
 
-    def prepare(payloads: list[tuple[list[str], Any]]) -> tuple[Any, list[Any]]:
-        return program.prepare([words for words, _ in payloads]), [options for _, options in payloads]
+    def prepare(payloads: list[Payload]) -> tuple[Any, list[Any]]:
+        return program.prepare([sentence for sentence, _ in payloads]), [options for _, options in payloads]
 
-    def run(prepared: tuple[Any, list[Any]]) -> list[Any]:
+    def run(prepared: tuple[Any, list[Any]]) -> list[EntitySet]:
         batch, options = prepared
-        return list(program.decode(batch, program.run(batch, options), options))
+        return program.decode(batch, program.run(batch, options), options)
 
     limits = BatchLimits(
         settings.max_batch_size,

@@ -12,20 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from ner.text.segment import split_sentences, words_of_tokens
-from ner.types import EntitySet, Word
-
-SPECIAL_SUBWORDS = 2  # [CLS] and [SEP]
+from ner.text.subword import SubwordEncoder, Tokenized
+from ner.types import Entity, EntitySet, Word, fragment_char_spans
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One graph input: a sentence, or a window of a long one."""
+    """One graph input: a sentence, or a window of a long one, tokenised once here (the batcher
+    and the program reuse the sub-words)."""
 
     text_index: int
-    words: list[str]
+    sentence: Tokenized
     word_offset: int  # index in the text's word list of this unit's first word
     core: tuple[int, int]  # text-level word range whose entities this unit reports
     cost: int  # sub-words, specials included: what the batcher's token budget counts
@@ -62,21 +60,10 @@ def windows(counts: list[int], budget: int, overlap: int) -> list[tuple[int, int
 
 
 class Planner:
-    def __init__(self, tokenizer: Tokenizer, window_subwords: int, overlap_words: int) -> None:
-        self.tokenizer = tokenizer
-        self.budget = window_subwords - SPECIAL_SUBWORDS
+    def __init__(self, subwords: SubwordEncoder, window_subwords: int, overlap_words: int) -> None:
+        self.subwords = subwords
+        self.budget = window_subwords - subwords.special_count
         self.overlap = overlap_words
-
-    def _subword_counts(self, sentences: list[list[str]]) -> list[list[int]]:
-        encodings = self.tokenizer.encode_batch(sentences, is_pretokenized=True, add_special_tokens=False)
-        counts = []
-        for words, encoding in zip(sentences, encodings, strict=True):
-            per_word = [0] * len(words)
-            for word in encoding.word_ids:
-                if word is not None:
-                    per_word[word] += 1
-            counts.append([max(1, c) for c in per_word])
-        return counts
 
     def plan(self, texts: list[str] | None = None, tokens: list[list[str]] | None = None) -> list[PlannedText]:
         planned: list[PlannedText] = []
@@ -93,18 +80,13 @@ class Planner:
                 text, words = words_of_tokens(token_list)
                 sentences.append((t, 0, words))
                 planned.append(PlannedText(text, words, []))
-        counts = self._subword_counts([[w.text for w in words] for _, _, words in sentences]) if sentences else []
-        for (t, first, words), sentence_counts in zip(sentences, counts, strict=True):
-            for s, e, core_start, core_end in windows(sentence_counts, self.budget, self.overlap):
-                planned[t].units.append(
-                    Unit(
-                        t,
-                        [w.text for w in words[s:e]],
-                        first + s,
-                        (first + core_start, first + core_end),
-                        sum(sentence_counts[s:e]) + SPECIAL_SUBWORDS,
-                    )
-                )
+        tokenized = self.subwords.tokenize([[w.text for w in words] for _, _, words in sentences]) if sentences else []
+        for (t, first, _), tokens_of in zip(sentences, tokenized, strict=True):
+            counts = [len(piece) for piece in tokens_of.pieces]
+            for s, e, core_start, core_end in windows(counts, self.budget, self.overlap):
+                window = tokens_of.window(s, e)
+                cost = window.subwords + self.subwords.special_count
+                planned[t].units.append(Unit(t, window, first + s, (first + core_start, first + core_end), cost))
         return planned
 
 
@@ -120,7 +102,7 @@ def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, A
             found[key] = max(found.get(key, 0.0), entity.score)
     out = []
     for (label, fragments), score in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        spans = [(planned.words[s].start, planned.words[e - 1].end) for s, e in fragments]
+        spans = fragment_char_spans(Entity(label, fragments), planned.words)
         out.append(
             {
                 "type": label,

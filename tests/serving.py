@@ -1,4 +1,4 @@
-"""A real nerserve process on 127.0.0.1 for tests (started with `python -m ner serve`)."""
+"""A real nerserve process on 127.0.0.1 for tests (started with `python -m nerserve serve`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Server:
         env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
         env["NERSERVE_PORT"] = str(self.port)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ner", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [sys.executable, "-m", "nerserve", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -60,7 +60,7 @@ def test_results_map_back_and_batches_form() -> None:
         scheduler = make_scheduler(BatchLimits(max_batch_size=4, max_wait_ms=20), batches)
         scheduler.start()
         futures = scheduler.submit([(w, 3) for w in ["a", "b", "c", "d", "e"]])
-        results = [r[0] for r in await asyncio.gather(*futures)]
+        results = [r.value for r in await asyncio.gather(*futures)]
         await scheduler.stop()
         return results, batches
 
@@ -92,7 +92,7 @@ def test_deadline_and_cancelled_items_are_dropped_before_running() -> None:
         scheduler.start()
         with pytest.raises(DeadlineExceeded):
             await late[0]
-        assert (await kept[0])[0] == "KEPT"
+        assert (await kept[0]).value == "KEPT"
         await scheduler.stop()
         return batches
 
@@ -105,7 +105,7 @@ def test_drain_answers_accepted_work_then_refuses() -> None:
         scheduler.start()
         accepted = scheduler.submit([("x", 1)] * 3)
         assert await scheduler.drain(timeout=5)
-        assert [r[0] for r in await asyncio.gather(*accepted)] == ["X"] * 3
+        assert [r.value for r in await asyncio.gather(*accepted)] == ["X"] * 3
         with pytest.raises(Draining):
             scheduler.submit([("y", 1)])
         await scheduler.stop()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def nerserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ner", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "nerserve", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_bad_data_file_names_file_and_line(tmp_path: Path) -> None:

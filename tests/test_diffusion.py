@@ -2,12 +2,14 @@
 boundaries, post-processing rules, Hungarian matching, and on a tiny random backbone: reproducible
 noise, sentences independent of their batch (mixed K and steps included), and a training step."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from ner.archs.diffusion import SPEC
 from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
 from ner.archs.diffusion.decode import decode_sentence
 from ner.archs.diffusion.graphs import DenoiserGraph
@@ -140,8 +142,8 @@ def tiny_program(tiny_backbone: Path):
         decode=DiffusionDecodeOptions(proposals=9, steps=3, threshold=0.0, overlap="nested"),
     )
     backbone = resolve_backbone(str(tiny_backbone))
-    network = build_network("diffusion", config, backbone, LoraSettings(rank=2, alpha=4)).eval()
-    return eager_program("diffusion", network, backbone, "cpu")
+    network = build_network(SPEC, config, backbone, LoraSettings(rank=2, alpha=4)).eval()
+    return eager_program(SPEC, network, backbone, "cpu")
 
 
 def test_same_seed_same_entities_other_seed_other_noise(tiny_program) -> None:
@@ -149,13 +151,13 @@ def test_same_seed_same_entities_other_seed_other_noise(tiny_program) -> None:
     assert tiny_program.predict(SENTENCES) == first
     batch = tiny_program.prepare(SENTENCES)
     a = tiny_program.run(batch)["left_probs"]
-    b = tiny_program.run(batch, tiny_program.config.decode.replace(seed=7))["left_probs"]
+    b = tiny_program.run(batch, replace(tiny_program.config.decode, seed=7))["left_probs"]
     assert not np.allclose(a, b)
 
 
 def test_sentences_do_not_depend_on_batch_or_neighbours_options(tiny_program) -> None:
     defaults = tiny_program.config.decode
-    mixed = [defaults, defaults.replace(proposals=4, steps=1), defaults.replace(seed=3)]
+    mixed = [defaults, replace(defaults, proposals=4, steps=1), replace(defaults, seed=3)]
     together = tiny_program.prepare(SENTENCES)
     outputs = tiny_program.run(together, mixed)
     decoded = tiny_program.decode(together, outputs, mixed)

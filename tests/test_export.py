@@ -1,5 +1,6 @@
-"""Export of tiny random-weight span, nag and diffusion models: graphs written, parity checked on real dev
-sentences, unchanged source skipped, broken graph files named in the error."""
+"""Export of a tiny random-weight model of every registered architecture: graphs written, parity
+checked on real dev sentences (with entities to compare), unchanged source skipped, broken graph
+files named in the error."""
 
 from pathlib import Path
 
@@ -9,18 +10,26 @@ import torch
 from export.build import export_model
 from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
 from ner.archs.nag.config import NagConfig, NagDecodeOptions
-from ner.archs.span.config import SpanConfig
+from ner.archs.registry import ARCHITECTURES
+from ner.archs.span.config import DecodeOptions, SpanConfig
 from ner.backbone import resolve_backbone
 from ner.graph import GraphError
-from ner.loading import build_network
+from ner.graph_format import GraphFormat
+from ner.loading import build_network, load_model
 from ner.lora import LoraSettings, save_weights
 from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
-from service.runtime import RuntimeName
 from service.runtime.graph_set import load_graph_set
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
+# A tiny config per registered architecture, with loose decoding thresholds so that random
+# weights still find entities and parity compares non-empty entity sets.
 CONFIGS = {
-    "span": SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder=TINY_ENCODER),
+    "span": SpanConfig(
+        labels=("LOC", "MISC", "ORG", "PER"),
+        max_width=4,
+        encoder=TINY_ENCODER,
+        decode=DecodeOptions(threshold=0.2, filter_threshold=0.0),
+    ),
     # τ_s = 0.9: random weights then select many starts, so the decoder graph runs in parity
     "nag": NagConfig(
         labels=("LOC", "MISC", "ORG", "PER"),
@@ -41,17 +50,20 @@ CONFIGS = {
         decode=DiffusionDecodeOptions(proposals=12, steps=3, threshold=0.0),
     ),
 }
-GRAPHS = {"span": {"encoder", "span_proposal"}, "nag": {"encoder", "decoder"}, "diffusion": {"encoder", "denoiser"}}
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def test_every_architecture_has_a_tiny_config() -> None:
+    assert set(CONFIGS) == set(ARCHITECTURES)
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def tiny_model(request: pytest.FixtureRequest, tiny_backbone: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     arch = request.param
     config = CONFIGS[arch]
     backbone = resolve_backbone(str(tiny_backbone))
     lora = LoraSettings(rank=2, alpha=4)
-    network = build_network(arch, config, backbone, lora)
+    network = build_network(ARCHITECTURES[arch], config, backbone, lora)
     with torch.no_grad():  # LoRA B starts at zero: make the adapters count, so merging is exercised
         for name, parameter in network.named_parameters():
             if "lora_B" in name:
@@ -73,17 +85,22 @@ def tiny_model(request: pytest.FixtureRequest, tiny_backbone: Path, tmp_path_fac
     return folder
 
 
-@pytest.mark.parametrize("fmt", [RuntimeName.onnx, RuntimeName.torchscript])
-def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Path, fmt: RuntimeName) -> None:
+@pytest.mark.parametrize("fmt", list(GraphFormat))
+def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Path, fmt: GraphFormat) -> None:
     info = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     assert info["ready"] and not info["skipped"]
-    assert info["parity"]["sentences"] == 200
-    assert info["parity"]["max_abs_diff"] <= 1e-4
-    assert info["parity"]["entity_sets_identical"]
-    assert set(info["graphs"]) == GRAPHS[info["architecture"]]
+    parity = info["parity"]
+    assert parity["sentences"] == 200 and parity["entities"] > 0  # entity sets with something in them
+    assert parity["max_abs_diff"] <= 1e-4 and parity["integer_mismatches"] == 0
+    assert parity["entity_sets_identical"]
+    spec = ARCHITECTURES[info["architecture"]]
+    assert set(info["graphs"]) == set(spec.signatures(CONFIGS[spec.name]))
     folder = Path(info["folder"])
     loaded = load_graph_set(folder)
-    assert loaded.program.predict([["Peter", "lives", "in", "Paris"]])[0] is not None
+    sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"]]
+    expected = load_model(str(tiny_model)).program.predict(sentences)
+    got = loaded.program.predict(sentences)
+    assert [e.keys() for e in got] == [e.keys() for e in expected] and any(expected)
     again = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     assert again["skipped"] and again["folder"] == info["folder"]
 
@@ -98,4 +115,4 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
 
 def test_int8_needs_onnx(tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="onnx only"):
-        export_model(str(tiny_model), RuntimeName.torchscript, int8=True)
+        export_model(str(tiny_model), GraphFormat.torchscript, int8=True)

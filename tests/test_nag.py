@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from ner.archs.nag import SPEC
 from ner.archs.nag.config import BOS, EOS, OUTSIDE, PAD, NagConfig, NagDecodeOptions
 from ner.archs.nag.decode import decode_queries, fragments_of, parse_query
 from ner.archs.nag.targets import batch_targets
@@ -130,8 +131,8 @@ def tiny_program(tiny_backbone: Path):
         decode=NagDecodeOptions(start_threshold=0.9),
     )
     backbone = resolve_backbone(str(tiny_backbone))
-    network = build_network("nag", config, backbone, LoraSettings(rank=2, alpha=4)).eval()
-    return eager_program("nag", network, backbone, "cpu")
+    network = build_network(SPEC, config, backbone, LoraSettings(rank=2, alpha=4)).eval()
+    return eager_program(SPEC, network, backbone, "cpu")
 
 
 def test_queries_follow_start_counts(tiny_program) -> None:
@@ -169,7 +170,6 @@ def test_loss_trains_the_decoder_and_start_head(tiny_program) -> None:
     from ner.archs.nag.loss import nag_loss
 
     network = tiny_program.graphs["decoder"].module  # EagerGraph over the network's decoder
-    assert network is not None
     full = tiny_program.graphs["encoder"].module  # NagEncoderGraph(encoder, head)
     batch = tiny_program.prepare(SENTENCES)
     inputs = {k: torch.from_numpy(v) for k, v in batch.encoder_inputs.items()}

@@ -16,10 +16,10 @@ def test_window_cores_partition_the_sentence() -> None:
 
 
 def test_offsets_are_exact_and_window_duplicates_merge(tiny_backbone) -> None:
-    from ner.text.subword import load_tokenizer
+    from ner.text.subword import SubwordEncoder, load_tokenizer
 
     text = "  Peter  Blackburn went to Köln.\tThen   he left."
-    planner = Planner(load_tokenizer(tiny_backbone), window_subwords=6, overlap_words=2)
+    planner = Planner(SubwordEncoder(load_tokenizer(tiny_backbone)), window_subwords=6, overlap_words=2)
     [planned] = planner.plan(texts=[text])
     assert len(planned.units) > 2  # windowed: 4 sub-words (+2 specials) per window
     everyone = EntitySet({Entity("PER", ((0, 2),)), Entity("LOC", ((4, 5),))})
@@ -28,11 +28,29 @@ def test_offsets_are_exact_and_window_duplicates_merge(tiny_backbone) -> None:
         local = [
             Entity(e.type, tuple((s - unit.word_offset, t - unit.word_offset) for s, t in e.fragments))
             for e in everyone
-            if e.start >= unit.word_offset and e.end <= unit.word_offset + len(unit.words)
+            if e.start >= unit.word_offset and e.end <= unit.word_offset + len(unit.sentence.words)
         ]
         shifted.append(EntitySet(local))
     entities = assemble(planned, shifted)
-    assert [(e["type"], e["text"]) for e in entities] == [("PER", "Peter  Blackburn"), ("LOC", "Köln")]
-    for entity in entities:
-        assert all(text[a:b] for a, b in entity["spans"])
-        assert entity["text"] == " ".join(text[a:b] for a, b in entity["spans"])
+    # offsets counted by hand in code points: "  Peter  Blackburn" → [2, 18), "Köln" → [27, 31)
+    assert [(e["type"], e["text"], e["spans"], e["token_spans"]) for e in entities] == [
+        ("PER", "Peter  Blackburn", [(2, 18)], [(0, 2)]),
+        ("LOC", "Köln", [(27, 31)], [(4, 5)]),
+    ]
+
+
+def test_units_reuse_the_sentence_tokenisation(tiny_backbone) -> None:
+    """The planner tokenises once; the program's batch from its units is what tokenising the
+    words again would give (same ids and word → sub-word map)."""
+    from ner.text.subword import SubwordEncoder, load_tokenizer
+
+    encoder = SubwordEncoder(load_tokenizer(tiny_backbone))
+    planner = Planner(encoder, window_subwords=384, overlap_words=2)
+    [planned] = planner.plan(tokens=[["Peter", "Blackburn", "visited", "Köln", "\u200b", "."]])
+    [unit] = planned.units
+    again = encoder.encode([list(unit.sentence.words)])
+    reused = encoder.encode([unit.sentence])
+    assert reused.input_ids.tolist() == again.input_ids.tolist()
+    assert reused.pieces == again.pieces
+    plain = encoder.tokenizer.encode(["Peter", "Blackburn", "visited", "Köln", "x", "."], is_pretokenized=True)
+    assert unit.cost == reused.input_ids.shape[1] == len(plain.ids)

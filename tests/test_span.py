@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from ner.archs.span import SPEC
 from ner.archs.span.config import DecodeOptions, SpanConfig
 from ner.archs.span.decode import decode_sentence, soft_nms
 from ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
@@ -14,6 +15,7 @@ from ner.archs.span.program import enumerate_seeds
 from ner.backbone import resolve_backbone
 from ner.loading import build_network, eager_program
 from ner.lora import LoraSettings, load_weights, save_weights
+from ner.types import Entity
 
 SENTENCES = [
     ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
@@ -28,7 +30,7 @@ def tiny_network(tiny_backbone: Path):
     torch.manual_seed(0)
     config = SpanConfig(labels=("LOC", "MISC", "ORG", "PER"), max_width=4, encoder={"lstm_hidden": 16, "char_filters": 8})
     backbone = resolve_backbone(str(tiny_backbone))
-    network = build_network("span", config, backbone, LoraSettings(rank=2, alpha=4)).eval()
+    network = build_network(SPEC, config, backbone, LoraSettings(rank=2, alpha=4)).eval()
     return network, backbone
 
 
@@ -62,7 +64,7 @@ def test_seeds_enumerate_every_width() -> None:
 
 def test_outputs_do_not_depend_on_batch(tiny_network) -> None:
     network, backbone = tiny_network
-    program = eager_program("span", network, backbone, "cpu")
+    program = eager_program(SPEC, network, backbone, "cpu")
     together = program.prepare(SENTENCES)
     outputs = program.run(together)
     for b, sentence in enumerate(SENTENCES):
@@ -76,7 +78,7 @@ def test_outputs_do_not_depend_on_batch(tiny_network) -> None:
 def test_weights_roundtrip_fp16(tiny_network, tmp_path: Path) -> None:
     network, backbone = tiny_network
     save_weights(network, tmp_path / "w.safetensors")
-    fresh = build_network("span", network.config, backbone, LoraSettings(rank=2, alpha=4))
+    fresh = build_network(SPEC, network.config, backbone, LoraSettings(rank=2, alpha=4))
     load_weights(fresh, tmp_path / "w.safetensors")
     for (name, a), (_, b) in zip(network.named_parameters(), fresh.named_parameters(), strict=True):
         if a.requires_grad:
@@ -96,9 +98,9 @@ def test_decode_flat_and_nested_rules() -> None:
     probs = _probs([(1, 0.9), (2, 0.8), (1, 0.7), (3, 0.6), (2, 0.95)])
     keep = np.ones(5, dtype=np.float32)
     labels = ("A", "B", "C")
-    flat = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="flat"))
+    flat = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.0, overlap="flat"))
     assert {(e.type, e.fragments) for e in flat} == {("A", ((0, 3),)), ("B", ((5, 6),))}
-    nested = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.1, overlap="nested"))
+    nested = decode_sentence(keep, spans, probs, keep, labels, DecodeOptions(threshold=0.5, nms_iou=1.0, overlap="nested"))
     # [0,3) ⊃ [0,1) is nesting (kept); [1,4) crosses [0,3) (dropped); duplicate [5,6) keeps its best type
     assert {(e.type, e.fragments) for e in nested} == {("A", ((0, 3),)), ("B", ((0, 1),)), ("B", ((5, 6),))}
     filtered = decode_sentence(np.zeros(5), spans, probs, keep, labels, DecodeOptions())
@@ -106,6 +108,7 @@ def test_decode_flat_and_nested_rules() -> None:
 
 
 def test_soft_nms_decays_overlapping() -> None:
-    kept = soft_nms([(0, 4, 1, 0.9), (0, 3, 1, 0.85), (6, 7, 1, 0.5)], decay=0.5, iou_threshold=0.6)
-    assert kept[0] == (0, 4, 1, 0.9)
-    assert (0, 3, 1, 0.425) in kept and kept[-1] == (0, 3, 1, 0.425)
+    candidates = [Entity("A", ((0, 4),), 0.9), Entity("A", ((0, 3),), 0.85), Entity("A", ((6, 7),), 0.5)]
+    kept = soft_nms(candidates, decay=0.5, iou_threshold=0.6)
+    # [0,3) has IoU 0.75 with [0,4): its score is decayed below the distant [6,7)
+    assert [(e.fragments, e.score) for e in kept] == [(((0, 4),), 0.9), (((6, 7),), 0.5), (((0, 3),), 0.425)]

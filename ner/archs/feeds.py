@@ -1,18 +1,36 @@
-"""The shared word encoder's graph feeds for a batch of sentences (numpy; every architecture's
-program starts with these)."""
+"""The shared word encoder's graph signature and feeds (numpy; every architecture's program
+starts with these)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from ner.graph import GraphSignature
 from ner.text.chars import encode_chars
-from ner.text.subword import SubwordBatch, SubwordEncoder
+from ner.text.subword import SubwordBatch, SubwordEncoder, Words, word_list
+
+ENCODER_INPUTS = ("input_ids", "attention_mask", "subword_index", "subword_mask", "char_ids", "shape_ids", "word_mask")
+# Named dynamic axes of every input and output ("" marks a fixed axis).
+ENCODER_AXES: dict[str, tuple[str, ...]] = {
+    "input_ids": ("batch", "subwords"),
+    "attention_mask": ("batch", "subwords"),
+    "subword_index": ("batch", "words", "pieces"),
+    "subword_mask": ("batch", "words", "pieces"),
+    "char_ids": ("batch", "words", "chars"),
+    "shape_ids": ("batch", "words"),
+    "word_mask": ("batch", "words"),
+    "word_states": ("batch", "words", ""),
+    "context": ("batch", ""),
+}
+ENCODER = GraphSignature(ENCODER_INPUTS, ("word_states", "context"), ENCODER_AXES)
 
 
-def encoder_feeds(subwords: SubwordEncoder, sentences: list[list[str]]) -> tuple[dict[str, np.ndarray], SubwordBatch]:
+def encoder_feeds(subwords: SubwordEncoder, sentences: Sequence[Words]) -> tuple[dict[str, np.ndarray], SubwordBatch]:
     """ENCODER_INPUTS by name, and the sub-word batch they came from."""
     encoded = subwords.encode(sentences)
-    char_ids, shape_ids = encode_chars(sentences, encoded.word_mask.shape[1])
+    char_ids, shape_ids = encode_chars([word_list(s) for s in sentences], encoded.word_mask.shape[1])
     feeds = {
         "input_ids": encoded.input_ids,
         "attention_mask": encoded.attention_mask,

@@ -7,6 +7,7 @@ made of sub-words subword_index[b, i, :subword_mask[b, i].sum()].
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +37,36 @@ def load_tokenizer(folder: Path) -> Tokenizer:
 
 
 @dataclass(frozen=True)
+class Tokenized:
+    """A sentence's words and the sub-word ids of each word (special tokens excluded): what the
+    service computes once per sentence, then windows and batches without tokenising again."""
+
+    words: tuple[str, ...]
+    pieces: tuple[tuple[int, ...], ...]
+
+    @property
+    def subwords(self) -> int:
+        return sum(len(p) for p in self.pieces)
+
+    def window(self, start: int, end: int) -> Tokenized:
+        return Tokenized(self.words[start:end], self.pieces[start:end])
+
+
+# A sentence as programs take it: its words, or its words already tokenised.
+Words = Sequence[str] | Tokenized
+
+
+def word_list(sentence: Words) -> list[str]:
+    return list(sentence.words if isinstance(sentence, Tokenized) else sentence)
+
+
+@dataclass(frozen=True)
 class SubwordBatch:
     input_ids: np.ndarray  # [B, S] int64
     attention_mask: np.ndarray  # [B, S] int64
     subword_index: np.ndarray  # [B, N, P] int64
     subword_mask: np.ndarray  # [B, N, P] float32
     word_mask: np.ndarray  # [B, N] float32
-    n_subwords: list[int]
     pieces: list[list[list[int]]]  # per sentence, per word: its sub-word positions (unpadded)
 
     @property
@@ -55,52 +79,70 @@ class SubwordEncoder:
         self.tokenizer = tokenizer
         self.max_subwords = max_subwords
         unk = tokenizer.model.unk_token if hasattr(tokenizer.model, "unk_token") else None
-        self.unk_token = unk or "[UNK]"
+        unk_id = tokenizer.token_to_id(unk or "[UNK]")
+        self.unk_id = unk_id if unk_id is not None else 0
         self.pad_id = tokenizer.token_to_id("[PAD]") or tokenizer.token_to_id("<pad>") or 0
+        self.prefix, self.suffix = _special_template(tokenizer)
 
-    def count(self, words: list[str]) -> int:
-        """Sub-words a sentence needs, specials included (for windowing and batching budgets)."""
-        return len(self.tokenizer.encode(words, is_pretokenized=True).ids)
+    @property
+    def special_count(self) -> int:
+        """Special tokens the tokenizer's template adds around a sentence ([CLS] … [SEP]: 2)."""
+        return len(self.prefix) + len(self.suffix)
 
-    def encode(self, sentences: list[list[str]]) -> SubwordBatch:
-        encodings = self.tokenizer.encode_batch(sentences, is_pretokenized=True)
+    def tokenize(self, sentences: Sequence[Sequence[str]]) -> list[Tokenized]:
+        """Each word's sub-word ids. A word the tokenizer drops entirely (e.g. a lone zero-width
+        character) would have no vector: it becomes the unknown token."""
+        encodings = self.tokenizer.encode_batch([list(s) for s in sentences], is_pretokenized=True, add_special_tokens=False)
+        tokenized = []
+        for words, encoding in zip(sentences, encodings, strict=True):
+            pieces: list[list[int]] = [[] for _ in words]
+            for token, word in zip(encoding.ids, encoding.word_ids, strict=True):
+                if word is not None:
+                    pieces[word].append(token)
+            tokenized.append(Tokenized(tuple(words), tuple(tuple(p) if p else (self.unk_id,) for p in pieces)))
+        return tokenized
+
+    def encode(self, sentences: Sequence[Words]) -> SubwordBatch:
+        plain = [s for s in sentences if not isinstance(s, Tokenized)]
+        fresh = iter(self.tokenize(plain))
+        ready = [s if isinstance(s, Tokenized) else next(fresh) for s in sentences]
+        ids: list[list[int]] = []
         maps: list[list[list[int]]] = []
-        for index, (words, encoding) in enumerate(zip(sentences, encodings, strict=True)):
-            pieces = _word_pieces(encoding.word_ids, len(words))
-            if any(not p for p in pieces):
-                # A word the tokenizer drops entirely (e.g. a lone zero-width character) would
-                # have no vector: re-encode with such words replaced by the unknown token.
-                words = [w if p else self.unk_token for w, p in zip(words, pieces, strict=True)]
-                encoding = self.tokenizer.encode(words, is_pretokenized=True)
-                encodings[index] = encoding
-                pieces = _word_pieces(encoding.word_ids, len(words))
-            if len(encoding.ids) > self.max_subwords:
-                raise SentenceTooLong(f"sentence {index} has {len(encoding.ids)} sub-words (limit {self.max_subwords})")
-            maps.append(pieces)
-        batch = len(sentences)
-        seq = max(len(e.ids) for e in encodings)
-        n_words = max(len(words) for words in sentences)
+        for index, sentence in enumerate(ready):
+            row, positions = list(self.prefix), []
+            for piece in sentence.pieces:
+                positions.append(list(range(len(row), len(row) + len(piece))))
+                row.extend(piece)
+            row.extend(self.suffix)
+            if len(row) > self.max_subwords:
+                raise SentenceTooLong(f"sentence {index} has {len(row)} sub-words (limit {self.max_subwords})")
+            ids.append(row)
+            maps.append(positions)
+        batch = len(ready)
+        seq = max(len(row) for row in ids)
+        n_words = max(len(s.words) for s in ready)
         per_word = max(len(p) for pieces in maps for p in pieces)
         input_ids = np.full((batch, seq), self.pad_id, dtype=np.int64)
         attention_mask = np.zeros((batch, seq), dtype=np.int64)
         subword_index = np.zeros((batch, n_words, per_word), dtype=np.int64)
         subword_mask = np.zeros((batch, n_words, per_word), dtype=np.float32)
         word_mask = np.zeros((batch, n_words), dtype=np.float32)
-        for b, (encoding, pieces) in enumerate(zip(encodings, maps, strict=True)):
-            input_ids[b, : len(encoding.ids)] = encoding.ids
-            attention_mask[b, : len(encoding.ids)] = 1
-            word_mask[b, : len(pieces)] = 1
-            for i, piece in enumerate(pieces):
-                subword_index[b, i, : len(piece)] = piece
-                subword_mask[b, i, : len(piece)] = 1
-        return SubwordBatch(
-            input_ids, attention_mask, subword_index, subword_mask, word_mask, [len(e.ids) for e in encodings], maps
-        )
+        for b, (row, positions) in enumerate(zip(ids, maps, strict=True)):
+            input_ids[b, : len(row)] = row
+            attention_mask[b, : len(row)] = 1
+            word_mask[b, : len(positions)] = 1
+            for i, word_positions in enumerate(positions):
+                subword_index[b, i, : len(word_positions)] = word_positions
+                subword_mask[b, i, : len(word_positions)] = 1
+        return SubwordBatch(input_ids, attention_mask, subword_index, subword_mask, word_mask, maps)
 
 
-def _word_pieces(word_ids: list[int | None], n_words: int) -> list[list[int]]:
-    pieces: list[list[int]] = [[] for _ in range(n_words)]
-    for position, word in enumerate(word_ids):
-        if word is not None:
-            pieces[word].append(position)
-    return pieces
+def _special_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's post-processor puts before and after a single sentence, found by
+    encoding one word with and without them (BERT: [CLS] / [SEP]; T5: none / </s>)."""
+    bare = tokenizer.encode(["a"], is_pretokenized=True, add_special_tokens=False).ids
+    full = tokenizer.encode(["a"], is_pretokenized=True).ids
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start], full[start + len(bare) :]
+    raise ValueError("cannot find the sentence inside the tokenizer's special-token template")

@@ -3,44 +3,32 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ner.archs.base import ArchitectureSpec, ProgramBase
 from ner.data import Sentence
 from ner.evaluation import evaluate
 from ner.runner import length_batches
 from ner.types import EntitySet
 
-THRESHOLDS = tuple(round(float(x), 2) for x in np.arange(0.3, 0.91, 0.05))
-DECODE_GRID: dict[str, Sequence[Any]] = {"threshold": THRESHOLDS[:11], "nms_decay": (0.9, 0.6, 0.3)}
-START_THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-# the decoding options each architecture tunes on dev
-GRIDS: dict[str, dict[str, Sequence[Any]]] = {
-    "span": DECODE_GRID,
-    "nag": {"start_threshold": START_THRESHOLDS, "threshold": (0.0, 0.3, 0.4, 0.5, 0.6)},
-    # φ/3: the paper's 2.5/3 ≈ 0.83 (tuned in [2.5, 2.7]); a CPU-trained model is less confident
-    "diffusion": {"threshold": tuple(round(float(x), 2) for x in np.arange(0.1, 0.91, 0.05))},
-}
 
-
-def loosest_run(program: Any, grid: dict[str, Sequence[Any]]) -> Any:
-    """Options to run the graphs with once for a whole grid: NAG's τ_s selects the decoder's
-    queries, and a stricter τ_s only drops some (a query's tokens do not depend on the others)."""
-    if "start_threshold" in grid:
-        return program.config.decode.replace(start_threshold=max(grid["start_threshold"]))
-    return None
+def tune_spec(
+    program: ProgramBase[Any, Any, Any], spec: ArchitectureSpec[Any, Any], sentences: Sequence[Sentence], batch_size: int
+) -> tuple[Any, float, list[dict[str, Any]]]:
+    """The architecture's own grid (ArchitectureSpec.tuning), graphs run once."""
+    tuning = spec.tuning
+    run_options = tuning.run_options(program.config.decode, tuning.grid) if tuning.run_options else None
+    return tune_decoding(program, sentences, batch_size, tuning.grid, run_options)
 
 
 def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, Any]:
-    """Re-choose a trained model's decoding options on dev (span: threshold × Soft-NMS decay;
-    nag: τ_s × threshold), then re-score dev, the regression slice and test with them, and
-    rewrite its manifest."""
-    from dataclasses import asdict
-
+    """Re-choose a trained model's decoding options on dev (the architecture's tuning grid), then
+    re-score dev, the regression slice and test with them, and rewrite its manifest."""
     from ner.data import read_split
     from ner.loading import load_model
     from ner.model_store import read_manifest, write_manifest
@@ -50,8 +38,8 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
     program = model.program
     dev = read_split(data_dir, "dev")
     before = float(score(program.predict, dev, batch_size)["f1"])
-    grid = GRIDS[model.manifest.architecture]
-    best, after, table = tune_decoding(program, dev, batch_size, grid, loosest_run(program, grid))
+    grid = model.spec.tuning.grid
+    best, after, table = tune_spec(program, model.spec, dev, batch_size)
     top = sorted(table, key=lambda row: -row["f1"])[:5]
     program.config = replace(program.config, decode=best)
     manifest = read_manifest(model.folder)
@@ -62,7 +50,7 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
     manifest.scores["dev"] = {k: v for k, v in score(program.predict, dev, batch_size).items() if k in keep}
     manifest.scores["dev_slice"] = {"f1": dev_slice["f1"], "sentences": dev_slice["sentences"]}
     manifest.scores["test"] = {k: test[k] for k in keep} | {k: test[k] for k in ("nested", "discontinuous")}
-    if hasattr(program, "outcomes"):
+    if program.outcomes:  # generative decoders: how sequences ended on test, drops included
         program.outcomes.clear()
         score(program.predict, read_split(data_dir, "test"), batch_size)
         manifest.scores["decoder_outcomes"] = dict(program.outcomes)
@@ -78,10 +66,10 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
 
 
 def tune_decoding(
-    program: Any,
+    program: ProgramBase[Any, Any, Any],
     sentences: Sequence[Sentence],
     batch_size: int,
-    grid: dict[str, Sequence[Any]],
+    grid: Mapping[str, Sequence[Any]],
     run_options: Any = None,
 ) -> tuple[Any, float, list[dict[str, Any]]]:
     """The grid point with the best strict F1 on `sentences`, its F1, and every point's F1. The
@@ -93,7 +81,7 @@ def tune_decoding(
     names = list(grid)
     best, best_f1, table = program.config.decode, -1.0, []
     for values in itertools.product(*(grid[n] for n in names)):
-        options = program.config.decode.replace(**dict(zip(names, values, strict=True)))
+        options = replace(program.config.decode, **dict(zip(names, values, strict=True)))
         pairs: list[tuple[EntitySet, EntitySet]] = []
         for indices, batch, outputs in runs:
             decoded = program.decode(batch, outputs, options)

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions, Overlap, Schedule
+from ner.archs.diffusion import SPEC
+from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions, Schedule
 from ner.archs.diffusion.loss import diffusion_loss
 from ner.archs.diffusion.program import DiffusionProgram
 from ner.archs.diffusion.schedule import Sampler
 from ner.data import label_set, read_split
+from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.decode_tuning import GRIDS, tune_decoding
+from ner.training.decode_tuning import tune_spec
 from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run, warm_start
 
 
@@ -36,11 +38,11 @@ def train_diffusion(
         span_pooling="mean" if nested else "lrconcat",
         decode=DiffusionDecodeOptions(overlap=overlap),
     )
-    network = build_network("diffusion", config, backbone, lora).to(torch_device)
+    network = build_network(SPEC, config, backbone, lora).to(torch_device)
     initialised = warm_start(network, settings.init_from, backbone) if settings.init_from else {}
-    program: DiffusionProgram = eager_program("diffusion", network, backbone, torch_device)
+    program: DiffusionProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised} if initialised else {}
-    record = ModelRecord(out.name, "diffusion", config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"diffusion: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "
@@ -58,13 +60,13 @@ def train_diffusion(
     def dev_score() -> dict[str, Any]:
         """Dev P/R/F1 at the threshold tuned on dev: a fixed φ would judge early epochs, whose
         probabilities are less sharp, by the wrong cut (the graphs run once per epoch)."""
-        best, _, table = tune_decoding(program, dev, settings.eval_batch_size, GRIDS["diffusion"])
-        program.config = DiffusionConfig.from_dict({**program.config.to_dict(), "decode": asdict(best)})
+        best, _, table = tune_spec(program, SPEC, dev, settings.eval_batch_size)
+        program.config = replace(program.config, decode=best)
         return {**max(table, key=lambda row: row["f1"])}
 
     fitted = fit(network, program.predict, loss_of, train, dev, record, out, dev_score)
-    best, tuned_f1, _ = tune_decoding(program, dev, settings.eval_batch_size, GRIDS["diffusion"])
-    config = DiffusionConfig.from_dict({**config.to_dict(), "decode": asdict(best)})
+    best, tuned_f1, _ = tune_spec(program, SPEC, dev, settings.eval_batch_size)
+    config = replace(config, decode=best)
     network.config = config
     program.config = config
     record.config = config.to_dict()

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import random
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ner.archs.nag.config import NagConfig, NagDecodeOptions, Overlap
+from ner.archs.nag import SPEC
+from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.nag.loss import nag_loss
 from ner.archs.nag.program import NagProgram
 from ner.archs.nag.targets import batch_targets, coverage
 from ner.data import Sentence, label_set, read_split
+from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.decode_tuning import GRIDS, loosest_run, tune_decoding
+from ner.training.decode_tuning import tune_spec
 from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run
 
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
@@ -31,7 +33,7 @@ def l_max_coverage(program: NagProgram, sentences: list[Sentence], l_max: int) -
 
 def tune_start_threshold(program: NagProgram, dev: list[Sentence], batch_size: int) -> tuple[NagDecodeOptions, float]:
     """τ_s and the entity-score threshold with the best dev F1 (the graphs run once)."""
-    best, f1, _ = tune_decoding(program, dev, batch_size, GRIDS["nag"], loosest_run(program, GRIDS["nag"]))
+    best, f1, _ = tune_spec(program, SPEC, dev, batch_size)
     return best, f1
 
 
@@ -42,18 +44,18 @@ def train_nag(
     torch_device, train, dev, backbone, lora = run.device, run.train, run.dev, run.backbone, run.lora
     overlap: Overlap = "any" if is_nested(train) or any(e.is_discontinuous for s in train for e in s.entities) else "flat"
     config = NagConfig(labels=tuple(label_set(train)), decode=NagDecodeOptions(overlap=overlap))
-    network = build_network("nag", config, backbone, lora).to(torch_device)
-    program: NagProgram = eager_program("nag", network, backbone, torch_device)
+    network = build_network(SPEC, config, backbone, lora).to(torch_device)
+    program: NagProgram = eager_program(SPEC, network, backbone, torch_device)
     covered = l_max_coverage(program, train, config.l_max)
     at_paper_l_max = covered
     while covered["covered"] < L_MAX_COVERAGE and config.l_max < covered["longest"]:
-        config = NagConfig.from_dict({**config.to_dict(), "l_max": config.l_max + 1})
+        config = replace(config, l_max=config.l_max + 1)
         covered = l_max_coverage(program, train, config.l_max)
     if config.l_max != network.config.l_max:  # the decoder's slot count depends on l_max
-        network = build_network("nag", config, backbone, lora).to(torch_device)
-        program = eager_program("nag", network, backbone, torch_device)
+        network = build_network(SPEC, config, backbone, lora).to(torch_device)
+        program = eager_program(SPEC, network, backbone, torch_device)
     covered = {**covered, "l_max": config.l_max, "covered_at_l_max_8": at_paper_l_max["covered"]}
-    record = ModelRecord(out.name, "nag", config.to_dict(), backbone, lora, data_dir, settings, {"l_max_coverage": covered})
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, {"l_max_coverage": covered})
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"nag: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "
@@ -71,7 +73,7 @@ def train_nag(
 
     fitted = fit(network, program.predict, loss_of, train, dev, record, out)
     best, tuned_f1 = tune_start_threshold(program, dev, settings.eval_batch_size)
-    config = NagConfig.from_dict({**config.to_dict(), "decode": asdict(best)})
+    config = replace(config, decode=best)
     network.config = config
     program.config = config
     record.config = config.to_dict()

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ner.archs.span.config import DecodeOptions, Overlap, SpanConfig
+from ner.archs.span import SPEC, THRESHOLDS
+from ner.archs.span.config import DecodeOptions, SpanConfig
 from ner.archs.span.loss import span_loss
 from ner.archs.span.program import SpanBatch, SpanProgram
 from ner.data import Sentence, label_set, read_split
+from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.decode_tuning import THRESHOLDS, tune_decoding
+from ner.training.decode_tuning import tune_decoding
 from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run
 
 
@@ -51,9 +53,9 @@ def train_span(
         max_width=settings.max_width or coverage_width(train),
         decode=DecodeOptions(overlap=overlap),
     )
-    network = build_network("span", config, backbone, lora).to(torch_device)
-    program = eager_program("span", network, backbone, torch_device)
-    record = ModelRecord(out.name, "span", config.to_dict(), backbone, lora, data_dir, settings)
+    network = build_network(SPEC, config, backbone, lora).to(torch_device)
+    program: SpanProgram = eager_program(SPEC, network, backbone, torch_device)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"span: {len(train)} train / {len(dev)} dev sentences, labels {list(labels)}, max_width {config.max_width}, "
@@ -67,7 +69,7 @@ def train_span(
 
     fitted = fit(network, program.predict, loss_of, train, dev, record, out)
     threshold, tuned_f1 = tune_threshold(program, dev, settings.eval_batch_size)
-    config = SpanConfig.from_dict({**config.to_dict(), "decode": asdict(config.decode.replace(threshold=threshold))})
+    config = replace(config, decode=replace(config.decode, threshold=threshold))
     network.config = config
     program.config = config
     record.config = config.to_dict()

@@ -11,9 +11,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ner.archs.base import OptionError
 from service.api.errors import ApiError
 from service.api.schemas import ErrorResponse, ExtractRequest, ExtractResponse, ModelsResponse
-from service.batching.scheduler import DeadlineExceeded, Draining, QueueFull
+from service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
 from service.config import Settings
 from service.metrics import Metrics
 from service.models import ServedModel
@@ -75,7 +76,7 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def _await_all(request: Request, futures: list[asyncio.Future[Any]]) -> list[Any]:
+async def _await_all(request: Request, futures: list[asyncio.Future[ItemResult]]) -> list[ItemResult]:
     """Wait for every sentence; if the client goes away, cancel them so the batcher drops them."""
     gathered: asyncio.Future[Any] = asyncio.gather(*futures)
     watcher: asyncio.Future[Any] = asyncio.ensure_future(_client_gone(request))
@@ -100,7 +101,7 @@ async def extract(body: ExtractRequest, request: Request, response: Response) ->
     model = state.model(body.model)
     status = 200
     try:
-        if body.labels is not None and not model.spec.open_labels:
+        if body.labels is not None and not model.spec.capabilities.open_labels:
             raise ApiError(
                 "labels_not_supported",
                 f"model {model.name!r} has a closed label set: {model.manifest.labels}",
@@ -113,15 +114,18 @@ async def extract(body: ExtractRequest, request: Request, response: Response) ->
             raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
         if body.tokens is not None:
             _validate_tokens(body.tokens)
-        options = model.resolve_options(body.options)
+        try:
+            options = model.resolve_options(body.options)
+        except OptionError as error:
+            raise ApiError("invalid_option", str(error), error.field) from None
         deadline_ms = body.deadline_ms or _header_float(request, "x-deadline-ms")
         deadline = time.monotonic() + deadline_ms / 1000 if deadline_ms else None
         planned = await asyncio.to_thread(model.planner.plan, body.texts, body.tokens)
         units = [unit for text in planned for unit in text.units]
-        results: list[Any] = []
+        results: list[ItemResult] = []
         if units:
             try:
-                futures = model.scheduler.submit([((u.words, options), u.cost) for u in units], deadline)
+                futures = model.scheduler.submit([((u.sentence, options), u.cost) for u in units], deadline)
             except QueueFull as full:
                 raise ApiError(
                     "queue_full",
@@ -134,13 +138,13 @@ async def extract(body: ExtractRequest, request: Request, response: Response) ->
                 results = await _await_all(request, futures)
             except DeadlineExceeded:
                 raise ApiError("deadline_exceeded", "the request's deadline passed before it ran") from None
-        queue_seconds = max((r[1] for r in results), default=0.0)
-        inference_seconds = sum({r[3]: r[2] for r in results}.values())  # each batch once
+        queue_seconds = max((r.queue_seconds for r in results), default=0.0)
+        inference_seconds = sum({r.batch_id: r.run_seconds for r in results}.values())  # each batch once
         response.headers["X-Queue-Time"] = f"{queue_seconds * 1000:.3f}ms"
         response.headers["X-Inference-Time"] = f"{inference_seconds * 1000:.3f}ms"
         by_text: list[list[Any]] = [[] for _ in planned]
         for unit, result in zip(units, results, strict=True):
-            by_text[unit.text_index].append(result[0])
+            by_text[unit.text_index].append(result.value)
         return {
             "model": model.name,
             "version": model.manifest.version,

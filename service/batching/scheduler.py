@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from service.batching.packing import BatchLimits, select_batch
+from service.batching.packing import BatchLimits, padded_cost, select_batch
 
 
 class QueueFull(RuntimeError):
@@ -32,6 +32,16 @@ class DeadlineExceeded(RuntimeError):
 
 class Draining(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """What one queued sentence gets back: its result and where its time went."""
+
+    value: Any
+    queue_seconds: float  # from submission to the start of its batch
+    run_seconds: float  # its batch's graph + decode time (shared with the batch's other items)
+    batch_id: int  # sentences of one batch share it (a request counts each batch's time once)
 
 
 @dataclass
@@ -82,10 +92,11 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._arrived = asyncio.Event()
-        self._handoff: asyncio.Queue[tuple[list[WorkItem], Any] | None] = asyncio.Queue(maxsize=1)
+        self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
         self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs")
         self._tasks: list[asyncio.Task[None]] = []
         self._recent_rate = 0.0  # sentences per second of the last batches, for Retry-After
+        self._batches = 0
 
     @property
     def depth(self) -> int:
@@ -98,7 +109,7 @@ class Scheduler:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._collect_loop()), asyncio.create_task(self._run_loop())]
 
-    def submit(self, payloads: list[tuple[Any, int]], deadline: float | None = None) -> list[asyncio.Future[Any]]:
+    def submit(self, payloads: list[tuple[Any, int]], deadline: float | None = None) -> list[asyncio.Future[ItemResult]]:
         """Queue sentences (payload, cost) as one unit: all accepted, or QueueFull for all."""
         if not self._accepting:
             raise Draining("server is draining")
@@ -172,7 +183,7 @@ class Scheduler:
             if not self._queue:
                 return []
             costs = [i.cost for i in self._queue[: limits.max_batch_size]]
-            full = len(self._queue) >= limits.max_batch_size or max(costs) * len(costs) >= limits.max_batch_tokens
+            full = len(self._queue) >= limits.max_batch_size or padded_cost(costs) >= limits.max_batch_tokens
             remaining = close_at - self.clock()
             # Double buffering: while a prepared batch already waits for the graphs, this one keeps
             # growing (it could not run sooner anyway). Otherwise it closes at max_wait, or at once
@@ -206,8 +217,6 @@ class Scheduler:
         while True:
             handed = await self._handoff.get()
             self._arrived.set()  # the hand-off slot is free: wake the collector to close the next batch
-            if handed is None:
-                return
             batch, prepared = handed
             live = [item for item in batch if not item.future.done()]
             if not live:
@@ -224,9 +233,10 @@ class Scheduler:
                 continue
             finished = self.clock()
             seconds = finished - started
+            self._batches += 1
             for item, result in zip(batch, results, strict=True):
                 if not item.future.done():
-                    item.future.set_result((result, started - item.enqueued, seconds, started))
+                    item.future.set_result(ItemResult(result, started - item.enqueued, seconds, self._batches))
             self._finish(batch)
             tokens = [item.cost for item in batch]
             self._recent_rate = 0.8 * self._recent_rate + 0.2 * (len(batch) / max(seconds, 1e-6))
@@ -234,7 +244,7 @@ class Scheduler:
                 BatchRecord(
                     len(batch),
                     sum(tokens),
-                    max(tokens) * len(tokens),
+                    padded_cost(tokens),
                     [started - item.enqueued for item in batch],
                     seconds,
                     finished,

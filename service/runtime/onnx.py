@@ -1,18 +1,23 @@
-"""ONNX Runtime graphs: CUDA execution provider when asked for and present, CPU otherwise."""
+"""ONNX Runtime graphs: CUDA execution provider when asked for and present, CPU otherwise.
+
+Outputs a caller keeps on the device (a decoder's key/value cache) go through I/O binding: they
+stay OrtValues in device memory and are bound as the next call's inputs as they are. Without
+such outputs, or on CPU, a call is a plain `session.run` on numpy arrays.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from ner.graph import GraphError
+from ner.graph import GraphError, Value
 
 
 class OnnxGraph:
-    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None, io_binding: bool | None = None) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -22,25 +27,47 @@ class OnnxGraph:
         # starves; idle threads sleep instead.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
-        if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+        on_cuda = device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers()
+        if on_cuda:
             providers.insert(0, "CUDAExecutionProvider")
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as error:  # onnxruntime raises its own Fail/InvalidProtobuf types
             raise GraphError(f"{path}: cannot load ONNX graph ({str(error).splitlines()[0][:200]})") from None
         self.path = path
+        self.device = "cuda" if on_cuda else "cpu"
+        # I/O binding is what keeps outputs on a GPU; `io_binding=True` takes that path on CPU too
+        # (tests exercise it there), `None` takes it on CUDA only.
+        self.io_binding = on_cuda if io_binding is None else io_binding
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self._types = {i.name: _NUMPY_TYPES.get(i.type) for i in self.session.get_inputs()}
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {}
+    def _feed(self, name: str, value: np.ndarray) -> np.ndarray:
+        wanted = self._types[name]
+        return value.astype(wanted, copy=False) if wanted is not None else value
+
+    def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
+        if keep_on_device and self.io_binding:
+            return self._run_bound(inputs, set(keep_on_device))
+        outputs = self.session.run(None, {name: self._feed(name, inputs[name]) for name in self.input_names})
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def _run_bound(self, inputs: Mapping[str, Value], keep: set[str]) -> dict[str, Value]:
+        binding = self.session.io_binding()
         for name in self.input_names:
             value = inputs[name]
-            wanted = self._types[name]
-            feeds[name] = value.astype(wanted, copy=False) if wanted is not None else value
-        outputs = self.session.run(None, feeds)
-        return dict(zip(self.output_names, outputs, strict=True))
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(self._feed(name, value)))
+        for name in self.output_names:
+            binding.bind_output(name, self.device if name in keep else "cpu")
+        self.session.run_with_iobinding(binding)
+        values = binding.get_outputs()
+        return {
+            name: value if name in keep else value.numpy() for name, value in zip(self.output_names, values, strict=True)
+        }
 
 
 _NUMPY_TYPES = {

@@ -4,21 +4,20 @@ torch.export / AOTInductor runtime can replace it without touching programs or t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ner.graph import GraphError
-
-GRAPH_IO = "graph_io.json"  # extra file inside the archive: {"inputs": [...], "outputs": [...]}
+from ner.graph import GraphError, Value
+from ner.graph_format import TORCHSCRIPT_IO
+from ner.torch_graph import from_tensors, to_tensor
 
 
 class TorchScriptGraph:
     def __init__(self, path: Path, device: str = "cpu") -> None:
         self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
-        extra = {GRAPH_IO: ""}
+        extra = {TORCHSCRIPT_IO: ""}
         try:
             self.module = torch.jit.load(str(path), map_location=self.device, _extra_files=extra)
         except Exception as error:  # torch raises RuntimeError/ValueError variants for bad archives
@@ -26,16 +25,14 @@ class TorchScriptGraph:
         self.module.eval()
         self.path = path
         try:
-            names = json.loads(extra[GRAPH_IO])
+            names = json.loads(extra[TORCHSCRIPT_IO])
             self.input_names = tuple(names["inputs"])
             self.output_names = tuple(names["outputs"])
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise GraphError(f"{path}: TorchScript graph lacks its {GRAPH_IO} (input/output names)") from None
+            raise GraphError(f"{path}: TorchScript graph lacks its {TORCHSCRIPT_IO} (input/output names)") from None
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self.device) for n in self.input_names]
+    def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
+        tensors = [to_tensor(inputs[n], self.device) for n in self.input_names]
         with torch.inference_mode():
             outputs = self.module(*tensors)
-        if isinstance(outputs, torch.Tensor):
-            outputs = (outputs,)
-        return {name: out.cpu().numpy() for name, out in zip(self.output_names, outputs, strict=True)}
+        return from_tensors(self.output_names, outputs, keep_on_device, self.device)

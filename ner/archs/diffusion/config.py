@@ -1,31 +1,32 @@
-"""Hyper-parameters, label set and decoding defaults of DiffusionNER (stdlib only)."""
+"""Hyper-parameters, label set and decoding defaults of DiffusionNER (no torch)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ner.archs.config_io import config_from_dict
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-Overlap = Literal["flat", "nested"]
+from ner.archs.config_io import config_from_dict
+from ner.decoding.overlap import Overlap
+
 Schedule = Literal["cosine", "linear"]
 SpanPooling = Literal["lrconcat", "mean"]
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid", strict=True))
 class DiffusionDecodeOptions:
-    """Per-request sampling and decoding options; defaults come from the manifest."""
+    """Sampling and decoding options: defaults come from the manifest; all but `overlap` may be
+    set per request, within these bounds (cost grows as proposals × steps)."""
 
-    proposals: int = 60  # K noisy spans per sentence
-    steps: int = 5  # DDIM denoising steps (head evaluations)
-    seed: int = 48  # noise seed; every sentence draws its own noise from it
-    threshold: float = 2.5 / 3  # φ/3: mean of the type and both boundary probabilities
+    proposals: int = Field(default=60, ge=1, le=500, description="K: noisy spans denoised per sentence")
+    steps: int = Field(default=5, ge=1, le=50, description="DDIM denoising steps (head evaluations; more: slower)")
+    seed: int = Field(default=48, ge=0, le=2**32 - 1, description="noise seed (each sentence draws its own noise from it)")
+    threshold: float = Field(
+        default=2.5 / 3, ge=0.0, le=1.0, description="φ/3: minimum mean of the type and both boundary probabilities"
+    )
     overlap: Overlap = "flat"  # flat: no shared words; nested: no crossing spans
-
-    def replace(self, **changes: Any) -> DiffusionDecodeOptions:
-        values = asdict(self)
-        values.update(changes)
-        return DiffusionDecodeOptions(**values)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class DiffusionConfig:
     gold_copies: int = 60  # gold entities repeated to this many columns for one-to-many matching; 1: one-to-one
     eta: float = 1.0  # DDIM stochasticity (1: the paper's sampler)
     boundary_weight: float = 1.0  # loss and matching weight of the boundary terms
-    decode: DiffusionDecodeOptions = field(default_factory=DiffusionDecodeOptions)
+    decode: DiffusionDecodeOptions = field(default_factory=lambda: DiffusionDecodeOptions())
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from ner.archs.diffusion.config import DiffusionConfig
 from ner.archs.diffusion.network import DiffusionNetwork
 from ner.archs.diffusion.schedule import Sampler, spans_to_noise
-from ner.signatures import ENCODER_INPUTS
+from ner.archs.feeds import ENCODER_INPUTS
 from ner.types import EntitySet
 
 Gold = list[tuple[int, int, int]]  # left word, right word (inclusive), class index (1..C)

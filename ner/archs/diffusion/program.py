@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ner.archs.base import ProgramBase
 from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
 from ner.archs.diffusion.decode import decode_sentence
 from ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_pairs
 from ner.archs.feeds import encoder_feeds
-from ner.graph import Graph
-from ner.text.subword import SubwordEncoder
+from ner.graph import Graph, GraphSignature
+from ner.text.subword import SubwordEncoder, Words
 from ner.types import EntitySet
 
-GRAPHS = ("encoder", "denoiser")
 EXPORT_PROPOSALS = 7  # example K for export: distinct from every other example axis
 
 
@@ -38,24 +38,20 @@ def sentence_noise(seed: int, proposals: int, steps: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((steps, proposals, 2))
 
 
-class DiffusionProgram:
-    def __init__(self, graphs: Mapping[str, Graph], config: DiffusionConfig, subwords: SubwordEncoder) -> None:
-        missing = [name for name in GRAPHS if name not in graphs]
-        if missing:
-            raise ValueError(f"diffusion program needs graphs {missing}")
-        self.graphs = graphs
-        self.config = config
-        self.subwords = subwords
+class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDecodeOptions]):
+    def __init__(
+        self,
+        graphs: Mapping[str, Graph],
+        config: DiffusionConfig,
+        subwords: SubwordEncoder,
+        signatures: Mapping[str, GraphSignature],
+    ) -> None:
+        super().__init__(graphs, config, subwords, signatures)
         self.sampler = Sampler(config)
 
-    def prepare(self, sentences: list[list[str]]) -> DiffusionBatch:
+    def prepare(self, sentences: Sequence[Words]) -> DiffusionBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
-        return DiffusionBatch(inputs, [len(w) for w in sentences], encoded.padded_tokens)
-
-    def _options(
-        self, options: DiffusionDecodeOptions | Sequence[DiffusionDecodeOptions] | None, count: int
-    ) -> list[DiffusionDecodeOptions]:
-        return list(options) if isinstance(options, Sequence) else [options or self.config.decode] * count
+        return DiffusionBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
 
     def denoise(self, word_states: np.ndarray, word_mask: np.ndarray, noise: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         """DDIM from x_T = noise[:, 0] over `steps` denoiser passes; the last pass's outputs."""
@@ -85,7 +81,7 @@ class DiffusionProgram:
         whose): class_probs [P, C+1], left_probs and right_probs [P, N] of the last step."""
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
         word_states, word_mask = encoded["word_states"], batch.encoder_inputs["word_mask"]
-        chosen = self._options(options, len(batch.lengths))
+        chosen = self.per_sentence(options, len(batch.lengths))
         groups: dict[tuple[int, int], list[int]] = {}
         for b, o in enumerate(chosen):
             groups.setdefault((o.proposals, o.steps), []).append(b)
@@ -121,7 +117,7 @@ class DiffusionProgram:
         outputs: Mapping[str, np.ndarray],
         options: DiffusionDecodeOptions | Sequence[DiffusionDecodeOptions] | None = None,
     ) -> list[EntitySet]:
-        chosen = self._options(options, len(batch.lengths))
+        chosen = self.per_sentence(options, len(batch.lengths))
         owner = outputs["proposal_sentence"]
         decoded = []
         for b, length in enumerate(batch.lengths):
@@ -137,7 +133,3 @@ class DiffusionProgram:
                 )
             )
         return decoded
-
-    def predict(self, sentences: list[list[str]], options: DiffusionDecodeOptions | None = None) -> list[EntitySet]:
-        batch = self.prepare(sentences)
-        return self.decode(batch, self.run(batch, options), options)

@@ -1,13 +1,15 @@
-"""Hyper-parameters, label set, output vocabulary and decoding defaults of NAG-NER (stdlib only)."""
+"""Hyper-parameters, label set, output vocabulary and decoding defaults of NAG-NER (no torch)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from ner.archs.config_io import config_from_dict
-
-Overlap = Literal["flat", "any"]
+from ner.decoding.overlap import Overlap
 
 # The decoder's output vocabulary: these specials, then one tag per entity type, then one pointer
 # per sub-word position of the sentence (entities are always made of the sentence's own sub-words,
@@ -16,18 +18,18 @@ PAD, BOS, EOS, OUTSIDE = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<s>", "</s>", "<O>")
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid", strict=True))
 class NagDecodeOptions:
-    """Per-request decoding options; defaults come from the manifest (τ_s tuned on dev)."""
+    """Decoding options: defaults come from the manifest (τ_s tuned on dev); all but `overlap`
+    may be set per request, within these bounds."""
 
-    start_threshold: float = 0.3  # τ_s: a word starts entities when p(count = 0) < τ_s
-    threshold: float = 0.0  # minimum entity score (geometric mean of its token probabilities)
+    start_threshold: float = Field(
+        default=0.3, gt=0.0, le=1.0, description="τ_s: a word starts entities when p(no entity starts here) < τ_s"
+    )
+    threshold: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="minimum entity score (geometric mean of token probabilities)"
+    )
     overlap: Overlap = "any"  # flat: no two entities share a word (the better one wins)
-
-    def replace(self, **changes: Any) -> NagDecodeOptions:
-        values = asdict(self)
-        values.update(changes)
-        return NagDecodeOptions(**values)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class NagConfig:
     decoder_ffn: int = 1024
     decoder_dropout: float = 0.1
     negatives_per_sentence: int = 3  # words with no entity that learn to write "<O> word" per sentence
-    decode: NagDecodeOptions = field(default_factory=NagDecodeOptions)
+    decode: NagDecodeOptions = field(default_factory=lambda: NagDecodeOptions())
 
     @property
     def length(self) -> int:

@@ -20,6 +20,7 @@ from collections import Counter
 import numpy as np
 
 from ner.archs.nag.config import EOS, OUTSIDE, SPECIALS, NagConfig, NagDecodeOptions
+from ner.decoding.overlap import accept_best_first, best_per
 from ner.types import Entity, EntitySet, Fragment
 
 
@@ -84,18 +85,9 @@ def parse_query(
 
 
 def resolve_overlaps(entities: list[Entity], options: NagDecodeOptions) -> EntitySet:
-    """Same entity from two queries: keep the best score. Flat models: no shared words."""
-    best: dict[tuple[str, tuple[Fragment, ...]], Entity] = {}
-    for entity in entities:
-        if entity.score >= options.threshold and (entity.key() not in best or entity.score > best[entity.key()].score):
-            best[entity.key()] = entity
-    if options.overlap != "flat":
-        return EntitySet(best.values())
-    kept: list[Entity] = []
-    for entity in sorted(best.values(), key=lambda e: -e.score):
-        if not any(entity.overlaps(other) for other in kept):
-            kept.append(entity)
-    return EntitySet(kept)
+    """Same entity from two queries: keep the best score; then the model's overlap rule."""
+    kept = best_per((e for e in entities if e.score >= options.threshold), key=Entity.key)
+    return accept_best_first(kept, options.overlap)
 
 
 def decode_queries(

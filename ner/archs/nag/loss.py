@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ner.archs.feeds import ENCODER_INPUTS
 from ner.archs.nag.config import PAD
 from ner.archs.nag.network import NagNetwork
 from ner.archs.nag.targets import IGNORE, BatchTargets
-from ner.signatures import ENCODER_INPUTS
 
 
 def nag_loss(

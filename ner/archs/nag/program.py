@@ -6,20 +6,18 @@ The same program serves training-time evaluation (eager graphs), export parity a
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ner.archs.base import ProgramBase
 from ner.archs.feeds import encoder_feeds
 from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.nag.decode import decode_queries
-from ner.graph import Graph
-from ner.text.subword import SubwordEncoder
+from ner.text.subword import Words
 from ner.types import EntitySet
 
-GRAPHS = ("encoder", "decoder")
 EXPORT_QUERIES = 7  # example query count for export: distinct from every other example axis
 
 
@@ -31,18 +29,10 @@ class NagBatch:
     padded_tokens: int
 
 
-class NagProgram:
-    def __init__(self, graphs: Mapping[str, Graph], config: NagConfig, subwords: SubwordEncoder) -> None:
-        missing = [name for name in GRAPHS if name not in graphs]
-        if missing:
-            raise ValueError(f"nag program needs graphs {missing}")
-        self.graphs = graphs
-        self.config = config
-        self.subwords = subwords
-        # how generated sequences ended: exact / merged / outside (<O>) / unmapped (dropped)
-        self.outcomes: Counter[str] = Counter()
+class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
+    """`outcomes` counts how generated sequences ended: exact / merged / outside (<O>) / unmapped."""
 
-    def prepare(self, sentences: list[list[str]]) -> NagBatch:
+    def prepare(self, sentences: Sequence[Words]) -> NagBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
         # the decoder's memory is the sentence's word sub-words: each knows its word, and
         # specials and padding are masked out (a pointer can only name a word's sub-word)
@@ -53,10 +43,7 @@ class NagProgram:
                 subword_words[b, positions] = w
                 memory_mask[b, positions] = 1.0
         inputs.update({"subword_words": subword_words, "memory_mask": memory_mask})
-        return NagBatch(inputs, encoded.pieces, [len(w) for w in sentences], encoded.padded_tokens)
-
-    def _options(self, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None, count: int) -> list[NagDecodeOptions]:
-        return list(options) if isinstance(options, Sequence) else [options or self.config.decode] * count
+        return NagBatch(inputs, encoded.pieces, [len(p) for p in encoded.pieces], encoded.padded_tokens)
 
     def select_queries(self, batch: NagBatch, start_probs: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
         """Words whose p(no entity starts here) < τ_s start argmax-count entities: one query each."""
@@ -93,7 +80,7 @@ class NagProgram:
         self, batch: NagBatch, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None = None
     ) -> dict[str, np.ndarray]:
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        chosen = self._options(options, len(batch.lengths))
+        chosen = self.per_sentence(options, len(batch.lengths))
         thresholds = np.array([o.start_threshold for o in chosen], dtype=np.float32)
         queries = self.select_queries(batch, encoded["start_probs"], thresholds)
         return {**encoded, **queries, **self._decoder(batch, encoded, queries)}
@@ -120,7 +107,7 @@ class NagProgram:
         options: NagDecodeOptions | Sequence[NagDecodeOptions] | None = None,
     ) -> list[EntitySet]:
         """Entity sets of the batch's sentences; `options` may differ per sentence."""
-        chosen = self._options(options, len(batch.lengths))
+        chosen = self.per_sentence(options, len(batch.lengths))
         sentence, word = outputs["query_sentence"], outputs["query_word"]
         # τ_s again: outputs run with a looser τ_s (dev tuning) hold a superset of the queries,
         # and a query's tokens do not depend on the other queries.
@@ -136,7 +123,3 @@ class NagProgram:
             chosen,
             self.outcomes,
         )
-
-    def predict(self, sentences: list[list[str]], options: NagDecodeOptions | None = None) -> list[EntitySet]:
-        batch = self.prepare(sentences)
-        return self.decode(batch, self.run(batch, options), options)

@@ -1,29 +1,29 @@
-"""Hyper-parameters, label set and decoding defaults of the span architecture (stdlib only)."""
+"""Hyper-parameters, label set and decoding options of the span architecture (no torch)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from ner.archs.config_io import config_from_dict
+from ner.decoding.overlap import Overlap
 
-Overlap = Literal["flat", "nested"]
 
-
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid", strict=True))
 class DecodeOptions:
-    """Per-request decoding options; defaults come from the manifest (tuned on dev)."""
+    """Decoding options: defaults come from the manifest (tuned on dev); all but `overlap` may be
+    set per request, within these bounds."""
 
-    threshold: float = 0.5  # δ: keep entities scoring above it after Soft-NMS
-    filter_threshold: float = 1 / 6  # keep a seed when p(entity) exceeds it (the code's spn_filter=5)
-    nms_decay: float = 0.9  # u
-    nms_iou: float = 0.6  # k
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="δ: minimum entity score after Soft-NMS")
+    filter_threshold: float = Field(
+        default=1 / 6, ge=0.0, le=1.0, description="minimum p(entity) of a seed span (the code's spn_filter=5)"
+    )
+    nms_decay: float = Field(default=0.9, gt=0.0, le=1.0, description="Soft-NMS decay u")
+    nms_iou: float = Field(default=0.6, ge=0.0, le=1.0, description="Soft-NMS IoU threshold k")
     overlap: Overlap = "flat"  # flat: no two entities share a word; nested: no crossing spans
-
-    def replace(self, **changes: Any) -> DecodeOptions:
-        values = asdict(self)
-        values.update(changes)
-        return DecodeOptions(**values)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class SpanConfig:
     iou_classifier: float = 1.0  # α2
     soft_eta: float = 1.0  # η of the soft-example weights
     focal_gamma: float = 2.0
-    decode: DecodeOptions = field(default_factory=DecodeOptions)
+    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions())
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)

@@ -7,56 +7,50 @@ Soft-NMS only lowers scores, so candidates at or below δ are dropped before it:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ner.archs.span.config import DecodeOptions
+from ner.decoding.overlap import accept_best_first, best_per
 from ner.types import Entity, EntitySet
 
-Candidate = tuple[int, int, int, float]  # start, end (excluded), class index, score
 
-
-def iou(a: tuple[int, int], b: tuple[int, int]) -> float:
-    inter = min(a[1], b[1]) - max(a[0], b[0])
+def iou(a: Entity, b: Entity) -> float:
+    inter = min(a.end, b.end) - max(a.start, b.start)
     if inter <= 0:
         return 0.0
-    return inter / ((a[1] - a[0]) + (b[1] - b[0]) - inter)
+    return inter / ((a.end - a.start) + (b.end - b.start) - inter)
 
 
 def candidates(
-    filter_prob: np.ndarray, spans: np.ndarray, class_probs: np.ndarray, seed_mask: np.ndarray, options: DecodeOptions
-) -> list[Candidate]:
-    """One sentence: [K], [K, 2], [K, C+1], [K] → candidates above δ, one per distinct span."""
+    filter_prob: np.ndarray,
+    spans: np.ndarray,
+    class_probs: np.ndarray,
+    seed_mask: np.ndarray,
+    labels: tuple[str, ...],
+    options: DecodeOptions,
+) -> list[Entity]:
+    """One sentence: [K], [K, 2], [K, C+1], [K] → candidates above δ, the best type of each span."""
     classes = class_probs.argmax(axis=-1)
     scores = class_probs.max(axis=-1)
     keep = (seed_mask > 0) & (filter_prob > options.filter_threshold) & (classes > 0) & (scores > options.threshold)
-    best: dict[tuple[int, int], Candidate] = {}
-    for k in np.flatnonzero(keep):
-        start, end = int(spans[k, 0]), int(spans[k, 1])
-        score = float(scores[k])
-        previous = best.get((start, end))
-        if previous is None or score > previous[3]:
-            best[(start, end)] = (start, end, int(classes[k]), score)
-    return list(best.values())
+    found = (
+        Entity(labels[int(classes[k]) - 1], ((int(spans[k, 0]), int(spans[k, 1])),), float(scores[k]))
+        for k in np.flatnonzero(keep)
+    )
+    return best_per(found, key=lambda e: e.fragments)
 
 
-def soft_nms(items: list[Candidate], decay: float, iou_threshold: float) -> list[Candidate]:
-    pending = sorted(items, key=lambda c: -c[3])
-    kept: list[Candidate] = []
+def soft_nms(items: list[Entity], decay: float, iou_threshold: float) -> list[Entity]:
+    pending = sorted(items, key=lambda c: -c.score)
+    kept: list[Entity] = []
     while pending:
         current = pending.pop(0)
         kept.append(current)
-        pending = [
-            (s, e, c, score * decay if iou((s, e), current[:2]) >= iou_threshold else score) for s, e, c, score in pending
-        ]
-        pending.sort(key=lambda c: -c[3])
+        pending = [replace(c, score=c.score * decay) if iou(c, current) >= iou_threshold else c for c in pending]
+        pending.sort(key=lambda c: -c.score)
     return kept
-
-
-def _conflicts(a: Candidate, b: Candidate, overlap: str) -> bool:
-    if overlap == "flat":
-        return a[0] < b[1] and b[0] < a[1]
-    crossing = a[0] < b[0] < a[1] < b[1] or b[0] < a[0] < b[1] < a[1]
-    return crossing
 
 
 def decode_sentence(
@@ -67,9 +61,7 @@ def decode_sentence(
     labels: tuple[str, ...],
     options: DecodeOptions,
 ) -> EntitySet:
-    found = soft_nms(candidates(filter_prob, spans, class_probs, seed_mask, options), options.nms_decay, options.nms_iou)
-    accepted: list[Candidate] = []
-    for item in sorted(found, key=lambda c: -c[3]):
-        if item[3] > options.threshold and not any(_conflicts(item, other, options.overlap) for other in accepted):
-            accepted.append(item)
-    return EntitySet(Entity(labels[c - 1], ((s, e),), score) for s, e, c, score in accepted)
+    found = soft_nms(
+        candidates(filter_prob, spans, class_probs, seed_mask, labels, options), options.nms_decay, options.nms_iou
+    )
+    return accept_best_first((c for c in found if c.score > options.threshold), options.overlap)

@@ -1,8 +1,4 @@
-"""Runs the span architecture's graphs for a batch of sentences (numpy in, numpy out).
-
-The same program serves training-time evaluation (eager graphs), export parity checks and the
-service (ONNX Runtime / TorchScript graphs).
-"""
+"""Runs the span architecture's graphs for a batch of sentences (numpy in, numpy out)."""
 
 from __future__ import annotations
 
@@ -11,14 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ner.archs.base import ProgramBase
 from ner.archs.feeds import encoder_feeds
 from ner.archs.span.config import DecodeOptions, SpanConfig
 from ner.archs.span.decode import decode_sentence
-from ner.graph import Graph
-from ner.text.subword import SubwordEncoder
+from ner.text.subword import Words
 from ner.types import EntitySet
-
-GRAPHS = ("encoder", "span_proposal")
 
 
 def enumerate_seeds(n_words: int, max_width: int) -> list[tuple[int, int]]:
@@ -34,18 +28,11 @@ class SpanBatch:
     padded_tokens: int
 
 
-class SpanProgram:
-    def __init__(self, graphs: Mapping[str, Graph], config: SpanConfig, subwords: SubwordEncoder) -> None:
-        missing = [name for name in GRAPHS if name not in graphs]
-        if missing:
-            raise ValueError(f"span program needs graphs {missing}")
-        self.graphs = graphs
-        self.config = config
-        self.subwords = subwords
-
-    def prepare(self, sentences: list[list[str]]) -> SpanBatch:
+class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
+    def prepare(self, sentences: Sequence[Words]) -> SpanBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
-        seed_lists = [enumerate_seeds(len(words), self.config.max_width) for words in sentences]
+        lengths = [len(p) for p in encoded.pieces]
+        seed_lists = [enumerate_seeds(n, self.config.max_width) for n in lengths]
         k = max(len(s) for s in seed_lists)
         seeds = np.zeros((len(sentences), k, 2), dtype=np.int64)
         seeds[..., 1] = 1  # padding seeds are the legal span [0, 1), masked out
@@ -53,7 +40,7 @@ class SpanProgram:
         for b, listed in enumerate(seed_lists):
             seeds[b, : len(listed)] = listed
             seed_mask[b, : len(listed)] = 1.0
-        return SpanBatch(inputs, seeds, seed_mask, [len(w) for w in sentences], encoded.padded_tokens)
+        return SpanBatch(inputs, seeds, seed_mask, lengths, encoded.padded_tokens)
 
     @staticmethod
     def span_inputs(batch: SpanBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -66,15 +53,13 @@ class SpanProgram:
             "seed_mask": batch.seed_mask,
         }
 
-    def run(self, batch: SpanBatch, options: object = None) -> dict[str, np.ndarray]:
-        """`options` are accepted for the shared program contract; span decoding uses them only
-        after the graphs."""
+    def run(self, batch: SpanBatch, options: DecodeOptions | Sequence[DecodeOptions] | None = None) -> dict[str, np.ndarray]:
+        """Span decoding reads its options only after the graphs."""
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
         outputs = self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
         return {**encoded, **outputs}
 
     def export_values(self, batch: SpanBatch) -> dict[str, np.ndarray]:
-        """Every graph input and output, as export examples."""
         return {**batch.encoder_inputs, "seeds": batch.seeds, "seed_mask": batch.seed_mask, **self.run(batch)}
 
     def decode(
@@ -83,10 +68,7 @@ class SpanProgram:
         outputs: Mapping[str, np.ndarray],
         options: DecodeOptions | Sequence[DecodeOptions] | None = None,
     ) -> list[EntitySet]:
-        """Entity sets of the batch's sentences; `options` may differ per sentence (one batch can
-        carry several requests)."""
-        count = len(batch.lengths)
-        per_sentence = list(options) if isinstance(options, Sequence) else [options or self.config.decode] * count
+        chosen = self.per_sentence(options, len(batch.lengths))
         return [
             decode_sentence(
                 outputs["filter_prob"][b],
@@ -94,11 +76,7 @@ class SpanProgram:
                 outputs["class_probs"][b],
                 batch.seed_mask[b],
                 self.config.labels,
-                per_sentence[b],
+                chosen[b],
             )
-            for b in range(count)
+            for b in range(len(batch.lengths))
         ]
-
-    def predict(self, sentences: list[list[str]], options: DecodeOptions | None = None) -> list[EntitySet]:
-        batch = self.prepare(sentences)
-        return self.decode(batch, self.run(batch), options)

@@ -1,11 +1,16 @@
-"""The `nerserve` command line: train, eval (export and serve join as their stages land)."""
+"""The `nerserve` command line: train, tune, eval, export, serve.
+
+The composition root: it sits above `ner`, `export` and `service` and imports each stage lazily,
+per command (serving never loads the training or export code). The architecture choice comes
+from the registered specs.
+"""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from enum import StrEnum
 from functools import wraps
 from pathlib import Path
@@ -16,31 +21,18 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="nerserve: NER models, training, evaluation.")
+from ner.archs.registry import ARCHITECTURES
+from ner.graph_format import GraphFormat, Runtime
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="nerserve: NER models, training, evaluation, serving.")
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Architecture(StrEnum):
-    span = "span"
-    nag = "nag"
-    diffusion = "diffusion"
+Architecture = StrEnum("Architecture", [(name, name) for name in ARCHITECTURES])  # type: ignore[misc]
 
 
 class Split(StrEnum):
     train = "train"
     dev = "dev"
     test = "test"
-
-
-class Runtime(StrEnum):
-    eager = "eager"
-    onnx = "onnx"
-    torchscript = "torchscript"
-
-
-class ExportFormat(StrEnum):
-    onnx = "onnx"
-    torchscript = "torchscript"
 
 
 def _user_errors(function: F) -> F:
@@ -111,9 +103,10 @@ def train(
         time_budget_minutes=time_budget_minutes,
         init_from=init_from,
     )
-    # each architecture's trainer lives in ner/training/<arch>_trainer.py as train_<arch>
-    trainer = importlib.import_module(f"ner.training.{architecture.value}_trainer")
-    manifest = getattr(trainer, f"train_{architecture.value}")(data, out, settings, backbone, device)
+    from ner.loading import lazy
+
+    trainer = lazy(ARCHITECTURES[architecture.value].trainer)
+    manifest = trainer(data, out, settings, backbone, device)
     typer.echo(json.dumps(manifest.scores, indent=2))
 
 
@@ -161,9 +154,9 @@ def evaluate_model(
         program = _exported_program(name, runtime.value, int8, device)
     options = program.config.decode
     if threshold is not None:
-        options = options.replace(threshold=threshold)
+        options = replace(options, threshold=threshold)
     report = score(lambda batch: program.predict(batch, options), sentences, batch_size, progress=not as_json)
-    if hasattr(program, "outcomes"):  # generative decoders: how sequences ended, drops included
+    if program.outcomes:  # generative decoders: how sequences ended, drops included
         report["decoder_outcomes"] = dict(program.outcomes)
     report = {
         "model": name,
@@ -191,15 +184,15 @@ def evaluate_model(
 
 def _exported_program(name: str, fmt: str, int8: bool, device: str | None) -> Any:
     """The program over a ready graph set of NAME, exporting it first when there is none."""
+    from ner.graph_format import EXPORT_JSON
     from ner.model_store import graph_set_folder
-    from service.runtime.graph_set import EXPORT_JSON, load_graph_set
+    from service.runtime.graph_set import load_graph_set
 
     folder = graph_set_folder(name, fmt, int8)
     if not (folder / EXPORT_JSON).is_file():
         from export.build import export_model
-        from service.runtime import RuntimeName
 
-        export_model(name, RuntimeName(fmt), int8, log=lambda m: typer.echo(m, err=True))
+        export_model(name, GraphFormat(fmt), int8, log=lambda m: typer.echo(m, err=True))
     return load_graph_set(folder, device or "cpu").program
 
 
@@ -207,7 +200,7 @@ def _exported_program(name: str, fmt: str, int8: bool, device: str | None) -> An
 @_user_errors
 def export_command(
     name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
-    format: Annotated[ExportFormat, typer.Option("--format", help="graph format")] = ExportFormat.onnx,
+    format: Annotated[GraphFormat, typer.Option("--format", help="graph format")] = GraphFormat.onnx,
     int8: Annotated[bool, typer.Option("--int8", help="ONNX Runtime dynamic INT8 quantisation (CPU)")] = False,
     force: Annotated[bool, typer.Option("--force", help="export even when the source is unchanged")] = False,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="folder holding the dataset folders")] = None,
@@ -215,13 +208,12 @@ def export_command(
 ) -> None:
     """Merge LoRA, write the graphs + tokenizer + export.json, and check parity against eager torch."""
     from export.build import DATA_ROOT, export_model
-    from service.runtime import RuntimeName
 
-    if int8 and format != ExportFormat.onnx:
+    if int8 and format != GraphFormat.onnx:
         raise typer.BadParameter("--int8 needs --format onnx", param_hint="--int8")
     info = export_model(
         name,
-        RuntimeName(format.value),
+        format,
         int8,
         data_root or DATA_ROOT,
         force=force,

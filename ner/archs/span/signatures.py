@@ -1,0 +1,27 @@
+"""The span architecture's graphs: the shared encoder, then the span-proposal graph."""
+
+from __future__ import annotations
+
+from ner.archs.feeds import ENCODER
+from ner.archs.span.config import SpanConfig
+from ner.graph import GraphSignature
+
+SPAN_PROPOSAL = GraphSignature(
+    ("word_states", "context", "word_mask", "seeds", "seed_mask"),
+    ("filter_prob", "offsets", "spans", "class_probs"),
+    {
+        "word_states": ("batch", "words", ""),
+        "context": ("batch", ""),
+        "word_mask": ("batch", "words"),
+        "seeds": ("batch", "spans", ""),
+        "seed_mask": ("batch", "spans"),
+        "filter_prob": ("batch", "spans"),
+        "offsets": ("batch", "spans", ""),
+        "spans": ("batch", "spans", ""),
+        "class_probs": ("batch", "spans", ""),
+    },
+)
+
+
+def signatures(config: SpanConfig) -> dict[str, GraphSignature]:
+    return {"encoder": ENCODER, "span_proposal": SPAN_PROPOSAL}

@@ -1,0 +1,55 @@
+"""Which candidate entities of one sentence survive: de-duplication, then best-first acceptance
+under the model's overlap rule.
+
+Candidates are `Entity` objects (type, word fragments, score): the same type every architecture
+returns, so no architecture keeps its own tuple layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Literal
+
+from ner.types import Entity, EntitySet
+
+# flat: no two entities share a word; nested: entities may nest but not cross; any: no rule
+# (overlapping and discontinuous entities, e.g. CADEC).
+Overlap = Literal["flat", "nested", "any"]
+
+
+def crossing(a: Entity, b: Entity) -> bool:
+    """Extents that overlap without one containing the other."""
+    return a.start < b.start < a.end < b.end or b.start < a.start < b.end < a.end
+
+
+def conflicts(a: Entity, b: Entity, overlap: Overlap) -> bool:
+    if overlap == "flat":
+        return a.overlaps(b)
+    if overlap == "nested":
+        return crossing(a, b)
+    return False
+
+
+def best_per(candidates: Iterable[Entity], key: Callable[[Entity], Hashable]) -> list[Entity]:
+    """The best-scoring candidate of each key (the first one seen on a tie), in first-seen order."""
+    best: dict[Hashable, Entity] = {}
+    for candidate in candidates:
+        k = key(candidate)
+        if k not in best or candidate.score > best[k].score:
+            best[k] = candidate
+    return list(best.values())
+
+
+def accept_best_first(candidates: Iterable[Entity], overlap: Overlap, one_type_per_span: bool = False) -> EntitySet:
+    """Greedy acceptance, best score first (stable on ties): a candidate that conflicts with an
+    accepted one is dropped; with `one_type_per_span`, so is a second type for the same fragments."""
+    accepted: list[Entity] = []
+    taken: set[tuple[tuple[int, int], ...]] = set()
+    for candidate in sorted(candidates, key=lambda e: -e.score):
+        if one_type_per_span and candidate.fragments in taken:
+            continue
+        if any(conflicts(candidate, other, overlap) for other in accepted):
+            continue
+        taken.add(candidate.fragments)
+        accepted.append(candidate)
+    return EntitySet(accepted)

@@ -1,0 +1,50 @@
+"""The graph-set file format, shared by its writer (`export`) and its reader (`service.runtime`):
+one folder per (model, format, source digest) holding one file per graph, the tokenizer, a copy
+of the manifest and export.json (signatures, parity figures, ready flag). Standard library only."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from ner.graph import GraphError
+
+
+class GraphFormat(StrEnum):
+    onnx = "onnx"
+    torchscript = "torchscript"
+
+
+class Runtime(StrEnum):
+    """What runs a model's graphs: an exported format, or the eager torch modules (debugging)."""
+
+    onnx = "onnx"
+    torchscript = "torchscript"
+    eager = "eager"
+
+
+GRAPH_SUFFIX = {GraphFormat.onnx: ".onnx", GraphFormat.torchscript: ".pt"}
+EXPORT_JSON = "export.json"
+TOKENIZER_JSON = "tokenizer.json"
+# inside a TorchScript archive: {"inputs": [...], "outputs": [...]} (TorchScript keeps no names)
+TORCHSCRIPT_IO = "graph_io.json"
+
+
+def graph_file(folder: Path, graph_name: str, fmt: GraphFormat) -> Path:
+    return folder / f"{graph_name}{GRAPH_SUFFIX[fmt]}"
+
+
+def read_export_info(folder: Path) -> dict[str, Any]:
+    """export.json of a graph set that is ready to serve; GraphError naming the file otherwise."""
+    path = folder / EXPORT_JSON
+    try:
+        info: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GraphError(f"{path}: missing (not an export folder)") from None
+    except json.JSONDecodeError as error:
+        raise GraphError(f"{path}: invalid JSON ({error.msg})") from None
+    if not info.get("ready"):
+        raise GraphError(f"{path}: export is not marked ready (parity failed or incomplete)")
+    return info

@@ -1,0 +1,1 @@
+"""nerserve's command line: the composition root above `ner` (models), `export` and `service`."""
