@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ner.data import read_split
+from ner.graph_format import EXPORT_JSON
 from ner.model_store import graph_set_folder
 from ner.runner import length_batches, score
-from ner.graph_format import EXPORT_JSON
 from service.runtime.graph_set import load_graph_set
 
 

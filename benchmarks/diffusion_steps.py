@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from ner.data import read_split
+from ner.graph_format import EXPORT_JSON
 from ner.model_store import graph_set_folder
 from ner.runner import score
-from ner.graph_format import EXPORT_JSON
 from service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
