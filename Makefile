@@ -25,7 +25,8 @@ serve: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy ner service export loadtest
+	$(BIN)/mypy nerserve ner service export loadtest
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q
