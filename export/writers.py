@@ -10,9 +10,11 @@ in service/runtime/torchscript.py, where a torch.export/AOTInductor path can rep
 
 from __future__ import annotations
 
+import inspect
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -36,7 +38,7 @@ def write_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, si
         return dims[name]
 
     inputs, outputs, axes = signature.inputs, signature.outputs, signature.axes
-    dynamic = {name: {i: dim(axis) for i, axis in enumerate(axes[name]) if axis} for name in inputs}
+    dynamic = _by_argument(module, [{i: dim(axis) for i, axis in enumerate(axes[name]) if axis} for name in inputs])
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -60,6 +62,16 @@ def write_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, si
                 d.ClearField("dim_value")
                 d.dim_param = axis
     onnx.save_model(model, str(path), save_as_external_data=False)
+
+
+def _by_argument(module: nn.Module, shapes: list[dict[int, torch.export.Dim]]) -> tuple[Any, ...]:
+    """Dynamic shapes in input order, grouped as `forward` takes them: a step graph whose layer
+    count comes from its config takes its cache as `*past`, which torch.export sees as one tuple."""
+    parameters = list(inspect.signature(module.forward).parameters.values())
+    if not any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return tuple(shapes)
+    named = sum(1 for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+    return (*shapes[:named], tuple(shapes[named:]))
 
 
 def write_torchscript(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, signature: GraphSignature) -> None:

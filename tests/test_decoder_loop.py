@@ -1,0 +1,155 @@
+"""The contract for decoders that loop: a decoder-step graph with a key/value cache, its signature
+built from the config (cache names only for the layers it has), exported to ONNX and TorchScript
+with a cache axis that may be empty, and run step by step by the shared greedy loop. Parity is per
+step: logits within 1e-4 and identical greedy token sequences, from an empty cache on.
+
+The step module is a tiny random transformer decoder written for this test (shapes and export only:
+the architectures that loop bring their own trained decoders)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from export.parity import ParityReport
+from export.writers import write_onnx, write_torchscript
+from ner.decoding.generation import Generated, greedy
+from ner.graph import GraphSignature, KeyValueCache, step_signature
+from ner.torch_graph import EagerGraph
+from service.runtime.onnx import OnnxGraph
+from service.runtime.torchscript import TorchScriptGraph
+
+VOCAB, DIM, HEADS, END = 13, 16, 2, 2
+
+
+def toy_signature(layers: int) -> GraphSignature:
+    cache = KeyValueCache(layers, HEADS, DIM // HEADS)
+    axes = {
+        "memory": ("rows", "memory", ""),
+        "memory_mask": ("rows", "memory"),
+        "tokens": ("rows",),
+        "positions": ("rows",),
+        "logits": ("rows", ""),
+    }
+    return step_signature(("memory", "memory_mask", "tokens", "positions"), ("logits",), axes, cache)
+
+
+class ToyStep(nn.Module):
+    """One decoding step: self-attention over the cached positions + this one, cross-attention
+    to the memory, next-token logits; returns the cache grown by one position per layer."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.layers = layers
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.position = nn.Embedding(64, DIM)
+        self.qkv = nn.ModuleList(nn.Linear(DIM, 3 * DIM) for _ in range(layers))
+        self.cross = nn.ModuleList(nn.MultiheadAttention(DIM, HEADS, batch_first=True) for _ in range(layers))
+        self.out = nn.Linear(DIM, VOCAB)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], -1, HEADS, DIM // HEADS).transpose(1, 2)
+
+    def forward(self, memory, memory_mask, tokens, positions, *past):  # type: ignore[no-untyped-def]
+        x = (self.embed(tokens) + self.position(positions)).unsqueeze(1)  # [R, 1, D]
+        present = []
+        for i in range(self.layers):
+            q, k, v = self.qkv[i](x).chunk(3, dim=-1)
+            keys = torch.cat([past[2 * i], self._heads(k)], dim=2)
+            values = torch.cat([past[2 * i + 1], self._heads(v)], dim=2)
+            present += [keys, values]
+            attended = torch.softmax(self._heads(q) @ keys.transpose(-1, -2) / (DIM // HEADS) ** 0.5, dim=-1) @ values
+            x = x + attended.transpose(1, 2).reshape(x.shape)
+            crossed, _ = self.cross[i](x, memory, memory, key_padding_mask=memory_mask == 0, need_weights=False)
+            x = x + crossed
+        return (self.out(x[:, 0]), *present)
+
+
+def example_args(signature: GraphSignature, rows: int = 4, memory: int = 5, past: int = 3) -> tuple[torch.Tensor, ...]:
+    """Every named axis at a size of 2 or more and distinct from the others (torch.export)."""
+    torch.manual_seed(1)
+    mask = torch.ones(rows, memory)
+    mask[0, -2:] = 0
+    fixed = [torch.randn(rows, memory, DIM), mask, torch.randint(0, VOCAB, (rows,)), torch.full((rows,), past)]
+    cache = [torch.randn(rows, HEADS, past, DIM // HEADS) for _ in signature.inputs[4:]]
+    return (*fixed, *cache)
+
+
+def generate(graph, signature: GraphSignature, layers: int, rows: int = 3) -> Generated:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    memory_mask = np.ones((rows, 7), dtype=np.float32)
+    memory_mask[1, 4:] = 0
+    fixed = {"memory": rng.standard_normal((rows, 7, DIM)).astype(np.float32), "memory_mask": memory_mask}
+    cache = KeyValueCache(layers, HEADS, DIM // HEADS)
+    return greedy(graph, fixed, np.ones(rows, dtype=np.int64), cache, max_steps=9, end=END)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_signature_names_only_the_configured_layers(layers: int) -> None:
+    signature = toy_signature(layers)
+    assert [n for n in signature.inputs if n.startswith("past_")] == [
+        f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")
+    ]
+    assert signature.outputs[1:] == tuple(f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value"))
+    assert signature.may_be_empty == frozenset({"past"})
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[ToyStep, GraphSignature, Path, Path]:
+    torch.manual_seed(0)
+    module = ToyStep(layers=2).eval()
+    signature = toy_signature(2)
+    folder = tmp_path_factory.mktemp("toy-step")
+    write_onnx(module, example_args(signature), folder / "step.onnx", signature)
+    write_torchscript(module, example_args(signature), folder / "step.pt", signature)
+    return module, signature, folder / "step.onnx", folder / "step.pt"
+
+
+def test_empty_cache_is_a_legal_first_step(exported) -> None:  # type: ignore[no-untyped-def]
+    module, signature, onnx_path, _ = exported
+    graph = OnnxGraph(onnx_path)
+    feeds = {name: arg.numpy() for name, arg in zip(signature.inputs, example_args(signature, past=0), strict=True)}
+    outputs = graph.run(feeds)
+    assert outputs["logits"].shape == (4, VOCAB)
+    assert outputs["present_key_0"].shape == (4, HEADS, 1, DIM // HEADS)  # the cache grew from 0 to 1
+
+
+def test_exported_loops_match_eager_step_by_step(exported) -> None:  # type: ignore[no-untyped-def]
+    module, signature, onnx_path, torchscript_path = exported
+    reference = generate(EagerGraph(module, signature.inputs, signature.outputs), signature, 2)
+    assert reference.tokens.shape[1] > 1  # several steps, so the cache was carried
+    runtimes = {
+        "onnx": OnnxGraph(onnx_path),
+        "onnx-io-binding": OnnxGraph(onnx_path, io_binding=True),  # the GPU path's code, here on CPU
+        "torchscript": TorchScriptGraph(torchscript_path),
+    }
+    for name, graph in runtimes.items():
+        got = generate(graph, signature, 2)
+        report = ParityReport()
+        report.add_outputs({"tokens": reference.tokens, "logits": reference.logits}, {"tokens": got.tokens, "logits": got.logits})
+        assert report.integer_mismatches == 0 and not report.shape_mismatches, name
+        assert report.max_abs_diff <= 1e-4, (name, report.max_abs_diff)
+
+
+def test_io_binding_keeps_the_cache_as_runtime_values(exported) -> None:  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    _, signature, onnx_path, _ = exported
+    graph = OnnxGraph(onnx_path, io_binding=True)
+    feeds = {name: arg.numpy() for name, arg in zip(signature.inputs, example_args(signature), strict=True)}
+    outputs = graph.run(feeds, keep_on_device=KeyValueCache(2, HEADS, DIM // HEADS).present)
+    assert isinstance(outputs["present_key_1"], ort.OrtValue) and isinstance(outputs["logits"], np.ndarray)
+    plain = OnnxGraph(onnx_path).run(feeds)
+    np.testing.assert_allclose(outputs["present_key_1"].numpy(), plain["present_key_1"], atol=1e-6)
+
+
+def test_parity_fails_on_a_diverging_sequence() -> None:
+    report = ParityReport()
+    tokens = np.array([[4, 5, END]])
+    report.add_outputs({"tokens": tokens}, {"tokens": np.array([[4, 6, END]])})
+    assert report.integer_mismatches == 1 and not report.passed()
+    shorter = ParityReport()
+    shorter.add_outputs({"tokens": tokens}, {"tokens": np.array([[4, END]])})  # ended a step early
+    assert shorter.shape_mismatches and not shorter.passed()
