@@ -108,7 +108,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[ToyStep, GraphSi
 
 
 def test_empty_cache_is_a_legal_first_step(exported) -> None:  # type: ignore[no-untyped-def]
-    module, signature, onnx_path, _ = exported
+    _, signature, onnx_path, _ = exported
     graph = OnnxGraph(onnx_path)
     feeds = {name: arg.numpy() for name, arg in zip(signature.inputs, example_args(signature, past=0), strict=True)}
     outputs = graph.run(feeds)
@@ -128,7 +128,9 @@ def test_exported_loops_match_eager_step_by_step(exported) -> None:  # type: ign
     for name, graph in runtimes.items():
         got = generate(graph, signature, 2)
         report = ParityReport()
-        report.add_outputs({"tokens": reference.tokens, "logits": reference.logits}, {"tokens": got.tokens, "logits": got.logits})
+        report.add_outputs(
+            {"tokens": reference.tokens, "logits": reference.logits}, {"tokens": got.tokens, "logits": got.logits}
+        )
         assert report.integer_mismatches == 0 and not report.shape_mismatches, name
         assert report.max_abs_diff <= 1e-4, (name, report.max_abs_diff)
 
