@@ -45,6 +45,7 @@ class ParityReport:
     entities: int = 0  # in the reference's entity sets: parity on empty sets would prove little
     max_abs_diff: float = 0.0
     per_output: dict[str, float] = field(default_factory=dict)
+    integer_values: int = 0  # integer outputs compared (token ids, spans, sequences)
     integer_mismatches: int = 0
     shape_mismatches: dict[str, str] = field(default_factory=dict)
     entity_sets_identical: bool = True
@@ -57,6 +58,7 @@ class ParityReport:
                 self.shape_mismatches.setdefault(name, f"{got.shape} != eager {expected.shape}")
                 continue
             if np.issubdtype(expected.dtype, np.integer):
+                self.integer_values += int(expected.size)
                 self.integer_mismatches += int((got != expected).sum())
                 continue
             diff = float(np.abs(got.astype(np.float64) - expected.astype(np.float64)).max(initial=0.0))
@@ -74,6 +76,7 @@ class ParityReport:
             "entities": self.entities,
             "max_abs_diff": self.max_abs_diff,
             "per_output": self.per_output,
+            "integer_values": self.integer_values,
             "integer_mismatches": self.integer_mismatches,
             "shape_mismatches": self.shape_mismatches,
             "entity_sets_identical": self.entity_sets_identical,

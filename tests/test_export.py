@@ -50,6 +50,9 @@ CONFIGS = {
         decode=DiffusionDecodeOptions(proposals=12, steps=3, threshold=0.0),
     ),
 }
+# A random generative decoder writes sequences that name no word of the sentence: no entity, so
+# its parity is judged on the identical token ids it generated.
+WRITES_NO_ENTITY = {"nag"}
 
 
 def test_every_architecture_has_a_tiny_config() -> None:
@@ -90,7 +93,11 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     info = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     assert info["ready"] and not info["skipped"]
     parity = info["parity"]
-    assert parity["sentences"] == 200 and parity["entities"] > 0  # entity sets with something in them
+    assert parity["sentences"] == 200
+    if info["architecture"] in WRITES_NO_ENTITY:
+        assert parity["integer_values"] > 0  # its token ids were compared
+    else:
+        assert parity["entities"] > 0  # entity sets with something in them
     assert parity["max_abs_diff"] <= 1e-4 and parity["integer_mismatches"] == 0
     assert parity["entity_sets_identical"]
     spec = ARCHITECTURES[info["architecture"]]
@@ -100,7 +107,8 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"]]
     expected = load_model(str(tiny_model)).program.predict(sentences)
     got = loaded.program.predict(sentences)
-    assert [e.keys() for e in got] == [e.keys() for e in expected] and any(expected)
+    assert [e.keys() for e in got] == [e.keys() for e in expected]
+    assert any(expected) or info["architecture"] in WRITES_NO_ENTITY
     again = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     assert again["skipped"] and again["folder"] == info["folder"]
 
