@@ -17,6 +17,7 @@ RUN apt-get update \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY nerserve nerserve
 COPY ner ner
 COPY service service
 COPY export export
