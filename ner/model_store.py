@@ -81,7 +81,7 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 # Exported graph sets are build output, keyed by a digest of what they were built from.
 BUILD_DIR = Path(os.environ.get("NERSERVE_BUILD_DIR", MODEL_STORE.parent / "build" / "graphs"))
-EXPORT_VERSION = "1"  # bump when the export code changes what it writes
+EXPORT_VERSION = "2"  # bump when the export code changes what it writes (2: signatures from specs, stricter parity)
 
 
 def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
