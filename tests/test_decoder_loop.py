@@ -15,7 +15,7 @@ from torch import nn
 
 from export.parity import ParityReport
 from export.writers import write_onnx, write_torchscript
-from ner.decoding.generation import Generated, greedy
+from ner.decoding.generation import Generated, Loop, greedy
 from ner.graph import GraphSignature, KeyValueCache, step_signature
 from ner.torch_graph import EagerGraph
 from service.runtime.onnx import OnnxGraph
@@ -83,7 +83,7 @@ def generate(graph, signature: GraphSignature, layers: int, rows: int = 3) -> Ge
     memory_mask[1, 4:] = 0
     fixed = {"memory": rng.standard_normal((rows, 7, DIM)).astype(np.float32), "memory_mask": memory_mask}
     cache = KeyValueCache(layers, HEADS, DIM // HEADS)
-    return greedy(graph, fixed, np.ones(rows, dtype=np.int64), cache, max_steps=9, end=END)
+    return greedy(Loop(graph, fixed, {}, cache, np.ones(rows, dtype=np.int64), END), max_steps=9)
 
 
 @pytest.mark.parametrize("layers", [1, 3])

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from export.build import export_model
+from ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
 from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.registry import ARCHITECTURES
+from ner.archs.setgen.config import SetgenConfig, SetgenOptions
 from ner.archs.span.config import DecodeOptions, SpanConfig
 from ner.backbone import resolve_backbone
 from ner.graph import GraphError
@@ -48,6 +50,25 @@ CONFIGS = {
         span_ffn=64,
         pointer_dim=16,
         decode=DiffusionDecodeOptions(proposals=12, steps=3, threshold=0.0),
+    ),
+    # autoregressive: 3 decoder layers (cache names from the config); beams > 1 so that beam
+    # search and its cache reordering inside the step graph go through parity too
+    "setgen": SetgenConfig(
+        labels=("LOC", "MISC", "ORG", "PER"),
+        encoder=TINY_ENCODER,
+        decoder_dim=32,
+        decoder_layers=3,
+        decoder_heads=2,
+        decoder_ffn=64,
+        decode=SetgenOptions(head_threshold=0.4, beams=3),
+    ),
+    "bartner": BartnerConfig(
+        labels=("LOC", "MISC", "ORG", "PER"),
+        encoder=TINY_ENCODER,
+        decoder_dim=32,
+        decoder_heads=2,
+        decoder_ffn=64,
+        decode=BartnerOptions(beams=2),
     ),
 }
 # A random generative decoder writes sequences that name no word of the sentence: no entity, so

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ner.archs import diffusion, nag, span
+from ner.archs import bartner, diffusion, nag, setgen, span
 from ner.archs.base import ArchitectureSpec
 
-ARCHITECTURES: dict[str, ArchitectureSpec[Any, Any]] = {spec.name: spec for spec in (span.SPEC, nag.SPEC, diffusion.SPEC)}
+REGISTERED = (span.SPEC, nag.SPEC, diffusion.SPEC, setgen.SPEC, bartner.SPEC)
+ARCHITECTURES: dict[str, ArchitectureSpec[Any, Any]] = {spec.name: spec for spec in REGISTERED}
 
 
 def architecture(name: str) -> ArchitectureSpec[Any, Any]:

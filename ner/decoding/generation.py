@@ -2,28 +2,32 @@
 
 The loop, the choice of the next token and the stopping rule stay in the program, outside the
 graphs: one step graph then serves every length, beam width and stopping rule without re-export,
-and the cache passes from step to step as the runtime's own device values (ner.graph).
+and the cache passes from step to step as the runtime's own device values (ner.graph). A step
+graph that takes `cache_order` reorders the cache itself (beam search), on the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ner.graph import Graph, KeyValueCache, Value
 
-# (step index, logits [rows, V]) → logits with forbidden tokens set to -inf (constrained decoding)
-Constraint = Callable[[int, np.ndarray], np.ndarray]
+# (logits [rows, V], tokens so far [rows, t] incl. the first) → logits with forbidden tokens at
+# -inf: the grammar of the sequences (constrained decoding)
+Constraint = Callable[[np.ndarray, np.ndarray], np.ndarray]
+BLOCKED = -1e9
 
 
 @dataclass(frozen=True)
 class StepNames:
-    """How a step graph names the token it reads and the scores it writes."""
+    """How a step graph names its per-step inputs and its scores."""
 
     token: str = "tokens"  # [rows] int64: the previous token of each row
-    position: str = "positions"  # [rows] int64: its position (the cache length before this step)
+    position: str = "positions"  # [rows] int64: that token's position
+    cache_order: str = "cache_order"  # [rows] int64: whose cache each row continues (if an input)
     logits: str = "logits"  # [rows, V] float32: scores of the next token
 
 
@@ -34,34 +38,118 @@ class Generated:
     finished: np.ndarray  # [rows] bool: the row wrote its end token within max_steps
 
 
-def greedy(
-    step: Graph,
-    fixed: Mapping[str, Value],
-    first: np.ndarray,
-    cache: KeyValueCache,
-    max_steps: int,
-    end: int,
-    names: StepNames = StepNames(),
-    constraint: Constraint | None = None,
-) -> Generated:
-    """Greedy decoding from `first` ([rows] start tokens): one step-graph call per position,
-    stopping when every row has written `end` or after `max_steps` tokens."""
-    rows = len(first)
-    past: dict[str, Value] = dict(cache.empty(rows))
-    token = first.astype(np.int64)
+@dataclass
+class Loop:
+    """One decoding run's fixed parts: the step graph, inputs shared by all rows, per-row inputs
+    (repeated for beams), the cache layout, start tokens and position offsets per row."""
+
+    step: Graph
+    shared: Mapping[str, Value]
+    per_row: Mapping[str, np.ndarray]
+    cache: KeyValueCache
+    first: np.ndarray  # [rows] int64
+    end: int
+    offsets: np.ndarray | None = None  # [rows] int64: position of the first token (default 0)
+    names: StepNames = field(default_factory=StepNames)
+    constraint: Constraint | None = None
+
+    def run_step(
+        self,
+        per_row: Mapping[str, np.ndarray],
+        past: Mapping[str, Value],
+        token: np.ndarray,
+        position: np.ndarray,
+        order: np.ndarray,
+    ) -> tuple[np.ndarray, dict[str, Value]]:
+        feeds = {**self.shared, **per_row, **past, self.names.token: token, self.names.position: position}
+        if self.names.cache_order in self.step.input_names:
+            feeds[self.names.cache_order] = order
+        outputs = self.step.run(feeds, keep_on_device=self.cache.present)
+        return np.asarray(outputs[self.names.logits], dtype=np.float32), self.cache.carry(outputs)
+
+    def allowed(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        return self.constraint(logits, history) if self.constraint else logits
+
+
+def greedy(loop: Loop, max_steps: int) -> Generated:
+    """Greedy decoding: one step-graph call per position, until every row has written the end
+    token or after `max_steps` tokens."""
+    rows = len(loop.first)
+    offsets = loop.offsets if loop.offsets is not None else np.zeros(rows, dtype=np.int64)
+    past: dict[str, Value] = dict(loop.cache.empty(rows))
+    history = loop.first.astype(np.int64)[:, None]
     finished = np.zeros(rows, dtype=bool)
-    tokens: list[np.ndarray] = []
+    order = np.arange(rows, dtype=np.int64)
     scores: list[np.ndarray] = []
     for index in range(max_steps):
-        feeds = {**fixed, **past, names.token: token, names.position: np.full(rows, index, dtype=np.int64)}
-        outputs = step.run(feeds, keep_on_device=cache.present)
-        logits = np.asarray(outputs[names.logits], dtype=np.float32)
-        chosen = (constraint(index, logits) if constraint else logits).argmax(axis=-1).astype(np.int64)
-        token = np.where(finished, end, chosen)
-        tokens.append(token)
+        logits, past = loop.run_step(loop.per_row, past, history[:, -1], offsets + index, order)
+        chosen = loop.allowed(logits, history).argmax(axis=-1).astype(np.int64)
+        token = np.where(finished, loop.end, chosen)
+        history = np.concatenate([history, token[:, None]], axis=1)
         scores.append(logits)
-        finished |= token == end
-        past = cache.carry(outputs)
+        finished |= token == loop.end
         if finished.all():
             break
-    return Generated(np.stack(tokens, axis=1), np.stack(scores, axis=1), finished)
+    return Generated(history[:, 1:], np.stack(scores, axis=1), finished)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]  # generated tokens after the first, end included when finished
+    log_probs: tuple[float, ...]  # of each generated token
+
+    @property
+    def score(self) -> float:
+        """Mean log-probability per token (length penalty 1, as BARTNER and SetGNER)."""
+        return float(np.mean(self.log_probs)) if self.log_probs else 0.0
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> list[list[Hypothesis]]:
+    """Beam search with `beams` hypotheses per row; per row, the `keep[row]` best finished ones
+    (or the best unfinished when fewer finish), best first. The cache is reordered by the step
+    graph (`cache_order`), where it lives."""
+    rows = len(loop.first)
+    slots = rows * beams
+    per_row = {name: np.repeat(value, beams, axis=0) for name, value in loop.per_row.items()}
+    offsets = np.repeat(loop.offsets if loop.offsets is not None else np.zeros(rows, dtype=np.int64), beams)
+    past: dict[str, Value] = dict(loop.cache.empty(slots))
+    history = np.repeat(loop.first.astype(np.int64), beams)[:, None]
+    totals = np.full(slots, -np.inf)
+    totals[::beams] = 0.0  # one live beam per row at the start
+    token_scores = np.zeros((slots, 0))
+    finished = np.zeros(slots, dtype=bool)
+    order = np.arange(slots, dtype=np.int64)
+    done: list[list[Hypothesis]] = [[] for _ in range(rows)]
+    for index in range(max_steps):
+        logits, past = loop.run_step(per_row, past, history[:, -1], offsets + index, order)
+        logp = log_softmax(loop.allowed(logits, history).astype(np.float64))
+        candidates = totals[:, None] + logp  # [slots, V]
+        vocabulary = candidates.shape[1]
+        best = np.argsort(-candidates.reshape(rows, beams * vocabulary), axis=1, kind="stable")[:, :beams]
+        origin = (best // vocabulary) + (np.arange(rows) * beams)[:, None]
+        token = (best % vocabulary).reshape(-1)
+        origin = origin.reshape(-1)
+        chosen_logp = logp[origin, token]
+        totals = candidates[origin, token]
+        history = np.concatenate([history[origin], token[:, None]], axis=1)
+        token_scores = np.concatenate([token_scores[origin], chosen_logp[:, None]], axis=1)
+        order = origin.astype(np.int64)
+        finished = token == loop.end
+        for slot in np.flatnonzero(finished & np.isfinite(totals)):
+            done[slot // beams].append(Hypothesis(tuple(history[slot, 1:].tolist()), tuple(token_scores[slot].tolist())))
+        totals = np.where(finished, -np.inf, totals)  # a finished hypothesis leaves the beam
+        if all(len(d) >= keep[r] for r, d in enumerate(done)) or not np.isfinite(totals).any():
+            break
+    results = []
+    for r in range(rows):
+        ranked = sorted(done[r], key=lambda h: -h.score)
+        if len(ranked) < keep[r]:  # too few finished: the best live ones fill in
+            live = [s for s in range(r * beams, (r + 1) * beams) if np.isfinite(totals[s])]
+            ranked += [Hypothesis(tuple(history[s, 1:].tolist()), tuple(token_scores[s].tolist())) for s in live]
+        results.append(ranked[: keep[r]])
+    return results

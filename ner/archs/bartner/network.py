@@ -1,0 +1,44 @@
+"""The trainable BARTNER-style network: shared word encoder + pointer decoder (the autoregressive
+reference the papers' speed-ups are measured against, here on the same encoder as the others)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ner.archs.bartner.config import BartnerConfig
+from ner.archs.feeds import ENCODER_INPUTS
+from ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
+from ner.encoder import EncoderConfig, WordEncoder
+
+
+class BartnerEncoderGraph(nn.Module):
+    """ENCODER_INPUTS → memory, pointer_keys [B, N, D]."""
+
+    def __init__(self, network: BartnerNetwork) -> None:
+        super().__init__()
+        self.encoder, self.decoder = network.encoder, network.decoder
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        states, _ = self.encoder(*inputs)
+        return self.decoder.project(states, inputs[ENCODER_INPUTS.index("word_mask")])
+
+
+class BartnerNetwork(nn.Module):
+    def __init__(self, backbone: nn.Module, hidden_size: int, config: BartnerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = WordEncoder(backbone, hidden_size, EncoderConfig.from_dict(config.encoder))
+        self.decoder = PointerDecoder(
+            self.encoder.output_size,
+            len(config.labels),
+            config.decoder_dim,
+            config.decoder_layers,
+            config.decoder_heads,
+            config.decoder_ffn,
+            config.decoder_dropout,
+            config.max_positions,
+        )
+
+    def graphs(self) -> dict[str, nn.Module]:
+        return {"encoder": BartnerEncoderGraph(self), "decoder": PointerStepGraph(self.decoder)}

@@ -1,0 +1,89 @@
+"""Runs BARTNER's graphs for a batch of sentences (numpy in, numpy out): the encoder once, then one
+decoder row per sentence writing its whole entity sequence left to right (`ptr … ptr type …
+</s>`), greedy or by beam search; parse.
+
+The same program serves training-time evaluation (eager graphs), export parity and the service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ner.archs.bartner.config import BartnerConfig, BartnerOptions
+from ner.archs.base import ProgramBase
+from ner.archs.feeds import encoder_feeds
+from ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups
+from ner.archs.pointer.export import step_example
+from ner.archs.pointer.signatures import decoder_cache
+from ner.archs.pointer.vocabulary import START
+from ner.decoding.overlap import accept_best_first, best_per
+from ner.text.subword import Words
+from ner.types import Entity, EntitySet
+
+
+@dataclass
+class BartnerBatch:
+    encoder_inputs: dict[str, np.ndarray]
+    lengths: list[int]
+    padded_tokens: int
+
+
+class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
+    def prepare(self, sentences: Sequence[Words]) -> BartnerBatch:
+        inputs, encoded = encoder_feeds(self.subwords, sentences)
+        return BartnerBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
+
+    def _shared(self, batch: BartnerBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {
+            "memory": encoded["memory"],
+            "memory_mask": batch.encoder_inputs["word_mask"],
+            "pointer_keys": encoded["pointer_keys"],
+        }
+
+    def run(
+        self, batch: BartnerBatch, options: BartnerOptions | Sequence[BartnerOptions] | None = None
+    ) -> dict[str, np.ndarray]:
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        chosen = self.per_sentence(options, len(batch.lengths))
+        config = self.config
+        count = len(batch.lengths)
+        lengths = np.array(batch.lengths, dtype=np.int64)
+        written = decode_rows(
+            self.graphs["decoder"],
+            self._shared(batch, encoded),
+            np.arange(count, dtype=np.int64),
+            np.full(count, START, dtype=np.int64),
+            np.zeros(count, dtype=np.int64),
+            decoder_cache(config.decoder_layers, config.decoder_heads, config.decoder_dim),
+            Grammar(config.vocabulary, lengths, many=True),
+            int(10 + config.max_length_words * lengths.max()),
+            np.array([o.beams for o in chosen], dtype=np.int64),
+            np.ones(count, dtype=np.int64),
+        )
+        return {**encoded, **pack(written)}
+
+    def export_values(self, batch: BartnerBatch) -> dict[str, np.ndarray]:
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        step = step_example(self.graphs["decoder"], self._shared(batch, encoded), batch.lengths, self.config)
+        return {**batch.encoder_inputs, **encoded, **step}
+
+    def decode(
+        self,
+        batch: BartnerBatch,
+        outputs: Mapping[str, np.ndarray],
+        options: BartnerOptions | Sequence[BartnerOptions] | None = None,
+    ) -> list[EntitySet]:
+        chosen = self.per_sentence(options, len(batch.lengths))
+        decoded = []
+        for b, tokens in enumerate(outputs["sequence_tokens"]):
+            kept = tokens >= 0
+            entities = parse_groups(
+                tuple(tokens[kept].tolist()), tuple(outputs["sequence_log_probs"][b][kept].tolist()), self.config.vocabulary, []
+            )
+            self.outcomes["finished" if kept.any() and tokens[kept][-1] == 1 else "cut off"] += 1
+            kept_entities = best_per((e for e in entities if e.score >= chosen[b].threshold), key=Entity.key)
+            decoded.append(accept_best_first(kept_entities, chosen[b].overlap))
+        return decoded

@@ -1,0 +1,157 @@
+"""Running the pointer decoder's step graph and reading what it wrote (numpy), for setgen and
+bartner: the grammar that keeps every sequence parseable, greedy or beam decoding over groups of
+rows, and the parse of pointer/type groups into typed word fragments."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary, pointer_mask
+from ner.decoding.generation import BLOCKED, Loop, beam_search, greedy, log_softmax
+from ner.graph import Graph, KeyValueCache, Value
+from ner.types import Entity, Fragment
+
+
+def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
+    """Increasing word indices → maximal runs of consecutive words (several: discontinuous)."""
+    fragments: list[list[int]] = []
+    for word in words:
+        if fragments and fragments[-1][1] == word:
+            fragments[-1][1] = word + 1
+        else:
+            fragments.append([word, word + 1])
+    return tuple((a, b) for a, b in fragments)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Which tokens may follow, per row. `entities_per_row` = 1 (SetGNER: one entity written from
+    its head word, or a fragment/null marker) or many (BARTNER: pointer groups, each closed by
+    its type, then the end)."""
+
+    vocabulary: Vocabulary
+    lengths: np.ndarray  # [rows] words of each row's sentence
+    many: bool
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        vocabulary = self.vocabulary
+        first_pointer = vocabulary.first_pointer
+        last = history[:, -1]
+        is_pointer = last >= first_pointer
+        # the last pointer of the group being written (-1: none yet)
+        last_word = np.where(is_pointer, last - first_pointer, -1)
+        allowed = np.zeros(logits.shape, dtype=bool)
+        width = logits.shape[1] - first_pointer
+        words_ok = pointer_mask(self.lengths, last_word, width)
+        after_pointer = is_pointer
+        closed = ~is_pointer & (last != START)  # a type, a marker or the end was written last
+        # after a pointer: more pointers to the right, a type; SetGNER also fragment / null
+        allowed[after_pointer, vocabulary.first_type : first_pointer] = True
+        if not self.many:
+            allowed[after_pointer, FRAGMENT] = allowed[after_pointer, NULL] = True
+        allowed[:, first_pointer:] = words_ok & after_pointer[:, None]
+        if self.many:
+            # at the start and after a type: a new group (any word) or the end
+            opening = (last == START) | ((last >= vocabulary.first_type) & ~is_pointer)
+            allowed[opening, first_pointer:] = pointer_mask(self.lengths[opening], np.full(opening.sum(), -1), width)
+            allowed[opening, END] = True
+            allowed[last == END, END] = True
+        else:
+            allowed[closed, END] = True
+        return np.where(allowed, logits, BLOCKED)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the decoder wrote for one row: tokens after the first (end included) and their log-probabilities."""
+
+    row: int
+    tokens: tuple[int, ...]
+    log_probs: tuple[float, ...]
+
+
+def decode_rows(
+    step: Graph,
+    shared: Mapping[str, Value],
+    row_sentence: np.ndarray,
+    first: np.ndarray,
+    offsets: np.ndarray,
+    cache: KeyValueCache,
+    grammar: Grammar,
+    max_steps: int,
+    beams: np.ndarray,
+    keep: np.ndarray,
+) -> list[Written]:
+    """Rows with beams = 1 greedily, together; the others by beam search, grouped by width.
+    A row with keep = k yields its k best sequences (k entities from one head)."""
+    written: list[Written] = []
+    for width in sorted(set(beams.tolist())):
+        rows = np.flatnonzero(beams == width)
+        loop = Loop(
+            step,
+            shared,
+            {"row_sentence": row_sentence[rows]},
+            cache,
+            first[rows],
+            END,
+            offsets[rows],
+            constraint=Grammar(grammar.vocabulary, np.repeat(grammar.lengths[rows], width), grammar.many),
+        )
+        if width == 1:
+            generated = greedy(loop, max_steps)
+            logp = log_softmax(grammar_masked(loop, generated.logits, first[rows], generated.tokens).astype(np.float64))
+            chosen = np.take_along_axis(logp, generated.tokens[..., None], axis=-1)[..., 0]
+            for i, row in enumerate(rows):
+                length = int(np.argmax(generated.tokens[i] == END)) + 1 if generated.finished[i] else generated.tokens.shape[1]
+                written.append(
+                    Written(int(row), tuple(generated.tokens[i, :length].tolist()), tuple(chosen[i, :length].tolist()))
+                )
+        else:
+            for i, hypotheses in enumerate(beam_search(loop, max_steps, int(width), keep[rows])):
+                written += [Written(int(rows[i]), h.tokens, h.log_probs) for h in hypotheses]
+    return sorted(written, key=lambda w: w.row)
+
+
+def grammar_masked(loop: Loop, logits: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The per-step logits as the grammar saw them (so a token's probability is among the allowed)."""
+    history = np.concatenate([first[:, None], tokens], axis=1)
+    return np.stack([loop.allowed(logits[:, t], history[:, : t + 1]) for t in range(logits.shape[1])], axis=1)
+
+
+def parse_groups(
+    tokens: tuple[int, ...], log_probs: tuple[float, ...], vocabulary: Vocabulary, seed_words: list[int]
+) -> list[Entity]:
+    """Pointer groups closed by a type → entities (score: geometric mean of the group's token
+    probabilities). `seed_words` start the first group (SetGNER: the head word, given not
+    generated). Markers, the end and groups without a type are no entity."""
+    entities: list[Entity] = []
+    words, scores = list(seed_words), []
+    for token, logp in zip(tokens, log_probs, strict=True):
+        if token >= vocabulary.first_pointer:
+            words.append(token - vocabulary.first_pointer)
+            scores.append(logp)
+        elif vocabulary.is_type(token) and words and all(a < b for a, b in itertools.pairwise(words)):
+            score = float(np.exp(np.mean([*scores, logp])))
+            entities.append(Entity(vocabulary.label(token), fragments_of(words), score))
+            words, scores = [], []
+        else:
+            words, scores = [], []
+            if token == END:
+                break
+    return entities
+
+
+def pack(written: list[Written]) -> dict[str, np.ndarray]:
+    """Written sequences as arrays: integer tokens padded with -1, and their log-probabilities
+    (the program's outputs: export parity compares them, integers exactly)."""
+    steps = max((len(w.tokens) for w in written), default=1)
+    tokens = np.full((len(written), steps), -1, dtype=np.int64)
+    scores = np.zeros((len(written), steps), dtype=np.float32)
+    for i, w in enumerate(written):
+        tokens[i, : len(w.tokens)] = w.tokens
+        scores[i, : len(w.log_probs)] = w.log_probs
+    return {"sequence_tokens": tokens, "sequence_log_probs": scores}

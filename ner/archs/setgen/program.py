@@ -1,0 +1,129 @@
+"""Runs SetGNER's graphs for a batch of sentences (numpy in, numpy out): the encoder and detectors
+once; words whose head probability reaches the threshold seed one decoder row each, all heads of
+the batch in parallel; a head that starts one entity is decoded greedily, one that starts several
+by beam search keeping that many hypotheses (adaptive beam search); parse.
+
+The same program serves training-time evaluation (eager graphs), export parity and the service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ner.archs.base import ProgramBase
+from ner.archs.feeds import encoder_feeds
+from ner.archs.pointer.decoding import Grammar, Written, decode_rows, pack, parse_groups
+from ner.archs.pointer.export import step_example
+from ner.archs.pointer.signatures import decoder_cache
+from ner.archs.setgen.config import HEAD, SetgenConfig, SetgenOptions
+from ner.decoding.overlap import accept_best_first, best_per
+from ner.text.subword import Words
+from ner.types import Entity, EntitySet
+
+MAX_ENTITY_WORDS = 16  # longest entity a head's sequence may write (pointers), bounds the loop
+
+
+@dataclass
+class SetgenBatch:
+    encoder_inputs: dict[str, np.ndarray]
+    lengths: list[int]
+    padded_tokens: int
+
+
+class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
+    def prepare(self, sentences: Sequence[Words]) -> SetgenBatch:
+        inputs, encoded = encoder_feeds(self.subwords, sentences)
+        return SetgenBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
+
+    def heads(self, batch: SetgenBatch, part_probs: np.ndarray, count_probs: np.ndarray, options: list[SetgenOptions]):  # type: ignore[no-untyped-def]
+        """(sentence, word, count) of every seed: p(head) ≥ its sentence's threshold; count ≥ 1."""
+        thresholds = np.array([o.head_threshold for o in options], dtype=np.float32)
+        chosen = (part_probs[..., HEAD] >= thresholds[:, None]) & (batch.encoder_inputs["word_mask"] > 0)
+        sentence, word = np.nonzero(chosen)
+        counts = np.maximum(count_probs[sentence, word].argmax(axis=-1), 1)
+        return sentence.astype(np.int64), word.astype(np.int64), counts.astype(np.int64)
+
+    def run(self, batch: SetgenBatch, options: SetgenOptions | Sequence[SetgenOptions] | None = None) -> dict[str, np.ndarray]:
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        chosen = self.per_sentence(options, len(batch.lengths))
+        sentence, word, counts = self.heads(batch, encoded["part_probs"], encoded["count_probs"], chosen)
+        beams = np.array([chosen[s].beams if c > 1 else 1 for s, c in zip(sentence, counts, strict=True)], dtype=np.int64)
+        beams = np.maximum(beams, np.where(beams > 1, counts, 1))  # at least as wide as the entities kept
+        written = self._decode(batch, encoded, sentence, word, counts, beams)
+        rows = np.array([w.row for w in written], dtype=np.int64)
+        return {**encoded, "sequence_sentence": sentence[rows], "sequence_word": word[rows], **pack(written)}
+
+    def _decode(
+        self,
+        batch: SetgenBatch,
+        encoded: Mapping[str, np.ndarray],
+        sentence: np.ndarray,
+        word: np.ndarray,
+        counts: np.ndarray,
+        beams: np.ndarray,
+    ) -> list[Written]:
+        if len(sentence) == 0:
+            return []
+        config, vocabulary = self.config, self.config.vocabulary
+        lengths = np.array(batch.lengths, dtype=np.int64)
+        shared = {
+            "memory": encoded["memory"],
+            "memory_mask": batch.encoder_inputs["word_mask"],
+            "pointer_keys": encoded["pointer_keys"],
+        }
+        # after the given head pointer: up to MAX_ENTITY_WORDS - 1 pointers, a type or marker, the end
+        longest = int(min((lengths[sentence] - word).max(), MAX_ENTITY_WORDS)) + 1
+        return decode_rows(
+            self.graphs["decoder"],
+            shared,
+            sentence,
+            vocabulary.first_pointer + word,
+            word * config.position_interval,
+            decoder_cache(config.decoder_layers, config.decoder_heads, config.decoder_dim),
+            Grammar(vocabulary, lengths[sentence], many=False),
+            longest,
+            beams,
+            counts,
+        )
+
+    def export_values(self, batch: SetgenBatch) -> dict[str, np.ndarray]:
+        """Encoder inputs/outputs, and the decoder step's at its third step over 7 rows (a
+        cache of two positions: every named axis ≥ 2 and distinct)."""
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        shared = {
+            "memory": encoded["memory"],
+            "memory_mask": batch.encoder_inputs["word_mask"],
+            "pointer_keys": encoded["pointer_keys"],
+        }
+        return {**batch.encoder_inputs, **encoded, **step_example(self.graphs["decoder"], shared, batch.lengths, self.config)}
+
+    def decode(
+        self,
+        batch: SetgenBatch,
+        outputs: Mapping[str, np.ndarray],
+        options: SetgenOptions | Sequence[SetgenOptions] | None = None,
+    ) -> list[EntitySet]:
+        chosen = self.per_sentence(options, len(batch.lengths))
+        vocabulary = self.config.vocabulary
+        found: list[list[Entity]] = [[] for _ in batch.lengths]
+        for i, (sentence, head) in enumerate(zip(outputs["sequence_sentence"], outputs["sequence_word"], strict=True)):
+            # the head threshold again: outputs run at a looser one (dev tuning) hold a superset
+            # of the rows, and a row's sequence does not depend on the other rows
+            if outputs["part_probs"][sentence, head, HEAD] < chosen[int(sentence)].head_threshold:
+                continue
+            tokens = outputs["sequence_tokens"][i]
+            kept = tokens >= 0
+            entities = parse_groups(
+                tuple(tokens[kept].tolist()), tuple(outputs["sequence_log_probs"][i][kept].tolist()), vocabulary, [int(head)]
+            )
+            self.outcomes["entity" if entities else "no entity"] += 1
+            found[int(sentence)] += entities
+        return [
+            accept_best_first(
+                best_per((e for e in entities if e.score >= chosen[b].threshold), key=Entity.key), chosen[b].overlap
+            )
+            for b, entities in enumerate(found)
+        ]
