@@ -15,7 +15,7 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer
 
-from loadtest.client import make_client, model_info, read_sentences
+from loadtest.client import make_client, model_info, model_row, read_sentences
 from loadtest.protocols import protocol_batches, run_protocol
 from loadtest.report import markdown, slo_throughput, write_outputs
 from loadtest.runs import closed_loop, open_loop
@@ -48,10 +48,15 @@ def _meta(url: str, extra: dict[str, Any]) -> dict[str, Any]:
 @app.command()
 def protocol(
     table: Annotated[Table, typer.Option(help="which paper's protocol")],
-    models: Annotated[str, typer.Option(help="comma-separated served model names")],
+    models: Annotated[
+        str,
+        typer.Option(help="comma-separated rows: a served model name, or name?option=value&… (e.g. diffusion-conll03?steps=1)"),
+    ],
     data: Annotated[Path, typer.Option(help="dataset folder (its test split is used)")],
     url: URL = "http://127.0.0.1:8000",
-    reference: Annotated[str | None, typer.Option(help="row to compare against (default: first model, batch 1)")] = None,
+    reference: Annotated[
+        str | None, typer.Option(help="row to compare against, e.g. bartner-conll03 (default: the first model at batch 1)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     max_seconds: Annotated[float, typer.Option(min=1.0)] = 120.0,
 ) -> None:
@@ -63,22 +68,24 @@ def protocol(
         rows: list[dict[str, Any]] = []
         async with make_client(url, 4) as client:
             batches, repeat = protocol_batches(table.value, sentences)
-            for name in names:
+            for row in names:
+                name, options = model_row(row)
                 info = await model_info(client, name)
-                result = await run_protocol(client, name, batches, repeat, max_seconds)
+                result = await run_protocol(client, name, batches, repeat, max_seconds, options)
                 rows.append(
                     {
-                        "model": name,
+                        "model": row,
                         "batching": table.value,
-                        "settings": info["options"],
+                        "settings": {**info["options"], **options},
                         "runtime": info["runtime"],
                         **result,
                     }
                 )
             if reference is None:  # the 1× row: the first model, the same sentences one per request
                 singles = [[sentence] for batch in batches for sentence in batch]
-                info = await model_info(client, names[0])
-                result = await run_protocol(client, names[0], singles, repeat, max_seconds)
+                name, options = model_row(names[0])
+                info = await model_info(client, name)
+                result = await run_protocol(client, name, singles, repeat, max_seconds, options)
                 rows.append(
                     {
                         "model": f"{names[0]} (batch 1)",

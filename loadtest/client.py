@@ -40,12 +40,18 @@ def _header_ms(response: httpx.Response, name: str) -> float | None:
 
 
 async def extract(
-    client: httpx.AsyncClient, model: str | None, sentences: list[list[str]], scheduled: float | None = None
+    client: httpx.AsyncClient,
+    model: str | None,
+    sentences: list[list[str]],
+    scheduled: float | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Sample:
     start = scheduled if scheduled is not None else time.perf_counter()
     payload: dict[str, Any] = {"tokens": sentences}
     if model:
         payload["model"] = model
+    if options:
+        payload["options"] = options
     try:
         response = await client.post("/extract", json=payload)
         status = response.status_code
@@ -119,3 +125,17 @@ def make_client(url: str, connections: int) -> httpx.AsyncClient:
 
 async def gather_bounded(coroutines: list[Any]) -> list[Any]:
     return list(await asyncio.gather(*coroutines))
+
+
+def model_row(spec: str) -> tuple[str, dict[str, Any]]:
+    """`name` or `name?key=value&key=value` (a table row with per-request options, e.g.
+    `diffusion-conll03?steps=1`) → (name, options); values are read as JSON (numbers, booleans)."""
+    name, _, query = spec.partition("?")
+    options: dict[str, Any] = {}
+    for pair in filter(None, query.split("&")):
+        key, _, value = pair.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return name, options

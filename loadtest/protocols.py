@@ -62,10 +62,15 @@ def _rates(samples: list[Sample], seconds: float) -> dict[str, float]:
 
 
 async def run_protocol(
-    client: httpx.AsyncClient, model: str, batches: list[list[list[str]]], repeat: bool, max_seconds: float = 120.0
+    client: httpx.AsyncClient,
+    model: str,
+    batches: list[list[list[str]]],
+    repeat: bool,
+    max_seconds: float = 120.0,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     for _ in range(WARMUP_REQUESTS):
-        await extract(client, model, batches[0])
+        await extract(client, model, batches[0], options=options)
     samples: list[Sample] = []
     errors = 0
     start = time.perf_counter()
@@ -74,13 +79,13 @@ async def run_protocol(
         while not is_stable(chunk_rates) and time.perf_counter() - start < max_seconds:
             chunk_start = time.perf_counter()
             # cycle through the batches: the batch-1 reference row sends the same sentences one by one
-            chunk = [await extract(client, model, batches[i % len(batches)]) for i in range(20)]
+            chunk = [await extract(client, model, batches[i % len(batches)], options=options) for i in range(20)]
             errors += sum(s.status != 200 for s in chunk)
             samples += chunk
             chunk_rates.append(sum(s.sentences for s in chunk) / (time.perf_counter() - chunk_start))
     else:
         for batch in batches:
-            sample = await extract(client, model, batch)
+            sample = await extract(client, model, batch, options=options)
             errors += sample.status != 200
             samples.append(sample)
     seconds = time.perf_counter() - start

@@ -113,3 +113,11 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
         assert rows[-1]["reference"] and rows[-1]["speedup"] == 1.0
     finally:
         server.stop()
+
+
+def test_table_rows_carry_per_request_options() -> None:
+    from loadtest.client import model_row
+
+    assert model_row("span-conll03") == ("span-conll03", {})
+    assert model_row("diffusion-conll03?steps=1&proposals=60") == ("diffusion-conll03", {"steps": 1, "proposals": 60})
+    assert model_row("setgen-cadec?beams=1&head_threshold=0.45") == ("setgen-cadec", {"beams": 1, "head_threshold": 0.45})
