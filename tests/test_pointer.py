@@ -144,3 +144,13 @@ def test_training_step_reaches_every_part(tiny_program) -> None:  # type: ignore
         loss.backward()
     network.eval()
     assert torch.isfinite(loss) and network.decoder.tokens.weight.grad is not None
+
+
+def test_each_row_ends_at_its_own_length_limit() -> None:
+    """BARTNER's bound is per sentence, not the batch's longest: a row at its limit may only end."""
+    logits = np.zeros((2, P + 6), dtype=np.float32)
+    history = np.array([[START, P + 1, ADR], [START, P + 1, ADR]])
+    grammar = Grammar(VOCABULARY, np.array([5, 5]), many=True, limits=np.array([3, 10]))
+    masked = grammar(logits, history)
+    assert set(np.flatnonzero(masked[0] > -1).tolist()) == {END}
+    assert END in set(np.flatnonzero(masked[1] > -1).tolist()) and P in set(np.flatnonzero(masked[1] > -1).tolist())

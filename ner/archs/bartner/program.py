@@ -51,6 +51,7 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
         config = self.config
         count = len(batch.lengths)
         lengths = np.array(batch.lengths, dtype=np.int64)
+        limits = self.limits(lengths)
         written = decode_rows(
             self.graphs["decoder"],
             self._shared(batch, encoded),
@@ -58,12 +59,16 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
             np.full(count, START, dtype=np.int64),
             np.zeros(count, dtype=np.int64),
             decoder_cache(config.decoder_layers, config.decoder_heads, config.decoder_dim),
-            Grammar(config.vocabulary, lengths, many=True),
-            int(10 + config.max_length_words * lengths.max()),
+            Grammar(config.vocabulary, lengths, many=True, limits=limits),
+            int(limits.max()),
             np.array([o.beams for o in chosen], dtype=np.int64),
             np.ones(count, dtype=np.int64),
         )
         return {**encoded, **pack(written)}
+
+    def limits(self, lengths: np.ndarray) -> np.ndarray:
+        """Most tokens each sentence's row may write, `</s>` included (BARTNER: max_len + max_len_a × length)."""
+        return (10 + self.config.max_length_words * lengths).astype(np.int64)
 
     def export_values(self, batch: BartnerBatch) -> dict[str, np.ndarray]:
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
@@ -77,13 +82,14 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
         options: BartnerOptions | Sequence[BartnerOptions] | None = None,
     ) -> list[EntitySet]:
         chosen = self.per_sentence(options, len(batch.lengths))
+        limits = self.limits(np.array(batch.lengths, dtype=np.int64))
         decoded = []
         for b, tokens in enumerate(outputs["sequence_tokens"]):
             kept = tokens >= 0
             entities = parse_groups(
                 tuple(tokens[kept].tolist()), tuple(outputs["sequence_log_probs"][b][kept].tolist()), self.config.vocabulary, []
             )
-            self.outcomes["finished" if kept.any() and tokens[kept][-1] == 1 else "cut off"] += 1
+            self.outcomes["at the length limit" if kept.sum() >= limits[b] else "finished"] += 1
             kept_entities = best_per((e for e in entities if e.score >= chosen[b].threshold), key=Entity.key)
             decoded.append(accept_best_first(kept_entities, chosen[b].overlap))
         return decoded

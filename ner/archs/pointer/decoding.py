@@ -36,6 +36,9 @@ class Grammar:
     vocabulary: Vocabulary
     lengths: np.ndarray  # [rows] words of each row's sentence
     many: bool
+    # [rows] most tokens a row may write (its last one the end, forced): a row's own bound, so
+    # that a sentence's output never depends on the longest sentence of its batch
+    limits: np.ndarray | None = None
 
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
         vocabulary = self.vocabulary
@@ -62,6 +65,10 @@ class Grammar:
             allowed[last == END, END] = True
         else:
             allowed[closed, END] = True
+        if self.limits is not None:
+            at_limit = history.shape[1] >= self.limits  # the next token is the row's last
+            allowed[at_limit] = False
+            allowed[at_limit, END] = True
         return np.where(allowed, logits, BLOCKED)
 
 
@@ -99,7 +106,12 @@ def decode_rows(
             first[rows],
             END,
             offsets[rows],
-            constraint=Grammar(grammar.vocabulary, np.repeat(grammar.lengths[rows], width), grammar.many),
+            constraint=Grammar(
+                grammar.vocabulary,
+                np.repeat(grammar.lengths[rows], width),
+                grammar.many,
+                None if grammar.limits is None else np.repeat(grammar.limits[rows], width),
+            ),
         )
         if width == 1:
             generated = greedy(loop, max_steps)
