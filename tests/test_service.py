@@ -24,7 +24,7 @@ from tests.serving import Server
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     # no default_model: requests without a model must reach span-conll03 by the service's own default
-    instance = Server(models='["span-conll03","span-genia","nag-cadec","diffusion-conll03"]', threads=2)
+    instance = Server(models='["span-conll03","span-genia","nag-cadec","diffusion-conll03","setgen-conll03"]', threads=2)
     try:
         instance.wait_ready()
         yield instance
@@ -160,6 +160,37 @@ def test_batched_equals_alone(server: Server, data_root: Path) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         alone = list(pool.map(lambda s: extract(server, {"tokens": [s]}).json()["results"][0], sentences))
     assert together == alone
+
+
+def test_setgen_options_batching_and_errors(server: Server, data_root: Path) -> None:
+    """The autoregressive decoder through the service: its options listed, greedy and beam rows
+    batched with other requests' sentences give each sentence's own entities, bad options 422."""
+    models = httpx.get(f"{server.url}/models").json()["models"]
+    info = next(m for m in models if m["name"] == "setgen-conll03")
+    assert set(info["options"]) == {"head_threshold", "beams", "threshold"} and info["capabilities"]["autoregressive"]
+    sentences = read_split(data_root / "conll03", "test", limit=30)
+    tokens = [list(s.tokens) for s in sentences]
+    variants = [{}, {"beams": 3}, {"head_threshold": 0.3}]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        batched = list(
+            pool.map(lambda o: extract(server, {"model": "setgen-conll03", "tokens": tokens, "options": o}), variants)
+        )
+    correct = gold = 0
+    for options, response in zip(variants, batched, strict=True):
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        for sentence, result in zip(tokens[:6], results[:6], strict=True):
+            alone = extract(server, {"model": "setgen-conll03", "tokens": [sentence], "options": options})
+            assert alone.json()["results"][0] == result
+        if not options:
+            for sentence, result in zip(sentences, results, strict=True):
+                check_offsets(" ".join(sentence.tokens), result["entities"])
+                correct += len(diffusion_keys(result) & sentence.entities.keys())
+                gold += len(sentence.entities)
+    assert correct / gold >= 0.7  # measured test recall 0.88
+    for field, value in (("beams", 0), ("beams", 9), ("head_threshold", 0), ("threshold", True)):
+        refused = extract(server, {"model": "setgen-conll03", "tokens": [["a"]], "options": {field: value}})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == f"options.{field}", refused.text
 
 
 def test_long_text_is_windowed_not_truncated(server: Server) -> None:
