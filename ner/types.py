@@ -72,6 +72,17 @@ class Word:
     end: int
 
 
+def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
+    """Increasing word indices → maximal runs of consecutive words (several: a discontinuous entity)."""
+    fragments: list[list[int]] = []
+    for word in words:
+        if fragments and fragments[-1][1] == word:
+            fragments[-1][1] = word + 1
+        else:
+            fragments.append([word, word + 1])
+    return tuple((a, b) for a, b in fragments)
+
+
 def fragment_char_spans(entity: Entity, words: list[Word]) -> list[tuple[int, int]]:
     """Character spans of an entity's fragments: from its first word's start to its last word's end."""
     return [(words[start].start, words[end - 1].end) for start, end in entity.fragments]

@@ -12,12 +12,12 @@ import torch
 
 from ner.archs.nag import SPEC
 from ner.archs.nag.config import BOS, EOS, OUTSIDE, PAD, NagConfig, NagDecodeOptions
-from ner.archs.nag.decode import decode_queries, fragments_of, parse_query
+from ner.archs.nag.decode import decode_queries, parse_query
 from ner.archs.nag.targets import batch_targets
 from ner.backbone import resolve_backbone
 from ner.loading import build_network, eager_program
 from ner.lora import LoraSettings
-from ner.types import Entity
+from ner.types import Entity, fragments_of
 
 CONFIG = NagConfig(labels=("ADR", "Drug"), l_max=4)
 V = CONFIG.fixed_vocabulary  # first pointer token

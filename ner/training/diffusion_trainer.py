@@ -14,12 +14,12 @@ from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions, 
 from ner.archs.diffusion.loss import diffusion_loss
 from ner.archs.diffusion.program import DiffusionProgram
 from ner.archs.diffusion.schedule import Sampler
-from ner.data import label_set, read_split
+from ner.data import label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
 from ner.training.decode_tuning import tune_spec
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run, warm_start
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish, warm_start
 
 
 def train_diffusion(
@@ -65,11 +65,5 @@ def train_diffusion(
         return {**max(table, key=lambda row: row["f1"])}
 
     fitted = fit(network, program.predict, loss_of, train, dev, record, out, dev_score)
-    best, tuned_f1, _ = tune_spec(program, SPEC, dev, settings.eval_batch_size)
-    config = replace(config, decode=best)
-    network.config = config
-    program.config = config
-    record.config = config.to_dict()
-    print(f"dev-tuned threshold φ/3={best.threshold}: dev F1 {tuned_f1:.4f}", flush=True)
-    scores = final_scores(program.predict, dev, read_split(data_dir, "test"), settings.eval_batch_size, torch_device)
-    return finish(network, record, fitted, scores, out)
+    trained = Trained(SPEC, network, program, record, fitted)
+    return tune_and_finish(trained, dev, data_dir, settings.eval_batch_size, torch_device, out)

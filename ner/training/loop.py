@@ -4,6 +4,7 @@ final scoring (dev, regression slice, test) stored in the manifest."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import platform
 import random
@@ -281,3 +282,33 @@ def finish(network: nn.Module, record: ModelRecord, fitted: FitResult, scores: d
     manifest = record.manifest(training, scores)
     write_manifest(out, manifest)
     return manifest
+
+
+@dataclass
+class Trained:
+    """What a trainer hands to `tune_and_finish`: the fitted network, its eager program and record."""
+
+    spec: Any  # ner.archs.base.ArchitectureSpec
+    network: nn.Module
+    program: Any  # ner.archs.base.ProgramBase over the network's own graphs
+    record: ModelRecord
+    fitted: FitResult
+
+
+def tune_and_finish(trained: Trained, dev: list[Sentence], data_dir: Path, batch_size: int, device: str, out: Path) -> Manifest:
+    """Choose the decoding options on dev (the architecture's grid), score dev, the regression
+    slice and test with them (how generated sequences ended included), and write the model."""
+    from ner.training.decode_tuning import tune_spec
+
+    program = trained.program
+    best, tuned_f1, _ = tune_spec(program, trained.spec, dev, batch_size)
+    config = dataclasses.replace(program.config, decode=best)
+    trained.network.config = config  # type: ignore[assignment]
+    program.config = config
+    trained.record.config = config.to_dict()
+    print(f"dev-tuned {asdict(best)}: dev F1 {tuned_f1:.4f}", flush=True)
+    program.outcomes.clear()
+    scores = final_scores(program.predict, dev, read_split(data_dir, "test"), batch_size, device)
+    if program.outcomes:
+        scores["decoder_outcomes"] = dict(program.outcomes)  # sequences that could not be mapped included
+    return finish(trained.network, trained.record, trained.fitted, scores, out)

@@ -13,12 +13,11 @@ from ner.archs.nag.config import NagConfig, NagDecodeOptions
 from ner.archs.nag.loss import nag_loss
 from ner.archs.nag.program import NagProgram
 from ner.archs.nag.targets import batch_targets, coverage
-from ner.data import Sentence, label_set, read_split
+from ner.data import Sentence, label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.decode_tuning import tune_spec
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish
 
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
 
@@ -29,12 +28,6 @@ def l_max_coverage(program: NagProgram, sentences: list[Sentence], l_max: int) -
     for k in range(0, len(sentences), 256):
         pieces += program.subwords.encode([list(s.tokens) for s in sentences[k : k + 256]]).pieces
     return coverage([s.entities for s in sentences], pieces, l_max)
-
-
-def tune_start_threshold(program: NagProgram, dev: list[Sentence], batch_size: int) -> tuple[NagDecodeOptions, float]:
-    """τ_s and the entity-score threshold with the best dev F1 (the graphs run once)."""
-    best, f1, _ = tune_spec(program, SPEC, dev, batch_size)
-    return best, f1
 
 
 def train_nag(
@@ -72,13 +65,5 @@ def train_nag(
         return nag_loss(network, inputs, targets)
 
     fitted = fit(network, program.predict, loss_of, train, dev, record, out)
-    best, tuned_f1 = tune_start_threshold(program, dev, settings.eval_batch_size)
-    config = replace(config, decode=best)
-    network.config = config
-    program.config = config
-    record.config = config.to_dict()
-    print(f"dev-tuned τ_s={best.start_threshold}, threshold={best.threshold}: dev F1 {tuned_f1:.4f}", flush=True)
-    program.outcomes.clear()
-    scores = final_scores(program.predict, dev, read_split(data_dir, "test"), settings.eval_batch_size, torch_device)
-    scores["decoder_outcomes"] = dict(program.outcomes)  # incl. sequences that could not be mapped
-    return finish(network, record, fitted, scores, out)
+    trained = Trained(SPEC, network, program, record, fitted)
+    return tune_and_finish(trained, dev, data_dir, settings.eval_batch_size, torch_device, out)

@@ -7,7 +7,6 @@ cores goes to more epochs of the forward model instead."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,12 +17,11 @@ from ner.archs.setgen.config import SetgenConfig, SetgenOptions
 from ner.archs.setgen.loss import setgen_loss
 from ner.archs.setgen.program import SetgenProgram
 from ner.archs.setgen.targets import batch_targets
-from ner.data import label_set, read_split
+from ner.data import label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.decode_tuning import tune_spec
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run, warm_start
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish, warm_start
 
 
 def train_setgen(
@@ -55,12 +53,5 @@ def train_setgen(
         return setgen_loss(network, inputs, targets)
 
     fitted = fit(network, program.predict, loss_of, train, dev, record, out)
-    best, tuned_f1, _ = tune_spec(program, SPEC, dev, settings.eval_batch_size)
-    config = replace(config, decode=best)
-    network.config = config
-    program.config = config
-    record.config = config.to_dict()
-    print(f"dev-tuned head threshold {best.head_threshold}, threshold {best.threshold}: dev F1 {tuned_f1:.4f}", flush=True)
-    program.outcomes.clear()
-    scores = final_scores(program.predict, dev, read_split(data_dir, "test"), settings.eval_batch_size, torch_device)
-    return finish(network, record, fitted, scores, out)
+    trained = Trained(SPEC, network, program, record, fitted)
+    return tune_and_finish(trained, dev, data_dir, settings.eval_batch_size, torch_device, out)

@@ -29,16 +29,7 @@ class BartnerNetwork(nn.Module):
         super().__init__()
         self.config = config
         self.encoder = WordEncoder(backbone, hidden_size, EncoderConfig.from_dict(config.encoder))
-        self.decoder = PointerDecoder(
-            self.encoder.output_size,
-            len(config.labels),
-            config.decoder_dim,
-            config.decoder_layers,
-            config.decoder_heads,
-            config.decoder_ffn,
-            config.decoder_dropout,
-            config.max_positions,
-        )
+        self.decoder = PointerDecoder.of(self.encoder.output_size, config)
 
     def graphs(self) -> dict[str, nn.Module]:
         return {"encoder": BartnerEncoderGraph(self), "decoder": PointerStepGraph(self.decoder)}

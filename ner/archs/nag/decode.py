@@ -21,7 +21,7 @@ import numpy as np
 
 from ner.archs.nag.config import EOS, OUTSIDE, SPECIALS, NagConfig, NagDecodeOptions
 from ner.decoding.overlap import accept_best_first, best_per
-from ner.types import Entity, EntitySet, Fragment
+from ner.types import Entity, EntitySet, fragments_of
 
 
 def words_of_pointers(
@@ -43,16 +43,6 @@ def words_of_pointers(
         return None
     exact = positions == [p for word in words for p in pieces[word]]
     return words, exact
-
-
-def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
-    fragments: list[list[int]] = []
-    for word in words:
-        if fragments and fragments[-1][1] == word:
-            fragments[-1][1] = word + 1
-        else:
-            fragments.append([word, word + 1])
-    return tuple((a, b) for a, b in fragments)
 
 
 def parse_query(

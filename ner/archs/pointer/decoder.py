@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from ner.archs.pointer.config import PointerConfig
 from ner.archs.pointer.vocabulary import SPECIALS
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointers to padding words
@@ -81,6 +82,19 @@ class PointerDecoder(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.vocabulary = nn.Linear(dim, self.first_pointer)
         self.scale = 1.0 / math.sqrt(dim)
+
+    @classmethod
+    def of(cls, word_size: int, config: PointerConfig) -> PointerDecoder:
+        return cls(
+            word_size,
+            len(config.labels),
+            config.decoder_dim,
+            config.decoder_layers,
+            config.decoder_heads,
+            config.decoder_ffn,
+            config.decoder_dropout,
+            config.max_positions,
+        )
 
     def project(self, word_states: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Word states → the decoder's memory and pointer keys ([B, N, D] each), once per sentence."""

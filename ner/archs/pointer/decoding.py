@@ -13,18 +13,7 @@ import numpy as np
 from ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary, pointer_mask
 from ner.decoding.generation import BLOCKED, Loop, beam_search, greedy, log_softmax
 from ner.graph import Graph, KeyValueCache, Value
-from ner.types import Entity, Fragment
-
-
-def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
-    """Increasing word indices → maximal runs of consecutive words (several: discontinuous)."""
-    fragments: list[list[int]] = []
-    for word in words:
-        if fragments and fragments[-1][1] == word:
-            fragments[-1][1] = word + 1
-        else:
-            fragments.append([word, word + 1])
-    return tuple((a, b) for a, b in fragments)
+from ner.types import Entity, fragments_of
 
 
 @dataclass(frozen=True)

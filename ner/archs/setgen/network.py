@@ -47,16 +47,7 @@ class SetgenNetwork(nn.Module):
         self.config = config
         self.encoder = WordEncoder(backbone, hidden_size, EncoderConfig.from_dict(config.encoder))
         self.detectors = Detectors(self.encoder.output_size, config.decoder_dim, config.max_count)
-        self.decoder = PointerDecoder(
-            self.encoder.output_size,
-            len(config.labels),
-            config.decoder_dim,
-            config.decoder_layers,
-            config.decoder_heads,
-            config.decoder_ffn,
-            config.decoder_dropout,
-            config.max_positions,
-        )
+        self.decoder = PointerDecoder.of(self.encoder.output_size, config)
 
     def graphs(self) -> dict[str, nn.Module]:
         """The exportable sub-modules, by the names the program runs them under."""
