@@ -34,7 +34,7 @@ class StepNames:
 @dataclass(frozen=True)
 class Generated:
     tokens: np.ndarray  # [rows, steps] int64; after a row's end token: the end token again
-    logits: np.ndarray  # [rows, steps, V] float32, each step's scores as the graph wrote them
+    logits: np.ndarray  # [rows, steps, V] float32: each step's scores, after the constraint if any
     finished: np.ndarray  # [rows] bool: the row wrote its end token within max_steps
 
 
@@ -83,10 +83,10 @@ def greedy(loop: Loop, max_steps: int) -> Generated:
     scores: list[np.ndarray] = []
     for index in range(max_steps):
         logits, past = loop.run_step(loop.per_row, past, history[:, -1], offsets + index, order)
-        chosen = loop.allowed(logits, history).argmax(axis=-1).astype(np.int64)
-        token = np.where(finished, loop.end, chosen)
+        allowed = loop.allowed(logits, history)
+        token = np.where(finished, loop.end, allowed.argmax(axis=-1).astype(np.int64))
         history = np.concatenate([history, token[:, None]], axis=1)
-        scores.append(logits)
+        scores.append(allowed)
         finished |= token == loop.end
         if finished.all():
             break

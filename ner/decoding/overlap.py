@@ -40,6 +40,13 @@ def best_per(candidates: Iterable[Entity], key: Callable[[Entity], Hashable]) ->
     return list(best.values())
 
 
+def resolve(candidates: Iterable[Entity], threshold: float, overlap: Overlap) -> EntitySet:
+    """Generated entities of one sentence: those scoring at least `threshold`, the best of each
+    (type, fragments), then best-first acceptance under the overlap rule."""
+    kept = best_per((e for e in candidates if e.score >= threshold), key=Entity.key)
+    return accept_best_first(kept, overlap)
+
+
 def accept_best_first(candidates: Iterable[Entity], overlap: Overlap, one_type_per_span: bool = False) -> EntitySet:
     """Greedy acceptance, best score first (stable on ties): a candidate that conflicts with an
     accepted one is dropped; with `one_type_per_span`, so is a second type for the same fragments."""

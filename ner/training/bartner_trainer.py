@@ -15,7 +15,7 @@ from ner.data import label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish, warm_start
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
 
 
 def train_bartner(
@@ -23,7 +23,7 @@ def train_bartner(
 ) -> Manifest:
     run = start_run(data_dir, settings, backbone_spec, device)
     torch_device, train, dev, backbone, lora = run.device, run.train, run.dev, run.backbone, run.lora
-    flat = not is_nested(train) and not any(e.is_discontinuous for s in train for e in s.entities)
+    flat = is_flat(train)
     overlap: Overlap = "flat" if flat else "any"
     # the paper: greedy for CoNLL-2003 and GENIA, 4 beams for the discontinuous sets
     discontinuous = any(e.is_discontinuous for s in train for e in s.entities)

@@ -134,6 +134,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def is_flat(sentences: list[Sentence]) -> bool:
+    """No nested and no discontinuous entity in the data (its overlap rule is then "flat")."""
+    return not is_nested(sentences) and not any(e.is_discontinuous for s in sentences for e in s.entities)
+
+
 def is_nested(sentences: list[Sentence]) -> bool:
     return any(a.overlaps(b) for s in sentences for a in s.entities for b in s.entities if a != b)
 

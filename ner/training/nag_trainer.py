@@ -17,7 +17,7 @@ from ner.data import Sentence, label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish
 
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
 
@@ -35,7 +35,7 @@ def train_nag(
 ) -> Manifest:
     run = start_run(data_dir, settings, backbone_spec, device)
     torch_device, train, dev, backbone, lora = run.device, run.train, run.dev, run.backbone, run.lora
-    overlap: Overlap = "any" if is_nested(train) or any(e.is_discontinuous for s in train for e in s.entities) else "flat"
+    overlap: Overlap = "flat" if is_flat(train) else "any"
     config = NagConfig(labels=tuple(label_set(train)), decode=NagDecodeOptions(overlap=overlap))
     network = build_network(SPEC, config, backbone, lora).to(torch_device)
     program: NagProgram = eager_program(SPEC, network, backbone, torch_device)

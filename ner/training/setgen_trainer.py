@@ -21,7 +21,7 @@ from ner.data import label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish, warm_start
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
 
 
 def train_setgen(
@@ -29,7 +29,7 @@ def train_setgen(
 ) -> Manifest:
     run = start_run(data_dir, settings, backbone_spec, device)
     torch_device, train, dev, backbone, lora = run.device, run.train, run.dev, run.backbone, run.lora
-    flat = not is_nested(train) and not any(e.is_discontinuous for s in train for e in s.entities)
+    flat = is_flat(train)
     overlap: Overlap = "flat" if flat else "any"
     # the paper decodes CoNLL-2003 greedily (1 beam) and the others with 4
     config = SetgenConfig(labels=tuple(label_set(train)), decode=SetgenOptions(overlap=overlap, beams=1 if flat else 4))

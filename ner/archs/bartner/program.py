@@ -15,13 +15,13 @@ import numpy as np
 from ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from ner.archs.base import ProgramBase
 from ner.archs.feeds import encoder_feeds
-from ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups
+from ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs
 from ner.archs.pointer.export import step_example
 from ner.archs.pointer.signatures import decoder_cache
 from ner.archs.pointer.vocabulary import START
-from ner.decoding.overlap import accept_best_first, best_per
+from ner.decoding.overlap import resolve
 from ner.text.subword import Words
-from ner.types import Entity, EntitySet
+from ner.types import EntitySet
 
 
 @dataclass
@@ -36,13 +36,6 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
         inputs, encoded = encoder_feeds(self.subwords, sentences)
         return BartnerBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
 
-    def _shared(self, batch: BartnerBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {
-            "memory": encoded["memory"],
-            "memory_mask": batch.encoder_inputs["word_mask"],
-            "pointer_keys": encoded["pointer_keys"],
-        }
-
     def run(
         self, batch: BartnerBatch, options: BartnerOptions | Sequence[BartnerOptions] | None = None
     ) -> dict[str, np.ndarray]:
@@ -54,7 +47,7 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
         limits = self.limits(lengths)
         written = decode_rows(
             self.graphs["decoder"],
-            self._shared(batch, encoded),
+            sentence_inputs(batch.encoder_inputs, encoded),
             np.arange(count, dtype=np.int64),
             np.full(count, START, dtype=np.int64),
             np.zeros(count, dtype=np.int64),
@@ -72,7 +65,7 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
 
     def export_values(self, batch: BartnerBatch) -> dict[str, np.ndarray]:
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        step = step_example(self.graphs["decoder"], self._shared(batch, encoded), batch.lengths, self.config)
+        step = step_example(self.graphs["decoder"], sentence_inputs(batch.encoder_inputs, encoded), batch.lengths, self.config)
         return {**batch.encoder_inputs, **encoded, **step}
 
     def decode(
@@ -90,6 +83,5 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
                 tuple(tokens[kept].tolist()), tuple(outputs["sequence_log_probs"][b][kept].tolist()), self.config.vocabulary, []
             )
             self.outcomes["at the length limit" if kept.sum() >= limits[b] else "finished"] += 1
-            kept_entities = best_per((e for e in entities if e.score >= chosen[b].threshold), key=Entity.key)
-            decoded.append(accept_best_first(kept_entities, chosen[b].overlap))
+            decoded.append(resolve(entities, chosen[b].threshold, chosen[b].overlap))
         return decoded

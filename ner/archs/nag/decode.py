@@ -20,7 +20,7 @@ from collections import Counter
 import numpy as np
 
 from ner.archs.nag.config import EOS, OUTSIDE, SPECIALS, NagConfig, NagDecodeOptions
-from ner.decoding.overlap import accept_best_first, best_per
+from ner.decoding.overlap import resolve
 from ner.types import Entity, EntitySet, fragments_of
 
 
@@ -76,8 +76,7 @@ def parse_query(
 
 def resolve_overlaps(entities: list[Entity], options: NagDecodeOptions) -> EntitySet:
     """Same entity from two queries: keep the best score; then the model's overlap rule."""
-    kept = best_per((e for e in entities if e.score >= options.threshold), key=Entity.key)
-    return accept_best_first(kept, options.overlap)
+    return resolve(entities, options.threshold, options.overlap)
 
 
 def decode_queries(

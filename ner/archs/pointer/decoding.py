@@ -18,9 +18,9 @@ from ner.types import Entity, fragments_of
 
 @dataclass(frozen=True)
 class Grammar:
-    """Which tokens may follow, per row. `entities_per_row` = 1 (SetGNER: one entity written from
-    its head word, or a fragment/null marker) or many (BARTNER: pointer groups, each closed by
-    its type, then the end)."""
+    """Which tokens may follow, per row: one entity written from its head word, or a fragment/null
+    marker (SetGNER, `many` false), or pointer groups each closed by its type, then the end
+    (BARTNER, `many` true)."""
 
     vocabulary: Vocabulary
     lengths: np.ndarray  # [rows] words of each row's sentence
@@ -39,13 +39,12 @@ class Grammar:
         allowed = np.zeros(logits.shape, dtype=bool)
         width = logits.shape[1] - first_pointer
         words_ok = pointer_mask(self.lengths, last_word, width)
-        after_pointer = is_pointer
         closed = ~is_pointer & (last != START)  # a type, a marker or the end was written last
         # after a pointer: more pointers to the right, a type; SetGNER also fragment / null
-        allowed[after_pointer, vocabulary.first_type : first_pointer] = True
+        allowed[is_pointer, vocabulary.first_type : first_pointer] = True
         if not self.many:
-            allowed[after_pointer, FRAGMENT] = allowed[after_pointer, NULL] = True
-        allowed[:, first_pointer:] = words_ok & after_pointer[:, None]
+            allowed[is_pointer, FRAGMENT] = allowed[is_pointer, NULL] = True
+        allowed[:, first_pointer:] = words_ok & is_pointer[:, None]
         if self.many:
             # at the start and after a type: a new group (any word) or the end
             opening = (last == START) | ((last >= vocabulary.first_type) & ~is_pointer)
@@ -104,7 +103,7 @@ def decode_rows(
         )
         if width == 1:
             generated = greedy(loop, max_steps)
-            logp = log_softmax(grammar_masked(loop, generated.logits, first[rows], generated.tokens).astype(np.float64))
+            logp = log_softmax(generated.logits.astype(np.float64))
             chosen = np.take_along_axis(logp, generated.tokens[..., None], axis=-1)[..., 0]
             for i, row in enumerate(rows):
                 length = int(np.argmax(generated.tokens[i] == END)) + 1 if generated.finished[i] else generated.tokens.shape[1]
@@ -117,10 +116,9 @@ def decode_rows(
     return sorted(written, key=lambda w: w.row)
 
 
-def grammar_masked(loop: Loop, logits: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """The per-step logits as the grammar saw them (so a token's probability is among the allowed)."""
-    history = np.concatenate([first[:, None], tokens], axis=1)
-    return np.stack([loop.allowed(logits[:, t], history[:, : t + 1]) for t in range(logits.shape[1])], axis=1)
+def sentence_inputs(encoder_inputs: Mapping[str, np.ndarray], encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The step graph's per-sentence inputs: the encoder's memory and pointer keys, the word mask."""
+    return {"memory": encoded["memory"], "memory_mask": encoder_inputs["word_mask"], "pointer_keys": encoded["pointer_keys"]}
 
 
 def parse_groups(

@@ -13,7 +13,6 @@ import numpy as np
 
 START, END, FRAGMENT, NULL = 0, 1, 2, 3
 SPECIALS = ("<s>", "</s>", "<fragment>", "<null>")
-BLOCKED = -1e9  # logit of a token the grammar forbids
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import numpy as np
 
 from ner.archs.base import ProgramBase
 from ner.archs.feeds import encoder_feeds
-from ner.archs.pointer.decoding import Grammar, Written, decode_rows, pack, parse_groups
+from ner.archs.pointer.decoding import Grammar, Written, decode_rows, pack, parse_groups, sentence_inputs
 from ner.archs.pointer.export import step_example
 from ner.archs.pointer.signatures import decoder_cache
 from ner.archs.setgen.config import HEAD, SetgenConfig, SetgenOptions
-from ner.decoding.overlap import accept_best_first, best_per
+from ner.decoding.overlap import resolve
 from ner.text.subword import Words
 from ner.types import Entity, EntitySet
 
@@ -69,16 +69,11 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
             return []
         config, vocabulary = self.config, self.config.vocabulary
         lengths = np.array(batch.lengths, dtype=np.int64)
-        shared = {
-            "memory": encoded["memory"],
-            "memory_mask": batch.encoder_inputs["word_mask"],
-            "pointer_keys": encoded["pointer_keys"],
-        }
         # after the given head pointer: up to MAX_ENTITY_WORDS - 1 pointers, a type or marker, the end
         longest = int(min((lengths[sentence] - word).max(), MAX_ENTITY_WORDS)) + 1
         return decode_rows(
             self.graphs["decoder"],
-            shared,
+            sentence_inputs(batch.encoder_inputs, encoded),
             sentence,
             vocabulary.first_pointer + word,
             word * config.position_interval,
@@ -93,11 +88,7 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
         """Encoder inputs/outputs, and the decoder step's at its third step over 7 rows (a
         cache of two positions: every named axis ≥ 2 and distinct)."""
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        shared = {
-            "memory": encoded["memory"],
-            "memory_mask": batch.encoder_inputs["word_mask"],
-            "pointer_keys": encoded["pointer_keys"],
-        }
+        shared = sentence_inputs(batch.encoder_inputs, encoded)
         return {**batch.encoder_inputs, **encoded, **step_example(self.graphs["decoder"], shared, batch.lengths, self.config)}
 
     def decode(
@@ -121,9 +112,4 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
             )
             self.outcomes["entity" if entities else "no entity"] += 1
             found[int(sentence)] += entities
-        return [
-            accept_best_first(
-                best_per((e for e in entities if e.score >= chosen[b].threshold), key=Entity.key), chosen[b].overlap
-            )
-            for b, entities in enumerate(found)
-        ]
+        return [resolve(entities, chosen[b].threshold, chosen[b].overlap) for b, entities in enumerate(found)]
