@@ -3,6 +3,7 @@
 a server receives them) and length-sorted (the best a batcher could pack).
 
     python benchmarks/batching_ceiling.py --model span-conll03 --data ../shared/data/conll03 --json
+    python benchmarks/batching_ceiling.py --model setgen-conll03 --runtime eager --device cuda --sizes 1,8,32,128
 """
 
 from __future__ import annotations
@@ -21,6 +22,23 @@ from service.runtime.graph_set import load_graph_set
 app = typer.Typer(add_completion=False)
 
 
+def load_program(model: str, runtime: str, device: str, threads: int | None) -> Any:
+    if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
+        from ner.loading import load_model
+
+        return load_model(model, device).program
+    return load_graph_set(graph_set_folder(model, runtime), device, threads).program
+
+
+def gpu_memory_mib(device: str) -> float | None:
+    """Peak memory torch allocated on the GPU (eager and TorchScript; ONNX Runtime's is its own)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
 def sentences_per_second(program: Any, sentences: list[list[str]], batch_size: int) -> float:
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]
     program.predict(batches[0])  # warm-up
@@ -34,16 +52,18 @@ def sentences_per_second(program: Any, sentences: list[list[str]], batch_size: i
 def main(
     model: Annotated[str, typer.Option()] = "span-conll03",
     data: Annotated[Path, typer.Option()] = Path("../shared/data/conll03"),
-    runtime: Annotated[str, typer.Option()] = "onnx",
+    runtime: Annotated[str, typer.Option(help="onnx, torchscript or eager")] = "onnx",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,2,4,8,16,32",
     limit: Annotated[int, typer.Option(min=32)] = 1000,
     threads: Annotated[int | None, typer.Option(min=1)] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    program = load_graph_set(graph_set_folder(model, runtime), "cpu", threads).program
+    program = load_program(model, runtime, device, threads)
     arrival = [list(s.tokens) for s in read_split(data, "test", limit)]
     by_length = sorted(arrival, key=len)
     rows = []
-    for size in (1, 2, 4, 8, 16, 32):
+    for size in (int(n) for n in sizes.split(",")):
         rows.append(
             {
                 "batch_size": size,
@@ -55,10 +75,12 @@ def main(
     result = {
         "model": model,
         "runtime": runtime,
+        "device": device,
         "sentences": len(arrival),
         "threads": threads,
         "rows": rows,
         "best_gain_over_batch_1": max(max(r["arrival_order"], r["length_sorted"]) for r in rows) / base,
+        "gpu_memory_mib": gpu_memory_mib(device),
     }
     if as_json:
         typer.echo(json.dumps(result))

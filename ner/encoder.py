@@ -88,6 +88,14 @@ class LengthSafeBiLSTM(nn.Module):
         self.backward_lstm = nn.LSTM(input_size, hidden, batch_first=True)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            # bf16 training: the recurrence stays fp32 (oneDNN has no bf16 LSTM primitive for every
+            # shape, and a long recurrence loses the most precision); graphs and eval never get here
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                return self.run(x.float(), lengths)
+        return self.run(x, lengths)
+
+    def run(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         forward_out, _ = self.forward_lstm(x)
         backward_out, _ = self.backward_lstm(reverse_padded(x, lengths))
         return torch.cat([forward_out, reverse_padded(backward_out, lengths)], dim=-1)

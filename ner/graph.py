@@ -97,6 +97,4 @@ def step_signature(
 ) -> GraphSignature:
     """A decoder-step graph's signature: its own inputs/outputs plus the cache's, the past axis
     allowed to be empty (the first step)."""
-    return GraphSignature(
-        (*inputs, *cache.past), (*outputs, *cache.present), {**axes, **cache.axes()}, frozenset({"past"})
-    )
+    return GraphSignature((*inputs, *cache.past), (*outputs, *cache.present), {**axes, **cache.axes()}, frozenset({"past"}))

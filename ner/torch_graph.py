@@ -28,9 +28,7 @@ def from_tensors(
     if isinstance(outputs, torch.Tensor):
         outputs = (outputs,)
     keep = set(keep_on_device) if device.type != "cpu" else set()
-    return {
-        name: out if name in keep else out.detach().cpu().numpy() for name, out in zip(names, outputs, strict=True)
-    }
+    return {name: out if name in keep else out.detach().cpu().numpy() for name, out in zip(names, outputs, strict=True)}
 
 
 class EagerGraph:

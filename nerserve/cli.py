@@ -35,6 +35,12 @@ class Split(StrEnum):
     test = "test"
 
 
+class Precision(StrEnum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 def _user_errors(function: F) -> F:
     """Known failures (bad data, unknown model, bad backbone, bad weights) end in one line on
     stderr and exit code 2, never a traceback."""
@@ -80,11 +86,17 @@ def train(
     max_width: Annotated[int | None, typer.Option(min=1, help="longest seed span; default covers 99.5% of entities")] = None,
     train_limit: Annotated[int | None, typer.Option(min=1, help="use only the first N training sentences")] = None,
     dev_limit: Annotated[int | None, typer.Option(min=1)] = None,
-    time_budget_minutes: Annotated[float | None, typer.Option(min=0.0, help="stop after the epoch crossing it")] = None,
+    time_budget_minutes: Annotated[
+        float | None, typer.Option(min=0.0, help="minutes of epochs: the epoch count and LR decay are fitted to it")
+    ] = None,
+    precision: Annotated[
+        Precision, typer.Option(help="training steps in fp32 or bf16 autocast (auto: bf16 on CUDA)")
+    ] = Precision.auto,
     backbone: Annotated[str | None, typer.Option(help="package name or local HF folder")] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")] = None,
     init_from: Annotated[
-        str | None, typer.Option(help="trained model whose encoder starts this one (same backbone, any architecture)")
+        str | None,
+        typer.Option(help="trained model whose encoder starts this one (any architecture; all of it when the same)"),
     ] = None,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
@@ -101,6 +113,7 @@ def train(
         train_limit=train_limit,
         dev_limit=dev_limit,
         time_budget_minutes=time_budget_minutes,
+        precision=precision.value,
         init_from=init_from,
     )
     from ner.loading import lazy

@@ -7,6 +7,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ner.graph_format import Runtime
 
+CPU_MAX_PADDING = 0.2  # batching_run.sh on 2 cores: above it the padded positions cost more than the batch gains
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="NERSERVE_", extra="ignore")
@@ -24,8 +26,12 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(8192, ge=16)
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
-    max_padding: float = Field(
-        0.2, ge=0.0, le=1.0, description="largest share of padding in a batch (on CPU padding costs more than batching gains)"
+    max_padding: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="largest share of padding in a batch; default 0.2 on CPU (padding costs more than batching gains "
+        "there) and none on CUDA (a batch's fixed cost dwarfs its padding: measured on an H100, docs/gpu.md)",
     )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
     max_body_bytes: int = Field(2_000_000, ge=1024)
@@ -33,3 +39,9 @@ class Settings(BaseSettings):
     window_overlap_words: int = Field(24, ge=0)
     drain_seconds: float = Field(30.0, ge=0)
     export_missing: bool = Field(True, description="export graphs missing at start-up (subprocess)")
+
+    @property
+    def padding_bound(self) -> float:
+        if self.max_padding is not None:
+            return self.max_padding
+        return 1.0 if self.device.startswith("cuda") else CPU_MAX_PADDING

@@ -123,7 +123,7 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
         settings.max_batch_tokens,
         settings.max_wait_ms,
         settings.max_queue,
-        max_padding=settings.max_padding,
+        max_padding=settings.padding_bound,
     )
     scheduler = Scheduler(prepare=prepare, run=run, limits=limits, observer=observer)
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)

@@ -35,6 +35,14 @@ def test_padding_bound_keeps_lengths_together() -> None:
     assert select_batch(queue, BatchLimits(max_batch_size=8, max_batch_tokens=10_000)) == [0, 1, 2, 3, 4, 5]
 
 
+def test_padding_bound_defaults_by_device() -> None:
+    from service.config import CPU_MAX_PADDING, Settings
+
+    assert Settings(device="cpu").padding_bound == CPU_MAX_PADDING
+    assert Settings(device="cuda").padding_bound == 1.0  # on a GPU a batch's fixed cost dwarfs its padding
+    assert Settings(device="cuda", max_padding=0.3).padding_bound == 0.3
+
+
 def test_lookahead_limits_the_search() -> None:
     queue = [Item(5)] + [Item(80)] * 10 + [Item(5)]
     chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_batch_tokens=10_000, lookahead=2))

@@ -30,7 +30,7 @@ def train_bartner(
     options = BartnerOptions(overlap=overlap, beams=4 if discontinuous else 1)
     config = BartnerConfig(labels=tuple(label_set(train)), decode=options)
     network = build_network(SPEC, config, backbone, lora).to(torch_device)
-    initialised = warm_start(network, settings.init_from, backbone) if settings.init_from else {}
+    initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: BartnerProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised} if initialised else {}
     record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)

@@ -39,7 +39,7 @@ def train_diffusion(
         decode=DiffusionDecodeOptions(overlap=overlap),
     )
     network = build_network(SPEC, config, backbone, lora).to(torch_device)
-    initialised = warm_start(network, settings.init_from, backbone) if settings.init_from else {}
+    initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: DiffusionProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised} if initialised else {}
     record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)

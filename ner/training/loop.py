@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
-from transformers import get_linear_schedule_with_warmup
 
 from ner.backbone import BackboneInfo, resolve_backbone
 from ner.data import Sentence, read_split
@@ -44,7 +43,10 @@ class TrainSettings:
     train_limit: int | None = None
     dev_limit: int | None = None
     eval_batch_size: int = 64
-    time_budget_minutes: float | None = None  # stop after the epoch that crosses it
+    # minutes of training epochs: after the first epoch the epoch count (and with it the learning-rate
+    # decay) is fitted to it, and training stops after an epoch that crosses it anyway
+    time_budget_minutes: float | None = None
+    precision: str = "auto"  # "fp32", or "bf16" autocast of the training steps; auto: bf16 on CUDA only
     lora_rank: int = 16
     init_from: str | None = None  # a trained model whose encoder (LoRA + char CNN + BiLSTM) starts this one
 
@@ -101,10 +103,12 @@ def start_run(data_dir: Path, settings: TrainSettings, backbone_spec: str | None
     )
 
 
-def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo) -> dict[str, Any]:
-    """Copy the shared word encoder (LoRA adapters, char CNN, shape embedding, BiLSTM) of a trained
-    model of any architecture into `network`: every architecture's encoder has the same parameter
-    names, so a new architecture starts from an encoder already fitted to the data."""
+def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo, architecture: str) -> dict[str, Any]:
+    """Start `network` from a trained model: its shared word encoder (LoRA adapters, char CNN, shape
+    embedding, BiLSTM) whatever the architecture, since every architecture's encoder has the same
+    parameter names; and, when the source is of the same architecture, every other tensor whose
+    shape still fits too (heads, decoder), which resumes a committed model whose optimizer
+    checkpoint is gone."""
     from safetensors.torch import load_file
 
     from ner.model_store import model_dir, read_manifest
@@ -115,17 +119,28 @@ def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo) -> d
         raise ValueError(f"{folder}: trained on another backbone, its encoder cannot start this model")
     saved = load_file(str(folder / WEIGHTS))
     params = dict(network.named_parameters())
-    copied = 0
-    with torch.no_grad():
-        for name, tensor in saved.items():
-            if name.startswith("encoder.") and name in params and params[name].shape == tensor.shape:
-                params[name].copy_(tensor.to(params[name].dtype))
-                copied += 1
+    fits = {n: t for n, t in saved.items() if n in params and params[n].shape == t.shape}
+    encoder = {n for n in fits if n.startswith("encoder.")}
     encoder_params = sum(1 for n, p in params.items() if n.startswith("encoder.") and p.requires_grad)
-    if copied != encoder_params:
-        raise ValueError(f"{folder}: only {copied} of {encoder_params} encoder tensors fit this model")
-    print(f"encoder initialised from {folder.name} ({copied} tensors)", flush=True)
-    return {"model": folder.name, "version": source.version, "tensors": copied}
+    if len(encoder) != encoder_params:
+        raise ValueError(f"{folder}: only {len(encoder)} of {encoder_params} encoder tensors fit this model")
+    chosen = set(fits) if source.architecture == architecture else encoder
+    with torch.no_grad():
+        for name in chosen:
+            params[name].copy_(fits[name].to(params[name].dtype))
+    others = len(chosen) - len(encoder)
+    print(f"initialised from {folder.name}: {len(encoder)} encoder + {others} other tensors", flush=True)
+    started = {"model": folder.name, "version": source.version, "tensors": len(encoder), "other_tensors": others}
+    if source.architecture == architecture:  # the learning curve goes on from the source's (docs/learning-curves.md)
+        started["earlier_runs"] = earlier_runs(source.training)
+    return started
+
+
+def earlier_runs(training: dict[str, Any]) -> list[dict[str, Any]]:
+    """A model's training runs, oldest first: those it was warm-started from, then its own."""
+    previous = training.get("warm_start", {}).get("earlier_runs", [])
+    own = {k: training.get(k) for k in ("history", "device", "machine", "minutes")}
+    return [*previous, own]
 
 
 def seed_everything(seed: int) -> None:
@@ -154,6 +169,35 @@ def shuffled_batches(sentences: list[Sentence], batch_size: int, rng: random.Ran
         batches += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
     rng.shuffle(batches)
     return batches
+
+
+class WarmupLinearDecay:
+    """Learning-rate factor: linear warm-up, then linear decay to 0 at `total_steps`. A callable
+    object rather than a closure so that LambdaLR checkpoints it, and so that `total_steps` can be
+    refitted to a time budget once an epoch's cost is known."""
+
+    def __init__(self, warmup_steps: int, total_steps: int) -> None:
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return step / max(1, self.warmup_steps)
+        return max(0.0, (self.total_steps - step) / max(1, self.total_steps - self.warmup_steps))
+
+
+def epochs_within_budget(settings: TrainSettings, epochs_done: int, minutes: float) -> int:
+    """How many epochs fit the time budget at the pace measured so far (at least the ones done)."""
+    if not settings.time_budget_minutes or epochs_done == 0:
+        return settings.epochs
+    per_epoch = minutes / epochs_done
+    return max(epochs_done, min(settings.epochs, int(settings.time_budget_minutes / per_epoch)))
+
+
+def autocast_of(settings: TrainSettings, device_type: str) -> torch.autocast:
+    """bf16 autocast for the training steps (eval stays fp32: it selects the model that is served in fp32)."""
+    bf16 = settings.precision == "bf16" or (settings.precision == "auto" and device_type == "cuda")
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16)
 
 
 @dataclass
@@ -185,7 +229,9 @@ def fit(
     )
     steps_per_epoch = (len(train) + settings.batch_size - 1) // settings.batch_size
     total_steps = steps_per_epoch * settings.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(settings.warmup * total_steps), total_steps)
+    schedule = WarmupLinearDecay(int(settings.warmup * total_steps), total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    device_type = next(network.parameters()).device.type
 
     checkpoint = out / "checkpoint" / "last.pt"
     start_epoch, best_f1, history, elapsed = 0, -1.0, [], 0.0
@@ -203,13 +249,17 @@ def fit(
     rng = random.Random(settings.seed)
     for _ in range(start_epoch):  # same batch order as an uninterrupted run
         shuffled_batches(train, settings.batch_size, rng)
-    for epoch in range(start_epoch, settings.epochs):
+    epochs = epochs_within_budget(settings, start_epoch, elapsed / 60)
+    schedule.total_steps = steps_per_epoch * epochs
+    epoch = start_epoch
+    while epoch < epochs:
         started = time.perf_counter()
         network.train()
-        bar = tqdm(shuffled_batches(train, settings.batch_size, rng), desc=f"epoch {epoch + 1}/{settings.epochs}", unit="batch")
+        bar = tqdm(shuffled_batches(train, settings.batch_size, rng), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
         running = 0.0
         for step, indices in enumerate(bar, start=1):
-            loss, parts = loss_of(indices)
+            with autocast_of(settings, device_type):
+                loss, parts = loss_of(indices)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
@@ -247,9 +297,14 @@ def fit(
             },
             checkpoint,
         )
+        epoch += 1
         if settings.time_budget_minutes and elapsed / 60 > settings.time_budget_minutes:
-            print(f"time budget of {settings.time_budget_minutes} min reached after epoch {epoch + 1}")
+            print(f"time budget of {settings.time_budget_minutes} min reached after epoch {epoch}")
             break
+        if settings.time_budget_minutes and epoch == start_epoch + 1:  # once: a moving decay would jump
+            epochs = epochs_within_budget(settings, epoch, elapsed / 60)
+            schedule.total_steps = steps_per_epoch * epochs
+            print(f"{epochs} epochs fit the time budget of {settings.time_budget_minutes} min", flush=True)
     if best_state is None:
         raise RuntimeError("no epoch was trained")
     network.load_state_dict(best_state, strict=False)
@@ -275,12 +330,17 @@ def final_scores(
     }
 
 
+def device_description(device: torch.device) -> str:
+    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type
+
+
 def finish(network: nn.Module, record: ModelRecord, fitted: FitResult, scores: dict[str, Any], out: Path) -> Manifest:
     training = {
         "history": fitted.history,
         "minutes": fitted.minutes,
         "status": "done",
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+        "device": device_description(next(network.parameters()).device),
         "torch": torch.__version__,
     }
     save_weights(network, out / WEIGHTS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ from ner.data import Sentence, label_set
 from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish
+from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
 
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
 
@@ -48,7 +49,10 @@ def train_nag(
         network = build_network(SPEC, config, backbone, lora).to(torch_device)
         program = eager_program(SPEC, network, backbone, torch_device)
     covered = {**covered, "l_max": config.l_max, "covered_at_l_max_8": at_paper_l_max["covered"]}
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, {"l_max_coverage": covered})
+    extra: dict[str, Any] = {"l_max_coverage": covered}
+    if settings.init_from:
+        extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"nag: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "

@@ -34,7 +34,7 @@ def train_setgen(
     # the paper decodes CoNLL-2003 greedily (1 beam) and the others with 4
     config = SetgenConfig(labels=tuple(label_set(train)), decode=SetgenOptions(overlap=overlap, beams=1 if flat else 4))
     network = build_network(SPEC, config, backbone, lora).to(torch_device)
-    initialised = warm_start(network, settings.init_from, backbone) if settings.init_from else {}
+    initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: SetgenProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised, "inverse_generation": False} if initialised else {"inverse_generation": False}
     record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)

@@ -17,7 +17,7 @@ from ner.decoding.overlap import Overlap
 from ner.loading import build_network, eager_program
 from ner.model_store import Manifest
 from ner.training.decode_tuning import tune_decoding
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run
+from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run, warm_start
 
 
 def coverage_width(sentences: list[Sentence], coverage: float = 0.995) -> int:
@@ -54,8 +54,10 @@ def train_span(
         decode=DecodeOptions(overlap=overlap),
     )
     network = build_network(SPEC, config, backbone, lora).to(torch_device)
+    initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: SpanProgram = eager_program(SPEC, network, backbone, torch_device)
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings)
+    extra = {"warm_start": initialised} if initialised else {}
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"span: {len(train)} train / {len(dev)} dev sentences, labels {list(labels)}, max_width {config.max_width}, "

@@ -65,9 +65,7 @@ class OnnxGraph:
             binding.bind_output(name, self.device if name in keep else "cpu")
         self.session.run_with_iobinding(binding)
         values = binding.get_outputs()
-        return {
-            name: value if name in keep else value.numpy() for name, value in zip(self.output_names, values, strict=True)
-        }
+        return {name: value if name in keep else value.numpy() for name, value in zip(self.output_names, values, strict=True)}
 
 
 _NUMPY_TYPES = {

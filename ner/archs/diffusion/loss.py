@@ -77,10 +77,10 @@ def diffusion_loss(
     class_logits, left_logits, right_logits = network.denoiser.logits(
         states, word_mask, torch.from_numpy(x_t.astype(np.float32)).to(device), torch.from_numpy(t).to(device)
     )
-    with torch.no_grad():
-        class_probs = torch.softmax(class_logits, -1).cpu().numpy()
-        left_probs = torch.sigmoid(left_logits).cpu().numpy()
-        right_probs = torch.sigmoid(right_logits).cpu().numpy()
+    with torch.no_grad():  # the matching costs in fp32 (numpy has no bf16, for autocast training)
+        class_probs = torch.softmax(class_logits.float(), -1).cpu().numpy()
+        left_probs = torch.sigmoid(left_logits.float()).cpu().numpy()
+        right_probs = torch.sigmoid(right_logits.float()).cpu().numpy()
     targets = np.zeros(class_logits.shape[:2], dtype=np.int64)
     sentence, proposal, left_target, right_target = [], [], [], []
     for b, gold in enumerate(golds):
