@@ -31,7 +31,7 @@ class Settings(BaseSettings):
         ge=0.0,
         le=1.0,
         description="largest share of padding in a batch; default 0.2 on CPU (padding costs more than batching gains "
-        "there) and none on CUDA (a batch's fixed cost dwarfs its padding: measured on an H100, docs/gpu.md)",
+        "there) and none on CUDA (a GPU batch's cost is mostly fixed, docs/gpu.md)",
     )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
     max_body_bytes: int = Field(2_000_000, ge=1024)
