@@ -75,13 +75,14 @@ def main(out: Annotated[Path, typer.Option(help="folder for the plot and the tab
     names = list_models(MODEL_STORE)
     figure, (by_epoch, by_minute) = plt.subplots(1, 2, figsize=(14, 6))
     rows = []
-    for name in names:
+    colours = [plt.get_cmap("tab20")(i) for i in range(20)]
+    for index, name in enumerate(names):
         manifest = read_manifest(MODEL_STORE / name)
         runs = runs_of(manifest.training)
         points = curve(runs)
         if not points:
             continue
-        line = by_epoch.plot([p[0] for p in points], [p[2] for p in points], label=name)[0]
+        line = by_epoch.plot([p[0] for p in points], [p[2] for p in points], label=name, color=colours[index % 20])[0]
         by_minute.plot([p[1] for p in points], [p[2] for p in points], color=line.get_color())
         gpu = [p for p in points if p[3] == "cuda"]
         by_epoch.scatter([p[0] for p in gpu], [p[2] for p in gpu], color=line.get_color(), marker="^", s=18)

@@ -36,7 +36,6 @@ class Split(StrEnum):
 
 
 class Precision(StrEnum):
-    auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
 
@@ -89,9 +88,7 @@ def train(
     time_budget_minutes: Annotated[
         float | None, typer.Option(min=0.0, help="minutes of epochs: the epoch count and LR decay are fitted to it")
     ] = None,
-    precision: Annotated[
-        Precision, typer.Option(help="training steps in fp32 or bf16 autocast (auto: bf16 on CUDA)")
-    ] = Precision.auto,
+    precision: Annotated[Precision, typer.Option(help="training steps in fp32 or under bf16 autocast")] = Precision.fp32,
     backbone: Annotated[str | None, typer.Option(help="package name or local HF folder")] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")] = None,
     init_from: Annotated[

@@ -24,7 +24,7 @@ from tests.serving import Server
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     # no default_model: requests without a model must reach span-conll03 by the service's own default
-    instance = Server(models='["span-conll03","span-genia","nag-cadec","diffusion-conll03","setgen-conll03"]', threads=2)
+    instance = Server(models='["span-conll03","span-genia","nag-cadec","diffusion-conll03","setgen-cadec"]', threads=2)
     try:
         instance.wait_ready()
         yield instance
@@ -72,9 +72,10 @@ def test_nested_genia_sentences(server: Server, data_root: Path) -> None:
     assert float(response.headers["X-Inference-Time"].removesuffix("ms")) > 0
 
 
-def test_discontinuous_cadec_entities_have_exact_fragments(server: Server, data_root: Path) -> None:
+@pytest.mark.parametrize("model", ["nag-cadec", "setgen-cadec"])
+def test_discontinuous_cadec_entities_have_exact_fragments(server: Server, data_root: Path, model: str) -> None:
     sentences = [s for s in read_split(data_root / "cadec", "test") if any(e.is_discontinuous for e in s.entities)]
-    response = extract(server, {"model": "nag-cadec", "tokens": [list(s.tokens) for s in sentences]})
+    response = extract(server, {"model": model, "tokens": [list(s.tokens) for s in sentences]})
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     correct_discontinuous = []
@@ -91,6 +92,9 @@ def test_discontinuous_cadec_entities_have_exact_fragments(server: Server, data_
                 correct_discontinuous.append(entity)
     # e.g. "muscle ... pain" in "severe muscle and joint pain": several spans, one per fragment
     assert correct_discontinuous, "no discontinuous entity recognised in the CADEC test sentences that have one"
+
+
+def test_nag_options(server: Server) -> None:
     models = httpx.get(f"{server.url}/models").json()["models"]
     nag = next(m for m in models if m["name"] == "nag-cadec")
     assert nag["capabilities"]["discontinuous"] and set(nag["options"]) == {"start_threshold", "threshold"}
@@ -166,30 +170,28 @@ def test_setgen_options_batching_and_errors(server: Server, data_root: Path) -> 
     """The autoregressive decoder through the service: its options listed, greedy and beam rows
     batched with other requests' sentences give each sentence's own entities, bad options 422."""
     models = httpx.get(f"{server.url}/models").json()["models"]
-    info = next(m for m in models if m["name"] == "setgen-conll03")
+    info = next(m for m in models if m["name"] == "setgen-cadec")
     assert set(info["options"]) == {"head_threshold", "beams", "threshold"} and info["capabilities"]["autoregressive"]
-    sentences = read_split(data_root / "conll03", "test", limit=30)
+    sentences = read_split(data_root / "cadec", "test", limit=30)
     tokens = [list(s.tokens) for s in sentences]
     variants = [{}, {"beams": 3}, {"head_threshold": 0.3}]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        batched = list(
-            pool.map(lambda o: extract(server, {"model": "setgen-conll03", "tokens": tokens, "options": o}), variants)
-        )
+        batched = list(pool.map(lambda o: extract(server, {"model": "setgen-cadec", "tokens": tokens, "options": o}), variants))
     correct = gold = 0
     for options, response in zip(variants, batched, strict=True):
         assert response.status_code == 200, response.text
         results = response.json()["results"]
         for sentence, result in zip(tokens[:6], results[:6], strict=True):
-            alone = extract(server, {"model": "setgen-conll03", "tokens": [sentence], "options": options})
+            alone = extract(server, {"model": "setgen-cadec", "tokens": [sentence], "options": options})
             assert alone.json()["results"][0] == result
         if not options:
             for sentence, result in zip(sentences, results, strict=True):
                 check_offsets(" ".join(sentence.tokens), result["entities"])
                 correct += len(diffusion_keys(result) & sentence.entities.keys())
                 gold += len(sentence.entities)
-    assert correct / gold >= 0.7  # measured test recall 0.88
+    assert correct / gold >= 0.35  # eager recall on these 30 sentences: 0.47 (test recall 0.61)
     for field, value in (("beams", 0), ("beams", 9), ("head_threshold", 0), ("threshold", True)):
-        refused = extract(server, {"model": "setgen-conll03", "tokens": [["a"]], "options": {field: value}})
+        refused = extract(server, {"model": "setgen-cadec", "tokens": [["a"]], "options": {field: value}})
         assert refused.status_code == 422 and refused.json()["error"]["field"] == f"options.{field}", refused.text
 
 
