@@ -112,7 +112,12 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> list[list[Hypothesis]]:
     """Beam search with `beams` hypotheses per row; per row, the `keep[row]` best finished ones
     (or the best unfinished when fewer finish), best first. The cache is reordered by the step
-    graph (`cache_order`), where it lives."""
+    graph (`cache_order`), where it lives.
+
+    A row is complete once `beams` of its hypotheses have finished (or none is left alive), and is
+    not extended after that: when a row stops depends on that row alone, never on the other rows
+    of its batch (stopping once every row had `keep` finished ones made a sentence's entities
+    depend on how long its batch's other sentences kept the loop going)."""
     rows = len(loop.first)
     slots = rows * beams
     per_row = {name: np.repeat(value, beams, axis=0) for name, value in loop.per_row.items()}
@@ -122,9 +127,9 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
     totals = np.full(slots, -np.inf)
     totals[::beams] = 0.0  # one live beam per row at the start
     token_scores = np.zeros((slots, 0))
-    finished = np.zeros(slots, dtype=bool)
     order = np.arange(slots, dtype=np.int64)
     done: list[list[Hypothesis]] = [[] for _ in range(rows)]
+    complete = np.zeros(rows, dtype=bool)
     for index in range(max_steps):
         logits, past = loop.run_step(per_row, past, history[:, -1], offsets + index, order)
         logp = log_softmax(loop.allowed(logits, history).astype(np.float64))
@@ -139,11 +144,14 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
         history = np.concatenate([history[origin], token[:, None]], axis=1)
         token_scores = np.concatenate([token_scores[origin], chosen_logp[:, None]], axis=1)
         order = origin.astype(np.int64)
-        finished = token == loop.end
-        for slot in np.flatnonzero(finished & np.isfinite(totals)):
+        finished = (token == loop.end) & np.isfinite(totals)
+        for slot in np.flatnonzero(finished):
             done[slot // beams].append(Hypothesis(tuple(history[slot, 1:].tolist()), tuple(token_scores[slot].tolist())))
         totals = np.where(finished, -np.inf, totals)  # a finished hypothesis leaves the beam
-        if all(len(d) >= keep[r] for r, d in enumerate(done)) or not np.isfinite(totals).any():
+        alive = np.isfinite(totals).reshape(rows, beams).any(axis=1)
+        complete |= (np.array([len(d) for d in done]) >= beams) | ~alive
+        totals = np.where(np.repeat(complete, beams), -np.inf, totals)  # a complete row is not extended
+        if complete.all():
             break
     results = []
     for r in range(rows):
