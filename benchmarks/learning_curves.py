@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ner.model_store import MODEL_STORE, list_models, read_manifest
+from ner.training.loop import earlier_runs
 
 app = typer.Typer(add_completion=False)
 
@@ -30,12 +31,6 @@ BARS = {
     "setgen-cadec": 0.65,
     "bartner-conll03": 0.85,
 }
-
-
-def runs_of(training: dict[str, Any]) -> list[dict[str, Any]]:
-    earlier = training.get("warm_start", {}).get("earlier_runs", [])
-    own = {k: training.get(k) for k in ("history", "device", "machine", "minutes")}
-    return [*earlier, own]
 
 
 def curve(runs: list[dict[str, Any]]) -> list[tuple[int, float, float, str]]:
@@ -78,7 +73,7 @@ def main(out: Annotated[Path, typer.Option(help="folder for the plot and the tab
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]
     for index, name in enumerate(names):
         manifest = read_manifest(MODEL_STORE / name)
-        runs = runs_of(manifest.training)
+        runs = earlier_runs(manifest.training)  # its own run last
         points = curve(runs)
         if not points:
             continue

@@ -49,7 +49,7 @@ class TrainSettings:
     # "bf16": autocast of the training steps (checked on CPU; the GPU runs so far were fp32, docs/gpu.md)
     precision: str = "fp32"
     lora_rank: int = 16
-    init_from: str | None = None  # a trained model whose encoder (LoRA + char CNN + BiLSTM) starts this one
+    init_from: str | None = None  # a trained model that starts this one: its encoder, or all of it (same architecture)
 
 
 @dataclass
@@ -125,20 +125,22 @@ def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo, arch
     encoder_params = sum(1 for n, p in params.items() if n.startswith("encoder.") and p.requires_grad)
     if len(encoder) != encoder_params:
         raise ValueError(f"{folder}: only {len(encoder)} of {encoder_params} encoder tensors fit this model")
-    chosen = set(fits) if source.architecture == architecture else encoder
+    same_architecture = source.architecture == architecture
+    chosen = set(fits) if same_architecture else encoder
     with torch.no_grad():
         for name in chosen:
             params[name].copy_(fits[name].to(params[name].dtype))
     others = len(chosen) - len(encoder)
     print(f"initialised from {folder.name}: {len(encoder)} encoder + {others} other tensors", flush=True)
     started = {"model": folder.name, "version": source.version, "tensors": len(encoder), "other_tensors": others}
-    if source.architecture == architecture:  # the learning curve goes on from the source's (docs/learning-curves.md)
+    if same_architecture:  # the learning curve goes on from the source's (docs/learning-curves.md)
         started["earlier_runs"] = earlier_runs(source.training)
     return started
 
 
 def earlier_runs(training: dict[str, Any]) -> list[dict[str, Any]]:
-    """A model's training runs, oldest first: those it was warm-started from, then its own."""
+    """A model's training runs (from its manifest's `training`), oldest first: those it was
+    warm-started from, then its own."""
     previous = training.get("warm_start", {}).get("earlier_runs", [])
     own = {k: training.get(k) for k in ("history", "device", "machine", "minutes")}
     return [*previous, own]
