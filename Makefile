@@ -25,7 +25,7 @@ serve: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy nerserve ner service export loadtest
+	$(BIN)/mypy nerserve  # nerserve/{ner,service,export,loadtest} are links to the top-level folders
 	$(BIN)/lint-imports
 
 test: lint

@@ -25,7 +25,7 @@ def tiny_backbone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from ner.backbone import resolve_backbone
+    from nerserve.ner.backbone import resolve_backbone
 
     source = resolve_backbone().path
     folder = tmp_path_factory.mktemp("tiny-bert")

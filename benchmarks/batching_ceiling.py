@@ -15,16 +15,16 @@ from typing import Annotated, Any
 
 import typer
 
-from ner.data import read_split
-from ner.model_store import graph_set_folder
-from service.runtime.graph_set import load_graph_set
+from nerserve.ner.data import read_split
+from nerserve.ner.model_store import graph_set_folder
+from nerserve.service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 
 
 def load_program(model: str, runtime: str, device: str, threads: int | None) -> Any:
     if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
-        from ner.loading import load_model
+        from nerserve.ner.loading import load_model
 
         return load_model(model, device).program
     return load_graph_set(graph_set_folder(model, runtime), device, threads).program

@@ -35,11 +35,11 @@ serve() {
 stop() { kill -TERM "$SERVER"; wait "$SERVER" || true; }
 
 serve
-taskset -c "$CLIENT_CORE" python -m loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
   --concurrency 1,4,16,64 --duration 15 --url "$URL" --out "$OUT/batched"
 stop
 serve --max-batch-size 1
-taskset -c "$CLIENT_CORE" python -m loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
   --concurrency 1,64 --duration 15 --url "$URL" --out "$OUT/batch1"
 stop
 echo "written to $OUT" >&2

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ner.data import read_split
-from ner.graph_format import EXPORT_JSON
-from ner.model_store import graph_set_folder
-from ner.runner import length_batches, score
-from service.runtime.graph_set import load_graph_set
+from nerserve.ner.data import read_split
+from nerserve.ner.graph_format import EXPORT_JSON
+from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.runner import length_batches, score
+from nerserve.service.runtime.graph_set import load_graph_set
 
 
 def profile(program: Any, sentences: list[list[str]], batch_size: int) -> dict[str, float]:

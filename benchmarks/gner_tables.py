@@ -22,14 +22,14 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from ner.archs.gner.matching import lcs_hunt_szymanski, lcs_table
-from ner.archs.gner.tagging import parse_pairs, squeeze
-from ner.data import Sentence, named_split, read_split
-from ner.evaluation import evaluate
-from ner.model_store import graph_set_folder
-from ner.runner import length_batches
-from ner.types import EntitySet
-from service.runtime.graph_set import load_graph_set
+from nerserve.ner.archs.gner.matching import lcs_hunt_szymanski, lcs_table
+from nerserve.ner.archs.gner.tagging import parse_pairs, squeeze
+from nerserve.ner.data import Sentence, named_split, read_split
+from nerserve.ner.evaluation import evaluate
+from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.runner import length_batches
+from nerserve.ner.types import EntitySet
+from nerserve.service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 BUCKETS = ((1, 10), (11, 20), (21, 30), (31, 50), (51, 10_000))

@@ -34,13 +34,13 @@ for model in $MODELS; do
   $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" --runtime "$RUNTIME" --device cuda \
     --sizes 1,8,32,128 --limit "$LIMIT" --json > "$OUT/offline-$model.json"
   if serve "$model"; then
-    $PY -m loadtest run --model "$model" --data "$DATA/conll03" --mode closed --concurrency 1,16,64,256 \
+    $PY -m nerserve.loadtest run --model "$model" --data "$DATA/conll03" --mode closed --concurrency 1,16,64,256 \
       --duration "$DURATION" --url "$URL" --out "$OUT/served-$model" > /dev/null
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/served-$model/gpu-memory.csv"
     stop
   fi
   if serve "$model" --max-batch-size 1; then
-    $PY -m loadtest run --model "$model" --data "$DATA/conll03" --mode closed --concurrency 64 \
+    $PY -m nerserve.loadtest run --model "$model" --data "$DATA/conll03" --mode closed --concurrency 64 \
       --duration "$DURATION" --url "$URL" --out "$OUT/served-batch1-$model" > /dev/null
     stop
   fi

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ner.model_store import MODEL_STORE, list_models, read_manifest
-from ner.training.loop import earlier_runs
+from nerserve.ner.model_store import list_models, model_store_root, read_manifest
+from nerserve.ner.training.loop import earlier_runs
 
 app = typer.Typer(add_completion=False)
 
@@ -67,12 +67,12 @@ def main(out: Annotated[Path, typer.Option(help="folder for the plot and the tab
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list_models(MODEL_STORE)
+    names = list_models()
     figure, (by_epoch, by_minute) = plt.subplots(1, 2, figsize=(14, 6))
     rows = []
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]
     for index, name in enumerate(names):
-        manifest = read_manifest(MODEL_STORE / name)
+        manifest = read_manifest(model_store_root() / name)
         runs = earlier_runs(manifest.training)  # its own run last
         points = curve(runs)
         if not points:

@@ -23,10 +23,10 @@ nerserve serve --port "$PORT" --models nag-conll03,span-conll03,nag-genia,span-g
 SERVER=$!
 trap 'kill -TERM $SERVER; wait $SERVER || true' EXIT
 for _ in $(seq 900); do curl -fs "$URL/health/ready" > /dev/null && break; sleep 1; done
-python -m loadtest protocol --table nag --models span-conll03,nag-conll03 --data "$DATA/conll03" --url "$URL" \
+python -m nerserve.loadtest protocol --table nag --models span-conll03,nag-conll03 --data "$DATA/conll03" --url "$URL" \
   --max-seconds 30 --json > "$OUT/protocol-nag-nag-conll03.json"
-python -m loadtest protocol --table nag --models span-genia,nag-genia --data "$DATA/genia" --url "$URL" \
+python -m nerserve.loadtest protocol --table nag --models span-genia,nag-genia --data "$DATA/genia" --url "$URL" \
   --max-seconds 30 --json > "$OUT/protocol-nag-nag-genia.json"
-python -m loadtest protocol --table nag --models nag-cadec --data "$DATA/cadec" --url "$URL" \
+python -m nerserve.loadtest protocol --table nag --models nag-cadec --data "$DATA/cadec" --url "$URL" \
   --max-seconds 30 --json > "$OUT/protocol-nag-nag-cadec.json"
 echo "written to $OUT" >&2

@@ -27,7 +27,7 @@ trap 'kill -TERM $SERVER; wait $SERVER || true' EXIT
 for _ in $(seq 900); do curl -fs "$URL/health/ready" > /dev/null && break; sleep 1; done
 ROWS="bartner-conll03,span-conll03,nag-conll03,diffusion-conll03?steps=1,diffusion-conll03?steps=5,setgen-conll03"
 for table in setgen nag; do
-  python -m loadtest protocol --table "$table" --models "$ROWS" --reference bartner-conll03 --data "$DATA/conll03" \
+  python -m nerserve.loadtest protocol --table "$table" --models "$ROWS" --reference bartner-conll03 --data "$DATA/conll03" \
     --url "$URL" --max-seconds 30 --json > "$OUT/protocol-$table-pointer-conll03.json"
 done
 echo "written to $OUT" >&2

@@ -26,7 +26,7 @@ SERVER=$!
 trap 'kill -TERM $SERVER; wait $SERVER || true' EXIT
 for _ in $(seq 900); do curl -fs "$URL/health/ready" > /dev/null && break; sleep 1; done
 for table in setgen nag; do
-  python -m loadtest protocol --table "$table" --models "$ROWS" "${REFERENCE[@]}" --data "$DATA/$DATASET" \
+  python -m nerserve.loadtest protocol --table "$table" --models "$ROWS" "${REFERENCE[@]}" --data "$DATA/$DATASET" \
     --url "$URL" --max-seconds "$MAX_SECONDS" --json > "$OUT/protocol-$table-all-$DATASET.json"
 done
 echo "written to $OUT/protocol-{setgen,nag}-all-$DATASET.json" >&2

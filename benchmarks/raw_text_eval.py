@@ -17,12 +17,12 @@ from typing import Annotated, Any
 import typer
 from sacremoses import MosesDetokenizer
 
-from ner.data import Sentence, read_split
-from ner.evaluation import evaluate
-from ner.model_store import graph_set_folder
-from ner.types import Entity, EntitySet
-from service.pipeline import Planner, assemble
-from service.runtime.graph_set import load_graph_set
+from nerserve.ner.data import Sentence, read_split
+from nerserve.ner.evaluation import evaluate
+from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.types import Entity, EntitySet
+from nerserve.service.pipeline import Planner, assemble
+from nerserve.service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 

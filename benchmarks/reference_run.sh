@@ -35,18 +35,18 @@ serve
 for model in span-conll03 span-genia; do
   for table in nag setgen; do
     echo "protocol $table $model" >&2
-    python -m loadtest protocol --table "$table" --models "$model" --data "$DATA/${DATASET[$model]}" --url "$URL" \
+    python -m nerserve.loadtest protocol --table "$table" --models "$model" --data "$DATA/${DATASET[$model]}" --url "$URL" \
       --max-seconds 30 --json > "$OUT/protocol-$table-$model.json"
   done
 done
-python -m loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --concurrency 1,4,16,64 \
+python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --concurrency 1,4,16,64 \
   --duration 10 --url "$URL" --out "$OUT/closed"
-python -m loadtest run --model span-conll03 --data "$DATA/conll03" --mode open --rate sweep --sweep 10:320:6 \
+python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode open --rate sweep --sweep 10:320:6 \
   --duration 10 --slo-p99-ms 130 --url "$URL" --out "$OUT/open"
 stop
 
 serve --max-batch-size 1
-python -m loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --concurrency 64 \
+python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --concurrency 64 \
   --duration 10 --url "$URL" --out "$OUT/closed-batch1"
 stop
 echo "written to $OUT" >&2

@@ -16,9 +16,9 @@ from typing import Annotated
 import httpx
 import typer
 
-from ner.data import named_split
-from ner.evaluation import evaluate
-from ner.types import Entity, EntitySet
+from nerserve.ner.data import named_split
+from nerserve.ner.evaluation import evaluate
+from nerserve.ner.types import Entity, EntitySet
 
 app = typer.Typer(add_completion=False)
 

@@ -20,13 +20,13 @@ import numpy as np
 import onnxruntime
 import torch
 
-from export.parity import check_parity, parity_batches
-from export.writers import OPSET, quantize_int8, write_onnx, write_torchscript
-from ner.data import read_split
-from ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
-from ner.loading import load_model
-from ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
-from service.runtime.graph_set import load_graph_set
+from nerserve.export.parity import check_parity, parity_batches
+from nerserve.export.writers import OPSET, quantize_int8, write_onnx, write_torchscript
+from nerserve.ner.data import read_split
+from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
+from nerserve.ner.loading import load_model
+from nerserve.ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
+from nerserve.service.runtime.graph_set import load_graph_set
 
 DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 # Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters) so that the

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ner.archs.base import ProgramBase
-from ner.data import Sentence
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.data import Sentence
 
 PARITY_SENTENCES = 200
 TOLERANCE = 1e-4

@@ -20,8 +20,8 @@ import onnx
 import torch
 from torch import nn
 
-from ner.graph import GraphSignature
-from ner.graph_format import TORCHSCRIPT_IO
+from nerserve.ner.graph import GraphSignature
+from nerserve.ner.graph_format import TORCHSCRIPT_IO
 
 OPSET = 18
 

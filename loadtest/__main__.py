@@ -1,4 +1,4 @@
-"""python -m loadtest protocol|run ... (see loadtest/__init__.py)."""
+"""python -m nerserve.loadtest protocol|run ... (see loadtest/__init__.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer
 
-from loadtest.client import make_client, model_info, model_row, read_sentences
-from loadtest.protocols import protocol_batches, run_protocol
-from loadtest.report import markdown, slo_throughput, write_outputs
-from loadtest.runs import closed_loop, open_loop
-from loadtest.schedule import sweep_rates
+from nerserve.loadtest.client import make_client, model_info, model_row, read_sentences
+from nerserve.loadtest.protocols import protocol_batches, run_protocol
+from nerserve.loadtest.report import markdown, slo_throughput, write_outputs
+from nerserve.loadtest.runs import closed_loop, open_loop
+from nerserve.loadtest.schedule import sweep_rates
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Load tests and paper protocols for nerserve.")
 URL = Annotated[str, typer.Option(help="nerserve base URL (loopback only in tests)")]

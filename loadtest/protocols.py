@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from loadtest.client import Sample, extract
-from loadtest.stats import is_stable
+from nerserve.loadtest.client import Sample, extract
+from nerserve.loadtest.stats import is_stable
 
 WARMUP_REQUESTS = 5
 

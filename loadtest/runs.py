@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 
-from loadtest.client import Sample, extract, scrape, server_split
-from loadtest.schedule import arrivals
-from loadtest.stats import summarize
+from nerserve.loadtest.client import Sample, extract, scrape, server_split
+from nerserve.loadtest.schedule import arrivals
+from nerserve.loadtest.stats import summarize
 
 MAX_OUTSTANDING = 4096  # open loop: beyond this many unanswered requests the client itself is saturated
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ner.types import Entity, EntitySet
+from nerserve.ner.types import Entity, EntitySet
 
 SPLITS = ("train", "dev", "test")
 

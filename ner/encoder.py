@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 
-from ner.backbone import BackboneInfo
-from ner.text.chars import CHAR_VOCAB_SIZE, SHAPE_VOCAB_SIZE
+from nerserve.ner.backbone import BackboneInfo
+from nerserve.ner.text.chars import CHAR_VOCAB_SIZE, SHAPE_VOCAB_SIZE
 
 Pooling = Literal["first", "max", "mean"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 
-from ner.types import Entity, EntitySet
+from nerserve.ner.types import Entity, EntitySet
 
 
 @dataclass

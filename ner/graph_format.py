@@ -9,7 +9,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ner.graph import GraphError
+from nerserve.ner.graph import GraphError
 
 
 class GraphFormat(StrEnum):

@@ -10,14 +10,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ner.archs.base import ArchitectureSpec
-from ner.archs.registry import architecture
-from ner.backbone import BackboneInfo, resolve_backbone
-from ner.encoder import load_backbone
-from ner.lora import LoraSettings, add_lora, load_weights
-from ner.model_store import WEIGHTS, Manifest, ModelStoreError, model_dir, read_manifest
-from ner.text.subword import SubwordEncoder, load_tokenizer
-from ner.torch_graph import EagerGraph
+from nerserve.ner.archs.base import ArchitectureSpec
+from nerserve.ner.archs.registry import architecture
+from nerserve.ner.backbone import BackboneInfo, resolve_backbone
+from nerserve.ner.encoder import load_backbone
+from nerserve.ner.lora import LoraSettings, add_lora, load_weights
+from nerserve.ner.model_store import WEIGHTS, Manifest, ModelStoreError, model_dir, read_manifest
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.ner.torch_graph import EagerGraph
 
 
 def device_name(requested: str | None = None) -> str:

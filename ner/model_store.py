@@ -14,14 +14,30 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# The repository's model_store/ by default; NERSERVE_MODEL_STORE points elsewhere (e.g. a volume).
-MODEL_STORE = Path(os.environ.get("NERSERVE_MODEL_STORE", Path(__file__).resolve().parent.parent / "model_store"))
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
 
 class ModelStoreError(ValueError):
     pass
+
+
+def model_store_root() -> Path:
+    """NERSERVE_MODEL_STORE (`--model-store` sets it), else the checkout's model_store/ when running
+    from a source checkout, else ./model_store. Read at each call, so the flag applies to a
+    process's modules whenever they were imported, and to the export subprocess it starts."""
+    configured = os.environ.get("NERSERVE_MODEL_STORE")
+    if configured:
+        return Path(configured)
+    checkout = Path(__file__).resolve().parent.parent / "model_store"
+    return checkout if checkout.is_dir() else Path.cwd() / "model_store"
+
+
+def graph_cache_root() -> Path:
+    """Where exported graph sets are cached: NERSERVE_GRAPH_CACHE (`--graph-cache`; NERSERVE_BUILD_DIR
+    is its older name), else build/graphs beside the model store."""
+    configured = os.environ.get("NERSERVE_GRAPH_CACHE") or os.environ.get("NERSERVE_BUILD_DIR")
+    return Path(configured) if configured else model_store_root().parent / "build" / "graphs"
 
 
 class BackboneRecord(BaseModel):
@@ -46,8 +62,9 @@ class Manifest(BaseModel):
     scores: dict[str, Any] = Field(default_factory=dict)
 
 
-def model_dir(name_or_path: str, store: Path = MODEL_STORE) -> Path:
+def model_dir(name_or_path: str, store: Path | None = None) -> Path:
     """A model folder by name under the store, or by path."""
+    store = store or model_store_root()
     candidate = Path(name_or_path)
     if (candidate / MANIFEST).is_file():
         return candidate
@@ -57,7 +74,8 @@ def model_dir(name_or_path: str, store: Path = MODEL_STORE) -> Path:
     raise ModelStoreError(f"unknown model {name_or_path!r}: not a model folder; models in {store}: {known}")
 
 
-def list_models(store: Path = MODEL_STORE) -> list[str]:
+def list_models(store: Path | None = None) -> list[str]:
+    store = store or model_store_root()
     if not store.is_dir():
         return []
     return sorted(p.name for p in store.iterdir() if (p / MANIFEST).is_file())
@@ -80,7 +98,6 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 # Exported graph sets are build output, keyed by a digest of what they were built from.
-BUILD_DIR = Path(os.environ.get("NERSERVE_BUILD_DIR", MODEL_STORE.parent / "build" / "graphs"))
 EXPORT_VERSION = "2"  # bump when the export code changes what it writes (2: signatures from specs, stricter parity)
 
 
@@ -97,4 +114,4 @@ def graph_set_folder(name_or_path: str, fmt: str, int8: bool = False, build_dir:
     """Where the export of a model in a format lives (whether or not it exists yet)."""
     folder = model_dir(name_or_path)
     tag = f"{fmt}-int8" if int8 else fmt
-    return (build_dir or BUILD_DIR) / folder.name / f"{tag}-{source_digest(folder, fmt, int8)[:16]}"
+    return (build_dir or graph_cache_root()) / folder.name / f"{tag}-{source_digest(folder, fmt, int8)[:16]}"

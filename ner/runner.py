@@ -8,9 +8,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ner.data import Sentence
-from ner.evaluation import evaluate
-from ner.types import EntitySet
+from nerserve.ner.data import Sentence
+from nerserve.ner.evaluation import evaluate
+from nerserve.ner.types import EntitySet
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ner.graph import Value
+from nerserve.ner.graph import Value
 
 
 def to_tensor(value: Value, device: torch.device) -> torch.Tensor:

@@ -21,8 +21,8 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer
 
-from ner.archs.registry import ARCHITECTURES
-from ner.graph_format import GraphFormat, Runtime
+from nerserve.ner.archs.registry import ARCHITECTURES
+from nerserve.ner.graph_format import GraphFormat, Runtime
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="nerserve: NER models, training, evaluation, serving.")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,14 +46,14 @@ def _user_errors(function: F) -> F:
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ner.backbone import BackboneError
-        from ner.data import DataError
-        from ner.graph import GraphError
-        from ner.model_store import ModelStoreError
+        from nerserve.ner.backbone import BackboneError
+        from nerserve.ner.data import DataError
+        from nerserve.ner.graph import GraphError
+        from nerserve.ner.model_store import ModelStoreError
 
         known: tuple[type[Exception], ...] = (DataError, ModelStoreError, BackboneError, GraphError, FileNotFoundError)
         try:
-            from ner.lora import WeightsError
+            from nerserve.ner.lora import WeightsError
 
             known += (WeightsError,)
         except ImportError:  # pragma: no cover - torch missing entirely
@@ -68,6 +68,48 @@ def _user_errors(function: F) -> F:
 
 
 DataOption = Annotated[Path, typer.Option("--data", help="dataset folder with train/dev/test.jsonl")]
+ModelStoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-store",
+        envvar="NERSERVE_MODEL_STORE",
+        help="folder of model folders (default: the checkout's model_store/, else ./model_store)",
+    ),
+]
+GraphCacheOption = Annotated[
+    Path | None,
+    typer.Option("--graph-cache", envvar="NERSERVE_GRAPH_CACHE", help="where exported graphs are cached"),
+]
+
+
+def _use_locations(model_store: Path | None, graph_cache: Path | None) -> None:
+    """Through the environment, so that the modules that read them and the export subprocess the
+    server may start all see the same folders."""
+    if model_store is not None:
+        os.environ["NERSERVE_MODEL_STORE"] = str(model_store.resolve())
+    if graph_cache is not None:
+        os.environ["NERSERVE_GRAPH_CACHE"] = str(graph_cache.resolve())
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from nerserve import __version__
+
+        typer.echo(f"nerserve {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    model_store: ModelStoreOption = None,
+    graph_cache: GraphCacheOption = None,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit")
+    ] = False,
+) -> None:
+    """nerserve: NER models, training, evaluation, serving."""
+    _use_locations(model_store, graph_cache)
+
 
 
 @app.command()
@@ -97,7 +139,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
-    from ner.training.loop import TrainSettings
+    from nerserve.ner.training.loop import TrainSettings
 
     settings = TrainSettings(
         epochs=epochs,
@@ -113,7 +155,7 @@ def train(
         precision=precision.value,
         init_from=init_from,
     )
-    from ner.loading import lazy
+    from nerserve.ner.loading import lazy
 
     trainer = lazy(ARCHITECTURES[architecture.value].trainer)
     manifest = trainer(data, out, settings, backbone, device)
@@ -127,7 +169,7 @@ def tune(
     data: DataOption,
 ) -> None:
     """Re-choose a trained model's decoding options on dev and rewrite its manifest (test re-scored)."""
-    from ner.training.decode_tuning import retune_model
+    from nerserve.ner.training.decode_tuning import retune_model
 
     typer.echo(json.dumps(retune_model(name, data), indent=2))
 
@@ -142,7 +184,7 @@ def import_seq2seq_command(
     ),
 ) -> None:
     """Serve a seq2seq folder as an open-label gner model (GNER's prompt, free generation + LCS)."""
-    from ner.training.gner_trainer import import_seq2seq
+    from nerserve.ner.training.gner_trainer import import_seq2seq
 
     manifest = import_seq2seq(folder, out, [label.strip() for label in labels.split(",") if label.strip()])
     typer.echo(f"{out}: gner model over {manifest.backbone.name} ({manifest.config['decoder_layers']} decoder layers)")
@@ -167,11 +209,11 @@ def evaluate_model(
     """Strict P/R/F1 of a trained model on a split, with by-type, nested and discontinuous breakdowns."""
     import torch
 
-    from ner.archs.registry import architecture
-    from ner.data import named_split, read_split
-    from ner.loading import load_model
-    from ner.model_store import model_dir, read_manifest
-    from ner.runner import score
+    from nerserve.ner.archs.registry import architecture
+    from nerserve.ner.data import named_split, read_split
+    from nerserve.ner.loading import load_model
+    from nerserve.ner.model_store import model_dir, read_manifest
+    from nerserve.ner.runner import score
 
     if int8 and runtime != Runtime.onnx:
         raise typer.BadParameter("--int8 needs --runtime onnx", param_hint="--int8")
@@ -221,13 +263,13 @@ def evaluate_model(
 
 def _exported_program(name: str, fmt: str, int8: bool, device: str | None) -> Any:
     """The program over a ready graph set of NAME, exporting it first when there is none."""
-    from ner.graph_format import EXPORT_JSON
-    from ner.model_store import graph_set_folder
-    from service.runtime.graph_set import load_graph_set
+    from nerserve.ner.graph_format import EXPORT_JSON
+    from nerserve.ner.model_store import graph_set_folder
+    from nerserve.service.runtime.graph_set import load_graph_set
 
     folder = graph_set_folder(name, fmt, int8)
     if not (folder / EXPORT_JSON).is_file():
-        from export.build import export_model
+        from nerserve.export.build import export_model
 
         export_model(name, GraphFormat(fmt), int8, log=lambda m: typer.echo(m, err=True))
     return load_graph_set(folder, device or "cpu").program
@@ -244,7 +286,7 @@ def export_command(
     as_json: Annotated[bool, typer.Option("--json", help="print export.json (with parity figures)")] = False,
 ) -> None:
     """Merge LoRA, write the graphs + tokenizer + export.json, and check parity against eager torch."""
-    from export.build import DATA_ROOT, export_model
+    from nerserve.export.build import DATA_ROOT, export_model
 
     if int8 and format != GraphFormat.onnx:
         raise typer.BadParameter("--int8 needs --format onnx", param_hint="--int8")
@@ -282,11 +324,14 @@ def serve(
     on_model_error: Annotated[
         str | None, typer.Option(help="exit (default): a model that cannot load stops the server; skip: serve the others")
     ] = None,
+    model_store: ModelStoreOption = None,
+    graph_cache: GraphCacheOption = None,
 ) -> None:
     """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
-    from service.config import Settings
-    from service.main import run
+    from nerserve.service.config import Settings
+    from nerserve.service.main import run
 
+    _use_locations(model_store, graph_cache)
     given: dict[str, Any] = {
         "host": host,
         "port": port,

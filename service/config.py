@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ner.graph_format import Runtime
+from nerserve.ner.graph_format import Runtime
 
 CPU_MAX_PADDING = 0.2  # batching_run.sh on 2 cores: above it the padded positions cost more than the batch gains
 

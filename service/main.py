@@ -21,17 +21,20 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import (
+from nerserve import __version__
+from nerserve.service.api.errors import (
     ApiError,
     api_error_handler,
     error_response,
     http_error_handler,
     validation_error_handler,
 )
-from service.api.routes import ServiceState, router
-from service.config import Settings
-from service.metrics import Metrics
-from service.models import load_served_model, model_names
+from nerserve.service.api.routes import router
+from nerserve.service.api.state import ServiceState
+from nerserve.service.api.v2 import v2
+from nerserve.service.config import Settings
+from nerserve.service.metrics import Metrics
+from nerserve.service.models import load_served_model, model_names
 
 log = logging.getLogger("nerserve")
 WARMUP = [["Warm", "up", "sentence", "for", "the", "graphs", "."]]
@@ -202,12 +205,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="nerserve",
-        version="0.1.0",
+        version=__version__,
         summary="Flat, nested and discontinuous named entity recognition",
         lifespan=lifespan,
     )
     app.state.service = state
     app.include_router(router)
+    app.include_router(v2)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

@@ -7,9 +7,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
 
-from service.batching.scheduler import BatchRecord
+from nerserve import __version__
+from nerserve.service.batching.scheduler import BatchRecord
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -20,6 +30,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # the default collectors (process memory and CPU, open files, GC, Python version) that a
+        # Prometheus user expects beside the service's own series; and which build answers
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
+        Info("nerserve_build", "The running build", registry=r).info({"version": __version__})
         self.requests = Counter("nerserve_requests", "Requests by model and HTTP status", ["model", "status"], registry=r)
         self.request_seconds = Histogram(
             "nerserve_request_seconds", "End-to-end request latency", ["model"], buckets=LATENCY_BUCKETS, registry=r

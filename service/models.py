@@ -8,6 +8,7 @@ HTTP.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -15,18 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ner.archs.base import ArchitectureSpec, ProgramBase
-from ner.archs.registry import architecture
-from ner.graph_format import EXPORT_JSON, Runtime
-from ner.model_store import Manifest, graph_set_folder, list_models, model_dir, read_manifest
-from ner.text.subword import Tokenized
-from ner.types import EntitySet
-from service.batching.packing import BatchLimits
-from service.batching.scheduler import Scheduler
-from service.config import Settings
-from service.metrics import Metrics, ModelObserver
-from service.pipeline import Planner
-from service.runtime.graph_set import load_graph_set
+from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
+from nerserve.ner.archs.registry import architecture
+from nerserve.ner.graph_format import EXPORT_JSON, Runtime
+from nerserve.ner.model_store import Manifest, graph_set_folder, list_models, model_dir, read_manifest
+from nerserve.ner.text.subword import Tokenized
+from nerserve.ner.types import EntitySet
+from nerserve.service.batching.packing import BatchLimits
+from nerserve.service.batching.scheduler import Scheduler
+from nerserve.service.config import Settings
+from nerserve.service.metrics import Metrics, ModelObserver
+from nerserve.service.pipeline import Planner
+from nerserve.service.runtime.graph_set import load_graph_set
 
 log = logging.getLogger("nerserve")
 
@@ -84,6 +85,11 @@ def _ensure_export(name: str, runtime: str) -> Path:
     folder = graph_set_folder(name, runtime)
     if (folder / EXPORT_JSON).is_file():
         return folder
+    if importlib.util.find_spec("torch") is None:  # the serving-only install (nerserve[cpu] / [gpu])
+        raise ModelLoadError(
+            f"{name}: no {runtime} graphs at {folder}, and exporting them needs torch: pip install 'nerserve[export]', "
+            "or export where it is installed and point --graph-cache at those graphs"
+        )
     log.info("exporting %s to %s (missing at start-up)", name, runtime)
     command = [sys.executable, "-m", "nerserve", "export", name, "--format", runtime]
     completed = subprocess.run(command, check=False, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -97,7 +103,7 @@ def _ensure_export(name: str, runtime: str) -> Path:
 
 def _program(name: str, settings: Settings) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
     if settings.runtime == Runtime.eager:
-        from ner.loading import load_model  # torch only here: the eager runtime is for debugging
+        from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
         loaded = load_model(name, settings.device)
         return loaded.manifest, loaded.program

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ner.text.segment import split_sentences, words_of_tokens
-from ner.text.subword import SubwordEncoder, Tokenized
-from ner.types import Entity, EntitySet, Word, fragment_char_spans
+from nerserve.ner.text.segment import split_sentences, words_of_tokens
+from nerserve.ner.text.subword import SubwordEncoder, Tokenized
+from nerserve.ner.types import Entity, EntitySet, Word, fragment_char_spans
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,25 @@ def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, A
                 "type": label,
                 "text": " ".join(planned.text[a:b] for a, b in spans),
                 "score": round(float(score), 6),
+                "start": min(a for a, _ in spans),  # the whole extent, as spaCy / GLiNER users read an entity
+                "end": max(b for _, b in spans),
                 "spans": spans,
                 "token_spans": list(fragments),
             }
         )
     return out
+
+
+def keep_labels(entities: list[dict[str, Any]], labels: set[str]) -> list[dict[str, Any]]:
+    """Only the entity types a request asked a closed-label model for."""
+    return [entity for entity in entities if entity["type"] in labels]
+
+
+def flatten(entities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Non-overlapping entities (by whole extent), the highest scores first, in text order: what a
+    consumer that holds one label per word (BIO, spaCy's doc.ents) can take."""
+    kept: list[dict[str, Any]] = []
+    for entity in sorted(entities, key=lambda e: (-e["score"], e["start"], e["end"])):
+        if all(entity["end"] <= other["start"] or other["end"] <= entity["start"] for other in kept):
+            kept.append(entity)
+    return sorted(kept, key=lambda e: (e["start"], e["end"], e["type"]))

@@ -20,14 +20,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# What `python -c` runs to serve with some packages made unimportable (as if not installed)
+BLOCKING = "import sys\nfor name in sys.argv[1:]: sys.modules[name] = None\nfrom nerserve.cli import app\napp(['serve'])"
+
+
 class Server:
-    def __init__(self, **settings: object) -> None:
+    def __init__(self, blocked: tuple[str, ...] = (), **settings: object) -> None:
         self.port = free_port()
         env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
         env["NERSERVE_PORT"] = str(self.port)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "nerserve", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        command = [sys.executable, "-c", BLOCKING, *blocked] if blocked else [sys.executable, "-m", "nerserve", "serve"]
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.batching.packing import BatchLimits, select_batch
-from service.batching.scheduler import DeadlineExceeded, Draining, QueueFull, Scheduler
+from nerserve.service.batching.packing import BatchLimits, select_batch
+from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, QueueFull, Scheduler
 
 
 @dataclass
@@ -36,7 +36,7 @@ def test_padding_bound_keeps_lengths_together() -> None:
 
 
 def test_padding_bound_defaults_by_device() -> None:
-    from service.config import CPU_MAX_PADDING, Settings
+    from nerserve.service.config import CPU_MAX_PADDING, Settings
 
     assert Settings(device="cpu").padding_bound == CPU_MAX_PADDING
     assert Settings(device="cuda").padding_bound == 1.0  # on a GPU a batch's fixed cost dwarfs its padding
@@ -194,7 +194,7 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
     """Before the body is read: in flight ÷ the measured completion rate over the bound → 429."""
     import time
 
-    from service.main import EdgeAdmission
+    from nerserve.service.main import EdgeAdmission
 
     async def scenario(in_flight: int) -> tuple[list[str], int]:
         reached: list[str] = []

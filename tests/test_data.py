@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from ner.data import DataError, iter_file, label_set, read_split
+from nerserve.ner.data import DataError, iter_file, label_set, read_split
 
 
 def write(tmp_path: Path, text: str) -> Path:

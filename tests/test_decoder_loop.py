@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from export.parity import ParityReport
-from export.writers import write_onnx, write_torchscript
-from ner.decoding.generation import Generated, Loop, greedy
-from ner.graph import GraphSignature, KeyValueCache, step_signature
-from ner.torch_graph import EagerGraph
-from service.runtime.onnx import OnnxGraph
-from service.runtime.torchscript import TorchScriptGraph
+from nerserve.export.parity import ParityReport
+from nerserve.export.writers import write_onnx, write_torchscript
+from nerserve.ner.decoding.generation import Generated, Loop, greedy
+from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
+from nerserve.ner.torch_graph import EagerGraph
+from nerserve.service.runtime.onnx import OnnxGraph
+from nerserve.service.runtime.torchscript import TorchScriptGraph
 
 VOCAB, DIM, HEADS, END = 13, 16, 2, 2
 

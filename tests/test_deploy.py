@@ -44,7 +44,7 @@ def test_compose_file_follows_the_spec() -> None:
 
 
 def test_dashboard_queries_exported_metrics() -> None:
-    from service.metrics import Metrics
+    from nerserve.service.metrics import Metrics
 
     names = {m.name for m in Metrics().registry.collect()}
     dashboard = json.loads((ROOT / "docker/grafana/dashboards/nerserve.json").read_text())

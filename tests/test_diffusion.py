@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from ner.archs.diffusion import SPEC
-from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
-from ner.archs.diffusion.decode import decode_sentence
-from ner.archs.diffusion.graphs import DenoiserGraph
-from ner.archs.diffusion.loss import clean_spans, diffusion_loss, gold_spans, match
-from ner.archs.diffusion.schedule import Sampler, alphas_cumprod, spans_to_noise, step_pairs
-from ner.backbone import resolve_backbone
-from ner.loading import build_network, eager_program
-from ner.lora import LoraSettings
-from ner.types import Entity, EntitySet
+from nerserve.ner.archs.diffusion import SPEC
+from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
+from nerserve.ner.archs.diffusion.decode import decode_sentence
+from nerserve.ner.archs.diffusion.graphs import DenoiserGraph
+from nerserve.ner.archs.diffusion.loss import clean_spans, diffusion_loss, gold_spans, match
+from nerserve.ner.archs.diffusion.schedule import Sampler, alphas_cumprod, spans_to_noise, step_pairs
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.lora import LoraSettings
+from nerserve.ner.types import Entity, EntitySet
 
 LABELS = ("DNA", "protein")
 SENTENCES = [

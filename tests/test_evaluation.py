@@ -1,7 +1,7 @@
 import pytest
 
-from ner.evaluation import evaluate
-from ner.types import Entity, EntitySet
+from nerserve.ner.evaluation import evaluate
+from nerserve.ner.types import Entity, EntitySet
 
 
 def es(*entities: Entity) -> EntitySet:

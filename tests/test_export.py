@@ -7,21 +7,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.build import export_model
-from ner.archs.bartner.config import BartnerConfig, BartnerOptions
-from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
-from ner.archs.gner.config import GnerConfig, GnerOptions
-from ner.archs.nag.config import NagConfig, NagDecodeOptions
-from ner.archs.registry import ARCHITECTURES
-from ner.archs.setgen.config import SetgenConfig, SetgenOptions
-from ner.archs.span.config import DecodeOptions, SpanConfig
-from ner.backbone import resolve_backbone
-from ner.graph import GraphError
-from ner.graph_format import GraphFormat
-from ner.loading import build_network, load_model
-from ner.lora import LoraSettings, save_weights
-from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
-from service.runtime.graph_set import load_graph_set
+from nerserve.export.build import export_model
+from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
+from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
+from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
+from nerserve.ner.archs.nag.config import NagConfig, NagDecodeOptions
+from nerserve.ner.archs.registry import ARCHITECTURES
+from nerserve.ner.archs.setgen.config import SetgenConfig, SetgenOptions
+from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.graph import GraphError
+from nerserve.ner.graph_format import GraphFormat
+from nerserve.ner.loading import build_network, load_model
+from nerserve.ner.lora import LoraSettings, save_weights
+from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from nerserve.service.runtime.graph_set import load_graph_set
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
 # A tiny config per registered architecture, with loose decoding thresholds so that random

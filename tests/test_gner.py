@@ -8,11 +8,11 @@ import random
 import numpy as np
 import pytest
 
-from ner.archs.gner.constraint import Constraint, SentenceGrammar, trie_of
-from ner.archs.gner.matching import align, greedy_subsequence, lcs_hunt_szymanski, lcs_table
-from ner.archs.gner.tagging import Markers, Tag, TagCodec, bio_entities, parse_pairs, squeeze, tags_of, target_ids
-from ner.backbone import resolve_backbone
-from ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.ner.archs.gner.constraint import Constraint, SentenceGrammar, trie_of
+from nerserve.ner.archs.gner.matching import align, greedy_subsequence, lcs_hunt_szymanski, lcs_table
+from nerserve.ner.archs.gner.tagging import Markers, Tag, TagCodec, bio_entities, parse_pairs, squeeze, tags_of, target_ids
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
 
 @pytest.fixture(scope="module")

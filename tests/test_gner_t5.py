@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ner.data import read_split
+from nerserve.ner.data import read_split
 
 T5_LABELS = ("person", "location", "organization", "miscellaneous")
 
@@ -52,7 +52,7 @@ def tiny_t5(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
 def test_cached_steps_compute_what_transformers_t5_computes(tiny_t5: Path) -> None:
     from transformers import T5ForConditionalGeneration
 
-    from ner.archs.gner.t5 import T5Decoder
+    from nerserve.ner.archs.gner.t5 import T5Decoder
 
     model = T5ForConditionalGeneration.from_pretrained(tiny_t5).eval()
     decoder = T5Decoder(model).eval()
@@ -75,7 +75,7 @@ def test_cached_steps_compute_what_transformers_t5_computes(tiny_t5: Path) -> No
 
 @pytest.fixture(scope="module")
 def imported_t5(tiny_t5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ner.training.gner_trainer import import_seq2seq
+    from nerserve.ner.training.gner_trainer import import_seq2seq
 
     folder = tmp_path_factory.mktemp("store") / "tiny-gner-t5"
     import_seq2seq(tiny_t5, folder, T5_LABELS)
@@ -83,11 +83,11 @@ def imported_t5(tiny_t5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def test_t5_folder_exports_with_parity_and_decodes(imported_t5: Path, data_root: Path, tmp_path: Path) -> None:
-    from export.build import export_model
-    from ner.archs.gner.config import GnerOptions
-    from ner.graph_format import GraphFormat
-    from ner.loading import load_model
-    from service.runtime.graph_set import load_graph_set
+    from nerserve.export.build import export_model
+    from nerserve.ner.archs.gner.config import GnerOptions
+    from nerserve.ner.graph_format import GraphFormat
+    from nerserve.ner.loading import load_model
+    from nerserve.service.runtime.graph_set import load_graph_set
 
     info = export_model(str(imported_t5), GraphFormat.onnx, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     parity = info["parity"]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.client import parse_metrics
-from loadtest.protocols import protocol_batches, setgen_batches
-from loadtest.report import knee, slo_throughput
-from loadtest.schedule import arrivals, sweep_rates
-from loadtest.stats import is_stable, percentile, summarize
+from nerserve.loadtest.client import parse_metrics
+from nerserve.loadtest.protocols import protocol_batches, setgen_batches
+from nerserve.loadtest.report import knee, slo_throughput
+from nerserve.loadtest.schedule import arrivals, sweep_rates
+from nerserve.loadtest.stats import is_stable, percentile, summarize
 from tests.serving import Server
 
 
@@ -61,7 +61,7 @@ def test_stability_knee_slo_and_metrics_parsing() -> None:
 
 
 def loadtest(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "loadtest", *args], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "nerserve.loadtest", *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -116,7 +116,7 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
 
 
 def test_table_rows_carry_per_request_options() -> None:
-    from loadtest.client import model_row
+    from nerserve.loadtest.client import model_row
 
     assert model_row("span-conll03") == ("span-conll03", {})
     assert model_row("diffusion-conll03?steps=1&proposals=60") == ("diffusion-conll03", {"steps": 1, "proposals": 60})

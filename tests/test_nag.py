@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from ner.archs.nag import SPEC
-from ner.archs.nag.config import BOS, EOS, OUTSIDE, PAD, NagConfig, NagDecodeOptions
-from ner.archs.nag.decode import decode_queries, parse_query
-from ner.archs.nag.targets import batch_targets
-from ner.backbone import resolve_backbone
-from ner.loading import build_network, eager_program
-from ner.lora import LoraSettings
-from ner.types import Entity, fragments_of
+from nerserve.ner.archs.nag import SPEC
+from nerserve.ner.archs.nag.config import BOS, EOS, OUTSIDE, PAD, NagConfig, NagDecodeOptions
+from nerserve.ner.archs.nag.decode import decode_queries, parse_query
+from nerserve.ner.archs.nag.targets import batch_targets
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.lora import LoraSettings
+from nerserve.ner.types import Entity, fragments_of
 
 CONFIG = NagConfig(labels=("ADR", "Drug"), l_max=4)
 V = CONFIG.fixed_vocabulary  # first pointer token
@@ -167,7 +167,7 @@ def test_outputs_do_not_depend_on_batch(tiny_program) -> None:
 
 
 def test_loss_trains_the_decoder_and_start_head(tiny_program) -> None:
-    from ner.archs.nag.loss import nag_loss
+    from nerserve.ner.archs.nag.loss import nag_loss
 
     network = tiny_program.graphs["decoder"].module  # EagerGraph over the network's decoder
     full = tiny_program.graphs["encoder"].module  # NagEncoderGraph(encoder, head)

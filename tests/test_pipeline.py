@@ -1,7 +1,7 @@
 import itertools
 
-from ner.types import Entity, EntitySet
-from service.pipeline import Planner, assemble, windows
+from nerserve.ner.types import Entity, EntitySet
+from nerserve.service.pipeline import Planner, assemble, windows
 
 
 def test_window_cores_partition_the_sentence() -> None:
@@ -16,7 +16,7 @@ def test_window_cores_partition_the_sentence() -> None:
 
 
 def test_offsets_are_exact_and_window_duplicates_merge(tiny_backbone) -> None:
-    from ner.text.subword import SubwordEncoder, load_tokenizer
+    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
     text = "  Peter  Blackburn went to Köln.\tThen   he left."
     planner = Planner(SubwordEncoder(load_tokenizer(tiny_backbone)), window_subwords=6, overlap_words=2)
@@ -42,7 +42,7 @@ def test_offsets_are_exact_and_window_duplicates_merge(tiny_backbone) -> None:
 def test_units_reuse_the_sentence_tokenisation(tiny_backbone) -> None:
     """The planner tokenises once; the program's batch from its units is what tokenising the
     words again would give (same ids and word → sub-word map)."""
-    from ner.text.subword import SubwordEncoder, load_tokenizer
+    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
     encoder = SubwordEncoder(load_tokenizer(tiny_backbone))
     planner = Planner(encoder, window_subwords=384, overlap_words=2)

@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from ner.archs import bartner, setgen
-from ner.archs.bartner.config import BartnerConfig, BartnerOptions
-from ner.archs.pointer.decoding import Grammar, parse_groups
-from ner.archs.pointer.targets import IGNORE, sequence_of, teacher
-from ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary
-from ner.archs.setgen.config import HEAD, INSIDE, NOT_IN, TAIL, SetgenConfig, SetgenOptions
-from ner.archs.setgen.targets import batch_targets
-from ner.backbone import resolve_backbone
-from ner.data import read_split
-from ner.decoding.generation import Hypothesis
-from ner.loading import build_network, eager_program
-from ner.lora import LoraSettings
-from ner.types import Entity
+from nerserve.ner.archs import bartner, setgen
+from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
+from nerserve.ner.archs.pointer.decoding import Grammar, parse_groups
+from nerserve.ner.archs.pointer.targets import IGNORE, sequence_of, teacher
+from nerserve.ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary
+from nerserve.ner.archs.setgen.config import HEAD, INSIDE, NOT_IN, TAIL, SetgenConfig, SetgenOptions
+from nerserve.ner.archs.setgen.targets import batch_targets
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.data import read_split
+from nerserve.ner.decoding.generation import Hypothesis
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.lora import LoraSettings
+from nerserve.ner.types import Entity
 
 VOCABULARY = Vocabulary(("ADR", "Drug"))
 P = VOCABULARY.first_pointer  # pointer to word 0
@@ -50,7 +50,7 @@ def test_setgen_targets_parts_counts_and_rows() -> None:
 
 
 def test_teacher_forcing_shifts_and_ignores_padding() -> None:
-    from ner.archs.pointer.targets import Row
+    from nerserve.ner.archs.pointer.targets import Row
 
     forced = teacher([Row(0, (START, P, ADR, END)), Row(1, (P + 2, NULL, END), 8)])
     assert forced.inputs.tolist() == [[START, P, ADR], [P + 2, NULL, END]]
@@ -126,8 +126,8 @@ def test_sentences_do_not_depend_on_their_batch(tiny_program) -> None:  # type: 
 
 
 def test_training_step_reaches_every_part(tiny_program) -> None:  # type: ignore[no-untyped-def]
-    from ner.archs.bartner.loss import bartner_loss
-    from ner.archs.setgen.loss import setgen_loss
+    from nerserve.ner.archs.bartner.loss import bartner_loss
+    from nerserve.ner.archs.setgen.loss import setgen_loss
 
     program, network = tiny_program
     batch = program.prepare(SENTENCES)
@@ -160,7 +160,7 @@ def test_each_row_ends_at_its_own_length_limit() -> None:
 def test_beam_search_is_batch_invariant(data_root: Path) -> None:
     """A sentence's beams stop when its own hypotheses are done: alone or among longer sentences,
     the committed CADEC BARTNER model (beam 4) writes the same entities."""
-    from ner.loading import load_model
+    from nerserve.ner.loading import load_model
 
     program = load_model("bartner-cadec", "cpu").program
     assert program.config.decode.beams > 1

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ner.data import named_split, read_split
-from ner.loading import load_model
-from ner.model_store import MODEL_STORE, list_models, read_manifest
-from ner.runner import score
+from nerserve.ner.data import named_split, read_split
+from nerserve.ner.loading import load_model
+from nerserve.ner.model_store import list_models, model_store_root, read_manifest
+from nerserve.ner.runner import score
 
-MODELS = list_models(MODEL_STORE)
+MODELS = list_models()
 
 
 def test_models_are_committed() -> None:
@@ -21,7 +21,7 @@ def test_models_are_committed() -> None:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_dev_slice_f1_matches_manifest(name: str, data_root: Path) -> None:
-    manifest = read_manifest(MODEL_STORE / name)
+    manifest = read_manifest(model_store_root() / name)
     recorded = manifest.scores["dev_slice"]
     folder, limit = data_root / manifest.data["folder"], int(recorded["sentences"])
     model = load_model(name)

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from ner.data import read_split
-from ner.model_store import graph_set_folder
-from service.api.routes import ServiceState
-from service.config import Settings
-from service.runtime.graph_set import load_graph_set
+from nerserve.ner.data import read_split
+from nerserve.ner.model_store import graph_set_folder
+from nerserve.service.api.state import ServiceState
+from nerserve.service.config import Settings
+from nerserve.service.runtime.graph_set import load_graph_set
 from tests.serving import Server
 
 
@@ -91,7 +91,7 @@ def test_nested_genia_sentences(server: Server, data_root: Path) -> None:
     offline = program.predict([list(s.tokens) for s in nested])
     served = [{(e["type"], tuple(tuple(f) for f in e["token_spans"])) for e in r["entities"]} for r in body["results"]]
     assert served == [set(entities.keys()) for entities in offline]
-    assert float(response.headers["X-Inference-Time"].removesuffix("ms")) > 0
+    assert float(response.headers["X-Inference-Time"]) > 0
 
 
 @pytest.mark.parametrize("model", ["nag-cadec", "setgen-cadec"])
@@ -236,7 +236,8 @@ def test_long_text_is_windowed_not_truncated(server: Server) -> None:
         ({"texts": ["a"], "model": "nope"}, 404, "unknown_model", "model"),
         ({"texts": ["a"], "options": {"beam": 3}}, 422, "invalid_option", "options.beam"),
         ({"texts": ["a"], "options": {"threshold": 1.5}}, 422, "invalid_option", "options.threshold"),
-        ({"texts": ["a"], "labels": ["PER"]}, 400, "labels_not_supported", "labels"),
+        ({"texts": ["a"], "labels": ["PER", "DRUG"]}, 422, "unknown_label", "labels[1]"),
+        ({"texts": ["a"], "flat": "yes"}, 422, "invalid_request", "flat"),
         ({"texts": ["a"] * 300}, 413, "too_many_texts", "texts"),
         ({"texts": ["a\ud800b"]}, 422, "invalid_request", "texts"),
         ({"tokens": [["a", "\udfff"]]}, 422, "invalid_request", "tokens"),
@@ -351,10 +352,10 @@ def test_default_model_is_span_conll03_when_served_else_the_first() -> None:
 
 
 def truncated_copy(store: Path, name: str, source: str = "span-conll03") -> Path:
-    from ner.model_store import MODEL_STORE
+    from nerserve.ner.model_store import model_store_root
 
     folder = store / name
-    shutil.copytree(MODEL_STORE / source, folder, ignore=shutil.ignore_patterns("checkpoint"))
+    shutil.copytree(model_store_root() / source, folder, ignore=shutil.ignore_patterns("checkpoint"))
     weights = folder / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     return weights
@@ -371,9 +372,9 @@ def test_a_model_that_cannot_load_stops_the_server_naming_it(tmp_path: Path) -> 
 
 
 def test_skip_serves_the_others_and_lists_the_failed_one(tmp_path: Path) -> None:
-    from ner.model_store import MODEL_STORE
+    from nerserve.ner.model_store import model_store_root
 
-    shutil.copytree(MODEL_STORE / "span-conll03", tmp_path / "span-conll03", ignore=shutil.ignore_patterns("checkpoint"))
+    shutil.copytree(model_store_root() / "span-conll03", tmp_path / "span-conll03", ignore=shutil.ignore_patterns("checkpoint"))
     truncated_copy(tmp_path, "broken-span")
     server = Server(model_store=tmp_path, models="span-conll03,broken-span", on_model_error="skip")
     try:

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from ner.archs.span import SPEC
-from ner.archs.span.config import DecodeOptions, SpanConfig
-from ner.archs.span.decode import decode_sentence, soft_nms
-from ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
-from ner.archs.span.program import enumerate_seeds
-from ner.backbone import resolve_backbone
-from ner.loading import build_network, eager_program
-from ner.lora import LoraSettings, load_weights, save_weights
-from ner.types import Entity
+from nerserve.ner.archs.span import SPEC
+from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
+from nerserve.ner.archs.span.decode import decode_sentence, soft_nms
+from nerserve.ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
+from nerserve.ner.archs.span.program import enumerate_seeds
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.lora import LoraSettings, load_weights, save_weights
+from nerserve.ner.types import Entity
 
 SENTENCES = [
     ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],

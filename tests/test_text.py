@@ -1,6 +1,6 @@
-from ner.text.chars import SHAPES, encode_chars, shape_id
-from ner.text.segment import split_sentences, words_of, words_of_tokens
-from ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.ner.text.chars import SHAPES, encode_chars, shape_id
+from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
 
 def test_words_have_exact_offsets() -> None:

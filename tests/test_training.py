@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from ner.data import read_split
-from ner.model_store import WEIGHTS, read_manifest
-from ner.training.loop import TrainSettings, WarmupLinearDecay, epochs_within_budget
-from ner.training.span_trainer import train_span
+from nerserve.ner.data import read_split
+from nerserve.ner.model_store import WEIGHTS, read_manifest
+from nerserve.ner.training.loop import TrainSettings, WarmupLinearDecay, epochs_within_budget
+from nerserve.ner.training.span_trainer import train_span
 
 
 def test_warmup_then_linear_decay() -> None:

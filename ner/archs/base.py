@@ -19,9 +19,9 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from ner.graph import Graph, GraphSignature
-from ner.text.subword import SubwordEncoder, Words
-from ner.types import EntitySet
+from nerserve.ner.graph import Graph, GraphSignature
+from nerserve.ner.text.subword import SubwordEncoder, Words
+from nerserve.ner.types import EntitySet
 
 # Decoding settings that come from the model's training data, never from a request's options
 # (`labels` of an open-label model comes from the request's own top-level field).

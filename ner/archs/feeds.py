@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ner.graph import GraphSignature
-from ner.text.chars import encode_chars
-from ner.text.subword import SubwordBatch, SubwordEncoder, Words, word_list
+from nerserve.ner.graph import GraphSignature
+from nerserve.ner.text.chars import encode_chars
+from nerserve.ner.text.subword import SubwordBatch, SubwordEncoder, Words, word_list
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "subword_index", "subword_mask", "char_ids", "shape_ids", "word_mask")
 # Named dynamic axes of every input and output ("" marks a fixed axis).

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ner.archs import bartner, diffusion, gner, nag, setgen, span
-from ner.archs.base import ArchitectureSpec
+from nerserve.ner.archs import bartner, diffusion, gner, nag, setgen, span
+from nerserve.ner.archs.base import ArchitectureSpec
 
 REGISTERED = (span.SPEC, nag.SPEC, diffusion.SPEC, setgen.SPEC, bartner.SPEC, gner.SPEC)
 ARCHITECTURES: dict[str, ArchitectureSpec[Any, Any]] = {spec.name: spec for spec in REGISTERED}

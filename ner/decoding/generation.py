@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ner.graph import Graph, KeyValueCache, Value
+from nerserve.ner.graph import Graph, KeyValueCache, Value
 
 # (logits [rows, V], tokens so far [rows, t] incl. the first) → logits with forbidden tokens at
 # -inf: the grammar of the sequences (constrained decoding)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from typing import Literal
 
-from ner.types import Entity, EntitySet
+from nerserve.ner.types import Entity, EntitySet
 
 # flat: no two entities share a word; nested: entities may nest but not cross; any: no rule
 # (overlapping and discontinuous entities, e.g. CADEC).

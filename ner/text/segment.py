@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ner.types import Word
+from nerserve.ner.types import Word
 
 # Abbreviations written with one final period, kept whole as the training data keeps them
 # ("Mr.", "St. Louis", "Corp."), so a period after them neither splits the word nor the sentence.

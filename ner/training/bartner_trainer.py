@@ -7,15 +7,15 @@ from pathlib import Path
 
 import torch
 
-from ner.archs.bartner import SPEC
-from ner.archs.bartner.config import BartnerConfig, BartnerOptions
-from ner.archs.bartner.loss import bartner_loss
-from ner.archs.bartner.program import BartnerProgram
-from ner.data import label_set
-from ner.decoding.overlap import Overlap
-from ner.loading import build_network, eager_program
-from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
+from nerserve.ner.archs.bartner import SPEC
+from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
+from nerserve.ner.archs.bartner.loss import bartner_loss
+from nerserve.ner.archs.bartner.program import BartnerProgram
+from nerserve.ner.data import label_set
+from nerserve.ner.decoding.overlap import Overlap
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
 
 
 def train_bartner(

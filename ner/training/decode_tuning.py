@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from ner.archs.base import ArchitectureSpec, ProgramBase
-from ner.data import Sentence
-from ner.evaluation import evaluate
-from ner.runner import length_batches
-from ner.types import EntitySet
+from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
+from nerserve.ner.data import Sentence
+from nerserve.ner.evaluation import evaluate
+from nerserve.ner.runner import length_batches
+from nerserve.ner.types import EntitySet
 
 
 def tune_spec(
@@ -29,10 +29,10 @@ def tune_spec(
 def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, Any]:
     """Re-choose a trained model's decoding options on dev (the architecture's tuning grid), then
     re-score dev, the regression slice and test with them, and rewrite its manifest."""
-    from ner.data import read_split
-    from ner.loading import load_model
-    from ner.model_store import read_manifest, write_manifest
-    from ner.runner import score
+    from nerserve.ner.data import read_split
+    from nerserve.ner.loading import load_model
+    from nerserve.ner.model_store import read_manifest, write_manifest
+    from nerserve.ner.runner import score
 
     model = load_model(name)
     program = model.program

@@ -9,17 +9,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from ner.archs.diffusion import SPEC
-from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions, Schedule
-from ner.archs.diffusion.loss import diffusion_loss
-from ner.archs.diffusion.program import DiffusionProgram
-from ner.archs.diffusion.schedule import Sampler
-from ner.data import label_set
-from ner.decoding.overlap import Overlap
-from ner.loading import build_network, eager_program
-from ner.model_store import Manifest
-from ner.training.decode_tuning import tune_spec
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_nested, start_run, tune_and_finish, warm_start
+from nerserve.ner.archs.diffusion import SPEC
+from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions, Schedule
+from nerserve.ner.archs.diffusion.loss import diffusion_loss
+from nerserve.ner.archs.diffusion.program import DiffusionProgram
+from nerserve.ner.archs.diffusion.schedule import Sampler
+from nerserve.ner.data import label_set
+from nerserve.ner.decoding.overlap import Overlap
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.training.decode_tuning import tune_spec
+from nerserve.ner.training.loop import (
+    ModelRecord,
+    Trained,
+    TrainSettings,
+    fit,
+    is_nested,
+    start_run,
+    tune_and_finish,
+    warm_start,
+)
 
 
 def train_diffusion(

@@ -17,18 +17,18 @@ from typing import Any
 
 import torch
 
-from ner.archs.gner import SPEC
-from ner.archs.gner.config import GnerConfig, GnerOptions
-from ner.archs.gner.loss import gner_loss
-from ner.archs.gner.network import LowRankLinear
-from ner.archs.gner.program import GnerProgram
-from ner.archs.gner.tagging import tags_of, target_ids
-from ner.data import Sentence, named_split
-from ner.loading import build_network, eager_program
-from ner.model_store import Manifest
-from ner.runner import score
-from ner.training.loop import FitResult, ModelRecord, final_scores, finish, fit, start_run
-from ner.types import Entity, EntitySet
+from nerserve.ner.archs.gner import SPEC
+from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
+from nerserve.ner.archs.gner.loss import gner_loss
+from nerserve.ner.archs.gner.network import LowRankLinear
+from nerserve.ner.archs.gner.program import GnerProgram
+from nerserve.ner.archs.gner.tagging import tags_of, target_ids
+from nerserve.ner.data import Sentence, named_split
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.runner import score
+from nerserve.ner.training.loop import FitResult, ModelRecord, final_scores, finish, fit, start_run
+from nerserve.ner.types import Entity, EntitySet
 
 HELD_OUT = ("harveyner", "broad_twitter_corpus")  # unseen domains: never trained on, scored at the end
 BIOMEDICAL = frozenset({"anatem", "bc2gm", "bc5cdr", "ncbi", "genia", "cadec"})
@@ -108,7 +108,7 @@ def train_gner(
     rng = random.Random(settings.seed)
     mixture = sample_mixture(sources, settings.train_limit or 16000, rng)
     train = [sentence for sentence, _ in mixture]
-    from ner.encoder import load_backbone
+    from nerserve.ner.encoder import load_backbone
 
     shape = load_backbone(backbone).config
     config = GnerConfig(
@@ -165,8 +165,8 @@ def encoder_from(network: torch.nn.Module, model_name: str) -> dict[str, Any]:
     same backbone."""
     from safetensors.torch import load_file
 
-    from ner.model_store import WEIGHTS, model_dir, read_manifest
-    from ner.training.loop import earlier_runs
+    from nerserve.ner.model_store import WEIGHTS, model_dir, read_manifest
+    from nerserve.ner.training.loop import earlier_runs
 
     folder = model_dir(model_name)
     source = read_manifest(folder)
@@ -242,10 +242,10 @@ def import_seq2seq(folder: Path, out: Path, labels: Sequence[str], lora_rank: in
     as the checkpoints were trained to write `word(tag)` text unconstrained."""
     from transformers import AutoConfig
 
-    from ner.backbone import resolve_backbone
-    from ner.lora import LoraSettings, save_weights
-    from ner.model_store import WEIGHTS, write_manifest
-    from ner.training.loop import TrainSettings
+    from nerserve.ner.backbone import resolve_backbone
+    from nerserve.ner.lora import LoraSettings, save_weights
+    from nerserve.ner.model_store import WEIGHTS, write_manifest
+    from nerserve.ner.training.loop import TrainSettings
 
     backbone = resolve_backbone(str(folder))
     shape = AutoConfig.from_pretrained(str(folder))

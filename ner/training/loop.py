@@ -19,12 +19,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ner.backbone import BackboneInfo, resolve_backbone
-from ner.data import Sentence, read_split
-from ner.loading import device_name
-from ner.lora import LoraSettings, save_weights, trainable_state
-from ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
-from ner.runner import score
+from nerserve.ner.backbone import BackboneInfo, resolve_backbone
+from nerserve.ner.data import Sentence, read_split
+from nerserve.ner.loading import device_name
+from nerserve.ner.lora import LoraSettings, save_weights, trainable_state
+from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from nerserve.ner.runner import score
 
 DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
 LossFunction = Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]]
@@ -112,7 +112,7 @@ def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo, arch
     checkpoint is gone."""
     from safetensors.torch import load_file
 
-    from ner.model_store import model_dir, read_manifest
+    from nerserve.ner.model_store import model_dir, read_manifest
 
     folder = model_dir(model_name)
     source = read_manifest(folder)
@@ -366,7 +366,7 @@ class Trained:
 def tune_and_finish(trained: Trained, dev: list[Sentence], data_dir: Path, batch_size: int, device: str, out: Path) -> Manifest:
     """Choose the decoding options on dev (the architecture's grid), score dev, the regression
     slice and test with them (how generated sequences ended included), and write the model."""
-    from ner.training.decode_tuning import tune_spec
+    from nerserve.ner.training.decode_tuning import tune_spec
 
     program = trained.program
     best, tuned_f1, _ = tune_spec(program, trained.spec, dev, batch_size)

@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 
-from ner.archs.nag import SPEC
-from ner.archs.nag.config import NagConfig, NagDecodeOptions
-from ner.archs.nag.loss import nag_loss
-from ner.archs.nag.program import NagProgram
-from ner.archs.nag.targets import batch_targets, coverage
-from ner.data import Sentence, label_set
-from ner.decoding.overlap import Overlap
-from ner.loading import build_network, eager_program
-from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
+from nerserve.ner.archs.nag import SPEC
+from nerserve.ner.archs.nag.config import NagConfig, NagDecodeOptions
+from nerserve.ner.archs.nag.loss import nag_loss
+from nerserve.ner.archs.nag.program import NagProgram
+from nerserve.ner.archs.nag.targets import batch_targets, coverage
+from nerserve.ner.data import Sentence, label_set
+from nerserve.ner.decoding.overlap import Overlap
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
 
 L_MAX_COVERAGE = 0.99  # the paper's l_max = 8 sub-words, raised until 99 % of entities fit
 

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import torch
 
-from ner.archs.pointer.targets import IGNORE
-from ner.archs.setgen import SPEC
-from ner.archs.setgen.config import SetgenConfig, SetgenOptions
-from ner.archs.setgen.loss import setgen_loss
-from ner.archs.setgen.program import SetgenProgram
-from ner.archs.setgen.targets import batch_targets
-from ner.data import label_set
-from ner.decoding.overlap import Overlap
-from ner.loading import build_network, eager_program
-from ner.model_store import Manifest
-from ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
+from nerserve.ner.archs.pointer.targets import IGNORE
+from nerserve.ner.archs.setgen import SPEC
+from nerserve.ner.archs.setgen.config import SetgenConfig, SetgenOptions
+from nerserve.ner.archs.setgen.loss import setgen_loss
+from nerserve.ner.archs.setgen.program import SetgenProgram
+from nerserve.ner.archs.setgen.targets import batch_targets
+from nerserve.ner.data import label_set
+from nerserve.ner.decoding.overlap import Overlap
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.training.loop import ModelRecord, Trained, TrainSettings, fit, is_flat, start_run, tune_and_finish, warm_start
 
 
 def train_setgen(

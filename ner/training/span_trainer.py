@@ -8,16 +8,16 @@ from pathlib import Path
 
 import torch
 
-from ner.archs.span import SPEC, THRESHOLDS
-from ner.archs.span.config import DecodeOptions, SpanConfig
-from ner.archs.span.loss import span_loss
-from ner.archs.span.program import SpanBatch, SpanProgram
-from ner.data import Sentence, label_set, read_split
-from ner.decoding.overlap import Overlap
-from ner.loading import build_network, eager_program
-from ner.model_store import Manifest
-from ner.training.decode_tuning import tune_decoding
-from ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run, warm_start
+from nerserve.ner.archs.span import SPEC, THRESHOLDS
+from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
+from nerserve.ner.archs.span.loss import span_loss
+from nerserve.ner.archs.span.program import SpanBatch, SpanProgram
+from nerserve.ner.data import Sentence, label_set, read_split
+from nerserve.ner.decoding.overlap import Overlap
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.training.decode_tuning import tune_decoding
+from nerserve.ner.training.loop import ModelRecord, TrainSettings, final_scores, finish, fit, is_nested, start_run, warm_start
 
 
 def coverage_width(sentences: list[Sentence], coverage: float = 0.995) -> int:

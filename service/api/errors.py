@@ -12,7 +12,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 ERROR_STATUS: dict[str, int] = {
     "malformed_json": 400,
-    "labels_not_supported": 400,
     "unknown_model": 404,
     "not_found": 404,
     "method_not_allowed": 405,
@@ -20,6 +19,7 @@ ERROR_STATUS: dict[str, int] = {
     "too_many_texts": 413,
     "invalid_request": 422,
     "invalid_option": 422,
+    "unknown_label": 422,
     "queue_full": 429,
     "not_ready": 503,
     "model_failed": 503,

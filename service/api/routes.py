@@ -1,166 +1,60 @@
-"""HTTP endpoints: POST /extract, GET /models, /health/live, /health/ready, /metrics, /stats."""
+"""HTTP endpoints: POST /extract, GET /models, /info, /health/live, /health/ready, /metrics, /stats."""
 
 from __future__ import annotations
 
-import asyncio
 import math
+import platform
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ner.archs.base import OptionError
-from service.api.errors import ApiError
-from service.api.schemas import ErrorResponse, ExtractRequest, ExtractResponse, ModelsResponse
-from service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
-from service.config import Settings
-from service.metrics import Metrics
-from service.models import ServedModel
-from service.pipeline import assemble
+from nerserve import __version__
+from nerserve.service.api.errors import ApiError
+from nerserve.service.api.extraction import Ask, Extraction, check_serving
+from nerserve.service.api.extraction import extract as run_extraction
+from nerserve.service.api.schemas import ErrorResponse, ExtractRequest, ExtractResponse, InfoResponse, ModelsResponse
+from nerserve.service.api.state import service_state
 
 router = APIRouter()
-
-
-@dataclass
-class ServiceState:
-    settings: Settings
-    metrics: Metrics = field(default_factory=Metrics)
-    models: dict[str, ServedModel] = field(default_factory=dict)
-    ready: bool = False  # at least one model answers
-    draining: bool = False
-    model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed
-    model_errors: dict[str, str] = field(default_factory=dict)
-    fatal: str | None = None  # the process cannot serve and is stopping (liveness fails)
-
-    @property
-    def default_model(self) -> str | None:
-        # The configured default when it is served; otherwise the first served model (GET /models
-        # names the one in use), so a store without span-conll03 still answers model-less requests.
-        if self.settings.default_model in self.models or self.model_states.get(self.settings.default_model or "") == "loading":
-            return self.settings.default_model
-        return next(iter(self.models), None)
-
-    def model(self, name: str | None) -> ServedModel:
-        chosen = name or self.default_model
-        if chosen is not None and self.model_states.get(chosen) == "loading":
-            raise ApiError("not_ready", f"model {chosen!r} is still loading", "model", headers={"Retry-After": "5"})
-        if chosen is not None and self.model_states.get(chosen) == "failed":
-            raise ApiError("model_failed", f"model {chosen!r} failed to load: {self.model_errors[chosen]}", "model")
-        if chosen is None or chosen not in self.models:
-            known = ", ".join(self.models) or "none"
-            raise ApiError("unknown_model", f"unknown model {chosen!r}; served models: {known}", "model")
-        return self.models[chosen]
-
-
-def _state(request: Request) -> ServiceState:
-    state: ServiceState = request.app.state.service
-    return state
-
-
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 503, 504)}
-
-
-def _validate_tokens(tokens: list[list[str]]) -> None:
-    for i, sentence in enumerate(tokens):
-        if not sentence:
-            raise ApiError("invalid_request", f"tokens[{i}]: a sentence needs at least one token", f"tokens[{i}]")
-        for j, token in enumerate(sentence):
-            if not token or any(c.isspace() for c in token):
-                raise ApiError(
-                    "invalid_request",
-                    f"tokens[{i}][{j}]: tokens must be non-empty and contain no whitespace",
-                    f"tokens[{i}][{j}]",
-                )
-
-
-async def _client_gone(request: Request) -> None:
-    """Returns when the client disconnects (the body was read already: the next ASGI message is
-    the disconnect). Event-driven, so in-flight requests cost nothing while they wait."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _await_all(request: Request, futures: list[asyncio.Future[ItemResult]]) -> list[ItemResult]:
-    """Wait for every sentence; if the client goes away, cancel them so the batcher drops them."""
-    gathered: asyncio.Future[Any] = asyncio.gather(*futures)
-    watcher: asyncio.Future[Any] = asyncio.ensure_future(_client_gone(request))
-    done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if gathered in done:
-        watcher.cancel()
-        return gathered.result()
-    for future in futures:
-        future.cancel()
-    gathered.cancel()
-    raise asyncio.CancelledError
 
 
 @router.post("/extract", response_model=ExtractResponse, responses=ERRORS, summary="Extract entities")
 async def extract(body: ExtractRequest, request: Request, response: Response) -> dict[str, Any]:
-    state = _state(request)
+    state = service_state(request)
     started = time.perf_counter()
-    if state.draining:
-        raise ApiError("draining", "server is shutting down; retry on another replica")
-    if not state.ready:
-        raise ApiError("not_ready", "models are still loading", headers={"Retry-After": "5"})
+    check_serving(state)
     model = state.model(body.model)
     request.state.model = model.name  # for the response counter (service.main.CountResponses)
     try:
-        if body.labels is not None and not model.spec.capabilities.open_labels:
-            raise ApiError(
-                "labels_not_supported",
-                f"model {model.name!r} has a closed label set: {model.manifest.labels}",
-                "labels",
-            )
-        inputs = body.texts if body.texts is not None else body.tokens
-        assert inputs is not None
-        where = "texts" if body.texts is not None else "tokens"
-        if len(inputs) > state.settings.max_texts:
-            raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
-        if body.tokens is not None:
-            _validate_tokens(body.tokens)
-        try:
-            options = model.resolve_options(body.options, body.labels)
-        except OptionError as error:
-            raise ApiError("invalid_option", str(error), error.field) from None
-        deadline_ms = body.deadline_ms or _header_float(request, "x-deadline-ms")
-        deadline = time.monotonic() + deadline_ms / 1000 if deadline_ms else None
-        planned = await asyncio.to_thread(model.planner.plan, body.texts, body.tokens)
-        units = [unit for text in planned for unit in text.units]
-        results: list[ItemResult] = []
-        if units:
-            try:
-                futures = model.scheduler.submit([((u.sentence, options), u.cost) for u in units], deadline)
-            except QueueFull as full:
-                raise ApiError(
-                    "queue_full",
-                    f"model {model.name!r} is overloaded ({full.depth} sentences queued)",
-                    headers={"Retry-After": str(int(full.retry_after + 0.999))},
-                ) from None
-            except Draining:
-                raise ApiError("draining", "server is shutting down; retry on another replica") from None
-            try:
-                results = await _await_all(request, futures)
-            except DeadlineExceeded:
-                raise ApiError("deadline_exceeded", "the request's deadline passed before it ran") from None
-        queue_seconds = max((r.queue_seconds for r in results), default=0.0)
-        inference_seconds = sum({r.batch_id: r.run_seconds for r in results}.values())  # each batch once
-        response.headers["X-Queue-Time"] = f"{queue_seconds * 1000:.3f}ms"
-        response.headers["X-Inference-Time"] = f"{inference_seconds * 1000:.3f}ms"
-        by_text: list[list[Any]] = [[] for _ in planned]
-        for unit, result in zip(units, results, strict=True):
-            by_text[unit.text_index].append(result.value)
+        ask = Ask(
+            texts=body.texts,
+            tokens=body.tokens,
+            labels=body.labels,
+            options=body.options,
+            flat=body.flat,
+            deadline_ms=body.deadline_ms or _header_float(request, "x-deadline-ms"),
+        )
+        done = await run_extraction(state, request, model, ask)
+        timing_headers(response, done)
         return {
             "model": model.name,
             "version": model.manifest.version,
-            "results": [{"entities": assemble(text, by_text[i])} for i, text in enumerate(planned)],
+            "results": [{"entities": entities} for entities in done.entities],
         }
     finally:
         state.metrics.request_seconds.labels(model.name).observe(time.perf_counter() - started)
         state.metrics.queue_depth.labels(model.name).set(model.scheduler.depth)
         state.metrics.in_flight.labels(model.name).set(model.scheduler.in_flight)
+
+
+def timing_headers(response: Response, done: Extraction) -> None:
+    """Bare milliseconds, so that a client or a proxy can read them as numbers."""
+    response.headers["X-Queue-Time"] = f"{done.queue_seconds * 1000:.3f}"
+    response.headers["X-Inference-Time"] = f"{done.inference_seconds * 1000:.3f}"
 
 
 def _header_float(request: Request, name: str) -> float | None:
@@ -178,7 +72,7 @@ def _header_float(request: Request, name: str) -> float | None:
 
 @router.get("/models", response_model=ModelsResponse)
 async def models(request: Request) -> dict[str, Any]:
-    state = _state(request)
+    state = service_state(request)
     listed = []
     for name, model_state in state.model_states.items():
         if model_state == "ready":
@@ -190,7 +84,7 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.get("/health/live", responses={503: {"model": ErrorResponse}})
 async def live(request: Request) -> JSONResponse:
-    state = _state(request)
+    state = service_state(request)
     if state.fatal:
         return JSONResponse({"status": "broken", "error": state.fatal}, status_code=503)
     return JSONResponse({"status": "live"})
@@ -198,7 +92,7 @@ async def live(request: Request) -> JSONResponse:
 
 @router.get("/health/ready", responses={503: {"model": ErrorResponse}})
 async def ready(request: Request) -> JSONResponse:
-    state = _state(request)
+    state = service_state(request)
     if state.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     if state.fatal:
@@ -210,7 +104,7 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
-    state = _state(request)
+    state = service_state(request)
     for name, model in state.models.items():
         state.metrics.queue_depth.labels(name).set(model.scheduler.depth)
         state.metrics.in_flight.labels(name).set(model.scheduler.in_flight)
@@ -221,8 +115,32 @@ async def metrics(request: Request) -> Response:
 async def stats(request: Request) -> dict[str, Any]:
     """The papers' efficiency table, live: sentences/s and tokens/s per model over 10 s, 1 min
     and since start, mean batch size and padding ratio."""
-    state = _state(request)
+    state = service_state(request)
     return {
         name: {**model.observer.stats.table(), "runtime": model.runtime, "queue_depth": model.scheduler.depth}
         for name, model in state.models.items()
+    }
+
+
+@router.get("/info", response_model=InfoResponse)
+async def info(request: Request) -> dict[str, Any]:
+    """What an operator asks first: the version, what is served, on what, with which limits."""
+    state = service_state(request)
+    settings = state.settings
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "runtime": settings.runtime.value,
+        "device": settings.device,
+        "default_model": state.default_model,
+        "models": state.model_states,
+        "batching": {
+            "max_batch_size": settings.max_batch_size,
+            "max_batch_tokens": settings.max_batch_tokens,
+            "max_wait_ms": settings.max_wait_ms,
+            "max_queue": settings.max_queue,
+            "max_queue_seconds": settings.max_queue_seconds,
+            "max_padding": settings.padding_bound,
+        },
+        "limits": {"max_texts": settings.max_texts, "max_body_bytes": settings.max_body_bytes},
     }

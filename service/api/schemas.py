@@ -31,11 +31,15 @@ class ExtractRequest(BaseModel):
         min_length=1,
         max_length=100,
         description="entity types to find (1–100 distinct names of 1–64 characters, no parentheses): required by "
-        "open-label models (GET /models: capabilities.open_labels), refused by the others",
+        "open-label models (GET /models: capabilities.open_labels), which read them as their prompt; for the others "
+        "a filter on their own labels (an unknown one is a 422 naming it)",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="the architecture's per-request options")
     deadline_ms: float | None = Field(
         None, gt=0, strict=True, allow_inf_nan=False, description="answer 504 if not started within this time"
+    )
+    flat: bool = Field(
+        False, strict=True, description="non-overlapping entities only (the highest scores kept), for BIO / doc.ents"
     )
 
     @field_validator("texts", "tokens", "labels")
@@ -71,6 +75,8 @@ class EntityOut(BaseModel):
     type: str
     text: str = Field(description="the fragments' surfaces joined by one space")
     score: float
+    start: int = Field(description="character offset where the entity's whole extent starts (its first fragment)")
+    end: int = Field(description="character offset where its whole extent ends (exclusive; its last fragment)")
     spans: list[tuple[int, int]] = Field(description="character offsets [start, end) per fragment (code points)")
     token_spans: list[tuple[int, int]] = Field(description="word offsets [start, end) per fragment")
 
@@ -103,6 +109,17 @@ class ModelInfo(BaseModel):
 class ModelsResponse(BaseModel):
     default: str | None
     models: list[ModelInfo]
+
+
+class InfoResponse(BaseModel):
+    version: str
+    python: str
+    runtime: str
+    device: str
+    default_model: str | None
+    models: dict[str, str] = Field(description="each model's state: loading, ready or failed")
+    batching: dict[str, float | int | None]
+    limits: dict[str, int]
 
 
 class ErrorBody(BaseModel):

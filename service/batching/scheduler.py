@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from service.batching.packing import BatchLimits, padded_cost, select_batch
+from nerserve.service.batching.packing import BatchLimits, padded_cost, select_batch
 
 
 class QueueFull(RuntimeError):

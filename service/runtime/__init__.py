@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ner.graph import Graph, GraphError
-from ner.graph_format import GraphFormat
+from nerserve.ner.graph import Graph, GraphError
+from nerserve.ner.graph_format import GraphFormat
 
 
 def load_graph(path: Path, fmt: GraphFormat, device: str = "cpu", threads: int | None = None) -> Graph:
@@ -15,9 +15,9 @@ def load_graph(path: Path, fmt: GraphFormat, device: str = "cpu", threads: int |
     if not path.is_file():
         raise GraphError(f"{path}: graph file missing")
     if fmt == GraphFormat.onnx:
-        from service.runtime.onnx import OnnxGraph
+        from nerserve.service.runtime.onnx import OnnxGraph
 
         return OnnxGraph(path, device, threads)
-    from service.runtime.torchscript import TorchScriptGraph
+    from nerserve.service.runtime.torchscript import TorchScriptGraph
 
     return TorchScriptGraph(path, device)

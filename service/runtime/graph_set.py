@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ner.archs.registry import architecture
-from ner.graph_format import GraphFormat, graph_file, read_export_info
-from ner.model_store import Manifest, read_manifest
-from ner.text.subword import SubwordEncoder, load_tokenizer
-from service.runtime import load_graph
+from nerserve.ner.archs.registry import architecture
+from nerserve.ner.graph_format import GraphFormat, graph_file, read_export_info
+from nerserve.ner.model_store import Manifest, read_manifest
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.service.runtime import load_graph
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ner.graph import GraphError, Value
+from nerserve.ner.graph import GraphError, Value
 
 
 class OnnxGraph:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from ner.graph import GraphError, Value
-from ner.graph_format import TORCHSCRIPT_IO
-from ner.torch_graph import from_tensors, to_tensor
+from nerserve.ner.graph import GraphError, Value
+from nerserve.ner.graph_format import TORCHSCRIPT_IO
+from nerserve.ner.torch_graph import from_tensors, to_tensor
 
 
 class TorchScriptGraph:

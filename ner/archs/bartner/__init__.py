@@ -3,10 +3,10 @@ right by a pointer decoder (`ptr … ptr type … </s>`), greedy or beam. The au
 reference of the SetGNER, NAG-NER and DiffusionNER speed tables, on the same encoder and the same
 pointer decoder as setgen. Flat, nested and discontinuous entities."""
 
-from ner.archs.bartner.config import BartnerConfig, BartnerOptions
-from ner.archs.bartner.program import BartnerProgram
-from ner.archs.bartner.signatures import signatures
-from ner.archs.base import ArchitectureSpec, Capabilities, Tuning
+from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
+from nerserve.ner.archs.bartner.program import BartnerProgram
+from nerserve.ner.archs.bartner.signatures import signatures
+from nerserve.ner.archs.base import ArchitectureSpec, Capabilities, Tuning
 
 SPEC = ArchitectureSpec(
     name="bartner",
@@ -16,6 +16,6 @@ SPEC = ArchitectureSpec(
     signatures=signatures,
     capabilities=Capabilities(nested=True, discontinuous=True, autoregressive=True),
     tuning=Tuning({"threshold": (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)}),
-    network="ner.archs.bartner.network:BartnerNetwork",
-    trainer="ner.training.bartner_trainer:train_bartner",
+    network="nerserve.ner.archs.bartner.network:BartnerNetwork",
+    trainer="nerserve.ner.training.bartner_trainer:train_bartner",
 )

@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from ner.archs.config_io import config_from_dict
-from ner.archs.pointer.config import PointerConfig
-from ner.decoding.overlap import Overlap
+from nerserve.ner.archs.config_io import config_from_dict
+from nerserve.ner.archs.pointer.config import PointerConfig
+from nerserve.ner.decoding.overlap import Overlap
 
 
 @pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid", strict=True))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ner.archs.bartner.network import BartnerNetwork
-from ner.archs.feeds import ENCODER_INPUTS
-from ner.archs.pointer.loss import generation_loss
-from ner.archs.pointer.targets import Row, sequence_of
-from ner.types import Entity
+from nerserve.ner.archs.bartner.network import BartnerNetwork
+from nerserve.ner.archs.feeds import ENCODER_INPUTS
+from nerserve.ner.archs.pointer.loss import generation_loss
+from nerserve.ner.archs.pointer.targets import Row, sequence_of
+from nerserve.ner.types import Entity
 
 
 def bartner_loss(

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ner.archs.bartner.config import BartnerConfig
-from ner.archs.feeds import ENCODER_INPUTS
-from ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
-from ner.encoder import EncoderConfig, WordEncoder
+from nerserve.ner.archs.bartner.config import BartnerConfig
+from nerserve.ner.archs.feeds import ENCODER_INPUTS
+from nerserve.ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
+from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 
 class BartnerEncoderGraph(nn.Module):

@@ -12,16 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.bartner.config import BartnerConfig, BartnerOptions
-from ner.archs.base import ProgramBase
-from ner.archs.feeds import encoder_feeds
-from ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs
-from ner.archs.pointer.export import step_example
-from ner.archs.pointer.signatures import decoder_cache
-from ner.archs.pointer.vocabulary import START
-from ner.decoding.overlap import resolve
-from ner.text.subword import Words
-from ner.types import EntitySet
+from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.feeds import encoder_feeds
+from nerserve.ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs
+from nerserve.ner.archs.pointer.export import step_example
+from nerserve.ner.archs.pointer.signatures import decoder_cache
+from nerserve.ner.archs.pointer.vocabulary import START
+from nerserve.ner.decoding.overlap import resolve
+from nerserve.ner.text.subword import Words
+from nerserve.ner.types import EntitySet
 
 
 @dataclass

@@ -3,10 +3,10 @@ sentence), then the pointer decoder's step graph with its key/value cache."""
 
 from __future__ import annotations
 
-from ner.archs.bartner.config import BartnerConfig
-from ner.archs.feeds import ENCODER
-from ner.archs.pointer.signatures import step_graph
-from ner.graph import GraphSignature
+from nerserve.ner.archs.bartner.config import BartnerConfig
+from nerserve.ner.archs.feeds import ENCODER
+from nerserve.ner.archs.pointer.signatures import step_graph
+from nerserve.ner.graph import GraphSignature
 
 ENCODER_WITH_MEMORY = GraphSignature(
     ENCODER.inputs,

@@ -1,9 +1,9 @@
 """DiffusionNER: entities denoised from K noisy spans (boundary diffusion, DDIM sampling)."""
 
-from ner.archs.base import ArchitectureSpec, Capabilities, Tuning
-from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
-from ner.archs.diffusion.program import DiffusionProgram
-from ner.archs.diffusion.signatures import signatures
+from nerserve.ner.archs.base import ArchitectureSpec, Capabilities, Tuning
+from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
+from nerserve.ner.archs.diffusion.program import DiffusionProgram
+from nerserve.ner.archs.diffusion.signatures import signatures
 
 SPEC = ArchitectureSpec(
     name="diffusion",
@@ -14,6 +14,6 @@ SPEC = ArchitectureSpec(
     capabilities=Capabilities(nested=True),
     # φ/3: the paper's 2.5/3 ≈ 0.83 (tuned in [2.5, 2.7]); a CPU-trained model is less confident
     tuning=Tuning({"threshold": tuple(round(0.1 + 0.05 * i, 2) for i in range(17))}),
-    network="ner.archs.diffusion.network:DiffusionNetwork",
-    trainer="ner.training.diffusion_trainer:train_diffusion",
+    network="nerserve.ner.archs.diffusion.network:DiffusionNetwork",
+    trainer="nerserve.ner.training.diffusion_trainer:train_diffusion",
 )

@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from ner.archs.config_io import config_from_dict
-from ner.decoding.overlap import Overlap
+from nerserve.ner.archs.config_io import config_from_dict
+from nerserve.ner.decoding.overlap import Overlap
 
 Schedule = Literal["cosine", "linear"]
 SpanPooling = Literal["lrconcat", "mean"]

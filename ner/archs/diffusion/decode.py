@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ner.archs.diffusion.config import DiffusionDecodeOptions
-from ner.decoding.overlap import accept_best_first
-from ner.types import Entity, EntitySet
+from nerserve.ner.archs.diffusion.config import DiffusionDecodeOptions
+from nerserve.ner.decoding.overlap import accept_best_first
+from nerserve.ner.types import Entity, EntitySet
 
 
 def proposal_boundaries(left_probs: np.ndarray, right_probs: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.archs.diffusion.config import DiffusionConfig
 
 MASKED = -1e4  # fp16-safe "minus infinity" for boundary logits of padding words
 

@@ -9,11 +9,11 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
-from ner.archs.diffusion.config import DiffusionConfig
-from ner.archs.diffusion.network import DiffusionNetwork
-from ner.archs.diffusion.schedule import Sampler, spans_to_noise
-from ner.archs.feeds import ENCODER_INPUTS
-from ner.types import EntitySet
+from nerserve.ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.archs.diffusion.network import DiffusionNetwork
+from nerserve.ner.archs.diffusion.schedule import Sampler, spans_to_noise
+from nerserve.ner.archs.feeds import ENCODER_INPUTS
+from nerserve.ner.types import EntitySet
 
 Gold = list[tuple[int, int, int]]  # left word, right word (inclusive), class index (1..C)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ner.archs.diffusion.config import DiffusionConfig
-from ner.archs.diffusion.graphs import DenoiserGraph
-from ner.encoder import EncoderConfig, WordEncoder
+from nerserve.ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.archs.diffusion.graphs import DenoiserGraph
+from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 
 class DiffusionNetwork(nn.Module):

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.base import ProgramBase
-from ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
-from ner.archs.diffusion.decode import decode_sentence
-from ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_pairs
-from ner.archs.feeds import encoder_feeds
-from ner.graph import Graph, GraphSignature
-from ner.text.subword import SubwordEncoder, Words
-from ner.types import EntitySet
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
+from nerserve.ner.archs.diffusion.decode import decode_sentence
+from nerserve.ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_pairs
+from nerserve.ner.archs.feeds import encoder_feeds
+from nerserve.ner.graph import Graph, GraphSignature
+from nerserve.ner.text.subword import SubwordEncoder, Words
+from nerserve.ner.types import EntitySet
 
 EXPORT_PROPOSALS = 7  # example K for export: distinct from every other example axis
 

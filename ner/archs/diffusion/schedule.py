@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.archs.diffusion.config import DiffusionConfig
 
 
 def alphas_cumprod(schedule: str, timesteps: int) -> np.ndarray:

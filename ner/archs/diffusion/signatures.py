@@ -3,9 +3,9 @@ noisy spans (K = "proposals" varies per request; the sampling loop runs outside 
 
 from __future__ import annotations
 
-from ner.archs.diffusion.config import DiffusionConfig
-from ner.archs.feeds import ENCODER
-from ner.graph import GraphSignature
+from nerserve.ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.archs.feeds import ENCODER
+from nerserve.ner.graph import GraphSignature
 
 DENOISER = GraphSignature(
     ("word_states", "word_mask", "noisy_spans", "timestep"),

@@ -4,10 +4,10 @@ the non-entity words are the negative instances); the output is aligned onto the
 hierarchical matching (identical → subsequence → Hunt–Szymanski LCS). Open labels: each request
 brings its own. Flat entities."""
 
-from ner.archs.base import ArchitectureSpec, Capabilities, Tuning
-from ner.archs.gner.config import GnerConfig, GnerOptions
-from ner.archs.gner.program import GnerProgram
-from ner.archs.gner.signatures import signatures
+from nerserve.ner.archs.base import ArchitectureSpec, Capabilities, Tuning
+from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
+from nerserve.ner.archs.gner.program import GnerProgram
+from nerserve.ner.archs.gner.signatures import signatures
 
 SPEC = ArchitectureSpec(
     name="gner",
@@ -17,6 +17,6 @@ SPEC = ArchitectureSpec(
     signatures=signatures,
     capabilities=Capabilities(open_labels=True, autoregressive=True),
     tuning=Tuning({}),
-    network="ner.archs.gner.network:GnerNetwork",
-    trainer="ner.training.gner_trainer:train_gner",
+    network="nerserve.ner.archs.gner.network:GnerNetwork",
+    trainer="nerserve.ner.training.gner_trainer:train_gner",
 )

@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from ner.archs.config_io import config_from_dict
-from ner.decoding.overlap import Overlap
+from nerserve.ner.archs.config_io import config_from_dict
+from nerserve.ner.decoding.overlap import Overlap
 
 # The kinds of seq2seq network: the backbone as encoder and as a cached decoder initialised from
 # it ("bert2bert"), or a Hugging Face encoder-decoder folder such as Flan-T5 / GNER-T5 ("t5").

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ner.archs.gner.tagging import Markers
-from ner.decoding.generation import BLOCKED
+from nerserve.ner.archs.gner.tagging import Markers
+from nerserve.ner.decoding.generation import BLOCKED
 
 Trie = dict[int, "TrieNode"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch.nn import functional as F
 
-from ner.archs.gner.network import GnerNetwork
+from nerserve.ner.archs.gner.network import GnerNetwork
 
 IGNORE = -100
 NEGATIVES = 2048

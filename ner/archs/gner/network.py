@@ -21,10 +21,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ner.archs.gner.config import GnerConfig
-from ner.archs.gner.step_decoder import StepDecoder
-from ner.archs.gner.t5 import T5Decoder
-from ner.text.chars import SHAPE_VOCAB_SIZE
+from nerserve.ner.archs.gner.config import GnerConfig
+from nerserve.ner.archs.gner.step_decoder import StepDecoder
+from nerserve.ner.archs.gner.t5 import T5Decoder
+from nerserve.ner.text.chars import SHAPE_VOCAB_SIZE
 
 MASKED = -1e4
 

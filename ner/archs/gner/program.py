@@ -14,17 +14,17 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from ner.archs.base import OptionError, ProgramBase
-from ner.archs.gner.config import GnerConfig, GnerOptions
-from ner.archs.gner.constraint import Constraint, SentenceGrammar, trie_of
-from ner.archs.gner.matching import align
-from ner.archs.gner.signatures import cross_names, decoder_cache
-from ner.archs.gner.tagging import Markers, Tag, TagCodec, bio_entities, parse_pairs, squeeze
-from ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
-from ner.decoding.overlap import resolve
-from ner.text.chars import shape_id
-from ner.text.subword import Tokenized, Words
-from ner.types import Entity, EntitySet
+from nerserve.ner.archs.base import OptionError, ProgramBase
+from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
+from nerserve.ner.archs.gner.constraint import Constraint, SentenceGrammar, trie_of
+from nerserve.ner.archs.gner.matching import align
+from nerserve.ner.archs.gner.signatures import cross_names, decoder_cache
+from nerserve.ner.archs.gner.tagging import Markers, Tag, TagCodec, bio_entities, parse_pairs, squeeze
+from nerserve.ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
+from nerserve.ner.decoding.overlap import resolve
+from nerserve.ner.text.chars import shape_id
+from nerserve.ner.text.subword import Tokenized, Words
+from nerserve.ner.types import Entity, EntitySet
 
 
 @dataclass

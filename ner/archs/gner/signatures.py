@@ -3,8 +3,8 @@ once per sentence) and the decoder's step graph with its key/value cache."""
 
 from __future__ import annotations
 
-from ner.archs.gner.config import GnerConfig
-from ner.graph import GraphSignature, KeyValueCache, step_signature
+from nerserve.ner.archs.gner.config import GnerConfig
+from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "shape_ids")
 

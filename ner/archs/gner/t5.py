@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ner.archs.gner.step_decoder import StepDecoder
+from nerserve.ner.archs.gner.step_decoder import StepDecoder
 
 MASKED = -1e4
 

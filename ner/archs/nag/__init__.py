@@ -4,10 +4,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ner.archs.base import ArchitectureSpec, Capabilities, Tuning
-from ner.archs.nag.config import NagConfig, NagDecodeOptions
-from ner.archs.nag.program import NagProgram
-from ner.archs.nag.signatures import signatures
+from nerserve.ner.archs.base import ArchitectureSpec, Capabilities, Tuning
+from nerserve.ner.archs.nag.config import NagConfig, NagDecodeOptions
+from nerserve.ner.archs.nag.program import NagProgram
+from nerserve.ner.archs.nag.signatures import signatures
 
 
 def loosest_start_threshold(options: NagDecodeOptions, grid: Mapping[str, Sequence[Any]]) -> NagDecodeOptions:
@@ -27,6 +27,6 @@ SPEC = ArchitectureSpec(
         {"start_threshold": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7), "threshold": (0.0, 0.3, 0.4, 0.5, 0.6)},
         loosest_start_threshold,
     ),
-    network="ner.archs.nag.network:NagNetwork",
-    trainer="ner.training.nag_trainer:train_nag",
+    network="nerserve.ner.archs.nag.network:NagNetwork",
+    trainer="nerserve.ner.training.nag_trainer:train_nag",
 )

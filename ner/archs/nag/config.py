@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from ner.archs.config_io import config_from_dict
-from ner.decoding.overlap import Overlap
+from nerserve.ner.archs.config_io import config_from_dict
+from nerserve.ner.decoding.overlap import Overlap
 
 # The decoder's output vocabulary: these specials, then one tag per entity type, then one pointer
 # per sub-word position of the sentence (entities are always made of the sentence's own sub-words,

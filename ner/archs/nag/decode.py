@@ -19,9 +19,9 @@ from collections import Counter
 
 import numpy as np
 
-from ner.archs.nag.config import EOS, OUTSIDE, SPECIALS, NagConfig, NagDecodeOptions
-from ner.decoding.overlap import resolve
-from ner.types import Entity, EntitySet, fragments_of
+from nerserve.ner.archs.nag.config import EOS, OUTSIDE, SPECIALS, NagConfig, NagDecodeOptions
+from nerserve.ner.decoding.overlap import resolve
+from nerserve.ner.types import Entity, EntitySet, fragments_of
 
 
 def words_of_pointers(

@@ -15,8 +15,8 @@ import math
 import torch
 from torch import nn
 
-from ner.archs.nag.config import NagConfig
-from ner.encoder import WordEncoder
+from nerserve.ner.archs.nag.config import NagConfig
+from nerserve.ner.encoder import WordEncoder
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointer logits of padding positions
 

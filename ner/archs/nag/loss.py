@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ner.archs.feeds import ENCODER_INPUTS
-from ner.archs.nag.config import PAD
-from ner.archs.nag.network import NagNetwork
-from ner.archs.nag.targets import IGNORE, BatchTargets
+from nerserve.ner.archs.feeds import ENCODER_INPUTS
+from nerserve.ner.archs.nag.config import PAD
+from nerserve.ner.archs.nag.network import NagNetwork
+from nerserve.ner.archs.nag.targets import IGNORE, BatchTargets
 
 
 def nag_loss(

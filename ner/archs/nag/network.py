@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ner.archs.nag.config import NagConfig
-from ner.archs.nag.graphs import NagDecoderGraph, NagEncoderGraph, NagEncoderHead
-from ner.encoder import EncoderConfig, WordEncoder
+from nerserve.ner.archs.nag.config import NagConfig
+from nerserve.ner.archs.nag.graphs import NagDecoderGraph, NagEncoderGraph, NagEncoderHead
+from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 
 def position_table(backbone: nn.Module) -> torch.Tensor | None:

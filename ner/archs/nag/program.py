@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.base import ProgramBase
-from ner.archs.feeds import encoder_feeds
-from ner.archs.nag.config import NagConfig, NagDecodeOptions
-from ner.archs.nag.decode import decode_queries
-from ner.text.subword import Words
-from ner.types import EntitySet
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.feeds import encoder_feeds
+from nerserve.ner.archs.nag.config import NagConfig, NagDecodeOptions
+from nerserve.ner.archs.nag.decode import decode_queries
+from nerserve.ner.text.subword import Words
+from nerserve.ner.types import EntitySet
 
 EXPORT_QUERIES = 7  # example query count for export: distinct from every other example axis
 

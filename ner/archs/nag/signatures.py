@@ -3,9 +3,9 @@ queries (a query = one entity to write: sentence, start word, start sub-word pos
 
 from __future__ import annotations
 
-from ner.archs.feeds import ENCODER
-from ner.archs.nag.config import NagConfig
-from ner.graph import GraphSignature
+from nerserve.ner.archs.feeds import ENCODER
+from nerserve.ner.archs.nag.config import NagConfig
+from nerserve.ner.graph import GraphSignature
 
 ENCODER_WITH_STARTS = GraphSignature(
     (*ENCODER.inputs, "subword_words", "memory_mask"),

@@ -11,8 +11,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ner.archs.nag.config import BOS, EOS, OUTSIDE, PAD, NagConfig
-from ner.types import Entity
+from nerserve.ner.archs.nag.config import BOS, EOS, OUTSIDE, PAD, NagConfig
+from nerserve.ner.types import Entity
 
 IGNORE = -100  # cross-entropy ignore index
 

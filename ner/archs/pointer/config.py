@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ner.archs.pointer.vocabulary import Vocabulary
+from nerserve.ner.archs.pointer.vocabulary import Vocabulary
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import math
 import torch
 from torch import nn
 
-from ner.archs.pointer.config import PointerConfig
-from ner.archs.pointer.vocabulary import SPECIALS
+from nerserve.ner.archs.pointer.config import PointerConfig
+from nerserve.ner.archs.pointer.vocabulary import SPECIALS
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointers to padding words
 

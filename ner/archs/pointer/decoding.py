@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary, pointer_mask
-from ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
-from ner.graph import Graph, KeyValueCache, Value
-from ner.types import Entity, fragments_of
+from nerserve.ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary, pointer_mask
+from nerserve.ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
+from nerserve.ner.graph import Graph, KeyValueCache, Value
+from nerserve.ner.types import Entity, fragments_of
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ner.archs.pointer.config import PointerConfig
-from ner.archs.pointer.signatures import decoder_cache
-from ner.archs.pointer.vocabulary import START
-from ner.graph import Graph
+from nerserve.ner.archs.pointer.config import PointerConfig
+from nerserve.ner.archs.pointer.signatures import decoder_cache
+from nerserve.ner.archs.pointer.vocabulary import START
+from nerserve.ner.graph import Graph
 
 EXAMPLE_ROWS = 7
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ner.archs.pointer.decoder import PointerDecoder
-from ner.archs.pointer.targets import IGNORE, Row, teacher
+from nerserve.ner.archs.pointer.decoder import PointerDecoder
+from nerserve.ner.archs.pointer.targets import IGNORE, Row, teacher
 
 
 def generation_loss(

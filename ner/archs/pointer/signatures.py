@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ner.graph import GraphSignature, KeyValueCache, step_signature
+from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
 
 
 def decoder_cache(layers: int, heads: int, dim: int) -> KeyValueCache:

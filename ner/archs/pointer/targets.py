@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.pointer.vocabulary import END, START, Vocabulary
-from ner.types import Entity
+from nerserve.ner.archs.pointer.vocabulary import END, START, Vocabulary
+from nerserve.ner.types import Entity
 
 IGNORE = -100  # cross-entropy ignore index
 

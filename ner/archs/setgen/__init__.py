@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ner.archs.base import ArchitectureSpec, Capabilities, Tuning
-from ner.archs.setgen.config import SetgenConfig, SetgenOptions
-from ner.archs.setgen.program import SetgenProgram
-from ner.archs.setgen.signatures import signatures
+from nerserve.ner.archs.base import ArchitectureSpec, Capabilities, Tuning
+from nerserve.ner.archs.setgen.config import SetgenConfig, SetgenOptions
+from nerserve.ner.archs.setgen.program import SetgenProgram
+from nerserve.ner.archs.setgen.signatures import signatures
 
 
 def loosest_head_threshold(options: SetgenOptions, grid: Mapping[str, Sequence[Any]]) -> SetgenOptions:
@@ -26,6 +26,6 @@ SPEC = ArchitectureSpec(
     signatures=signatures,
     capabilities=Capabilities(nested=True, discontinuous=True, autoregressive=True),
     tuning=Tuning({"head_threshold": (0.3, 0.4, 0.5, 0.6, 0.7), "threshold": (0.0, 0.3, 0.5)}, loosest_head_threshold),
-    network="ner.archs.setgen.network:SetgenNetwork",
-    trainer="ner.training.setgen_trainer:train_setgen",
+    network="nerserve.ner.archs.setgen.network:SetgenNetwork",
+    trainer="nerserve.ner.training.setgen_trainer:train_setgen",
 )

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ner.archs.feeds import ENCODER_INPUTS
-from ner.archs.pointer.loss import generation_loss
-from ner.archs.pointer.targets import IGNORE
-from ner.archs.setgen.network import SetgenNetwork
-from ner.archs.setgen.targets import SetgenTargets
+from nerserve.ner.archs.feeds import ENCODER_INPUTS
+from nerserve.ner.archs.pointer.loss import generation_loss
+from nerserve.ner.archs.pointer.targets import IGNORE
+from nerserve.ner.archs.setgen.network import SetgenNetwork
+from nerserve.ner.archs.setgen.targets import SetgenTargets
 
 DETECTOR_WEIGHT, COUNT_WEIGHT = 0.8, 0.6
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ner.archs.feeds import ENCODER_INPUTS
-from ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
-from ner.archs.setgen.config import SetgenConfig
-from ner.encoder import EncoderConfig, WordEncoder
+from nerserve.ner.archs.feeds import ENCODER_INPUTS
+from nerserve.ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
+from nerserve.ner.archs.setgen.config import SetgenConfig
+from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 
 class Detectors(nn.Module):

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.base import ProgramBase
-from ner.archs.feeds import encoder_feeds
-from ner.archs.pointer.decoding import Grammar, Written, decode_rows, pack, parse_groups, sentence_inputs
-from ner.archs.pointer.export import step_example
-from ner.archs.pointer.signatures import decoder_cache
-from ner.archs.setgen.config import HEAD, SetgenConfig, SetgenOptions
-from ner.decoding.overlap import resolve
-from ner.text.subword import Words
-from ner.types import Entity, EntitySet
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.feeds import encoder_feeds
+from nerserve.ner.archs.pointer.decoding import Grammar, Written, decode_rows, pack, parse_groups, sentence_inputs
+from nerserve.ner.archs.pointer.export import step_example
+from nerserve.ner.archs.pointer.signatures import decoder_cache
+from nerserve.ner.archs.setgen.config import HEAD, SetgenConfig, SetgenOptions
+from nerserve.ner.decoding.overlap import resolve
+from nerserve.ner.text.subword import Words
+from nerserve.ner.types import Entity, EntitySet
 
 MAX_ENTITY_WORDS = 16  # longest entity a head's sequence may write (pointers), bounds the loop
 

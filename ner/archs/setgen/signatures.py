@@ -4,10 +4,10 @@ pointer decoder's step graph with its key/value cache."""
 
 from __future__ import annotations
 
-from ner.archs.feeds import ENCODER
-from ner.archs.pointer.signatures import step_graph
-from ner.archs.setgen.config import SetgenConfig
-from ner.graph import GraphSignature
+from nerserve.ner.archs.feeds import ENCODER
+from nerserve.ner.archs.pointer.signatures import step_graph
+from nerserve.ner.archs.setgen.config import SetgenConfig
+from nerserve.ner.graph import GraphSignature
 
 ENCODER_WITH_DETECTORS = GraphSignature(
     ENCODER.inputs,

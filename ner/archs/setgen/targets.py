@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.pointer.targets import Row, entity_pointers
-from ner.archs.pointer.vocabulary import END, FRAGMENT, NULL
-from ner.archs.setgen.config import HEAD, INSIDE, NOT_IN, TAIL, SetgenConfig
-from ner.archs.setgen.program import MAX_ENTITY_WORDS
-from ner.types import Entity
+from nerserve.ner.archs.pointer.targets import Row, entity_pointers
+from nerserve.ner.archs.pointer.vocabulary import END, FRAGMENT, NULL
+from nerserve.ner.archs.setgen.config import HEAD, INSIDE, NOT_IN, TAIL, SetgenConfig
+from nerserve.ner.archs.setgen.program import MAX_ENTITY_WORDS
+from nerserve.ner.types import Entity
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """span — Locate and Label (Shen et al., ACL 2021): seed spans → filter + boundary regressor →
 classifier on the adjusted spans → Soft-NMS. Flat and nested entities."""
 
-from ner.archs.base import ArchitectureSpec, Capabilities, Tuning
-from ner.archs.span.config import DecodeOptions, SpanConfig
-from ner.archs.span.program import SpanProgram
-from ner.archs.span.signatures import signatures
+from nerserve.ner.archs.base import ArchitectureSpec, Capabilities, Tuning
+from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
+from nerserve.ner.archs.span.program import SpanProgram
+from nerserve.ner.archs.span.signatures import signatures
 
 THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(11))  # δ from 0.3 to 0.8
 
@@ -16,6 +16,6 @@ SPEC = ArchitectureSpec(
     signatures=signatures,
     capabilities=Capabilities(nested=True),
     tuning=Tuning({"threshold": THRESHOLDS, "nms_decay": (0.9, 0.6, 0.3)}),
-    network="ner.archs.span.network:SpanNetwork",
-    trainer="ner.training.span_trainer:train_span",
+    network="nerserve.ner.archs.span.network:SpanNetwork",
+    trainer="nerserve.ner.training.span_trainer:train_span",
 )

@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ner.archs.span.config import DecodeOptions
-from ner.decoding.overlap import accept_best_first, best_per
-from ner.types import Entity, EntitySet
+from nerserve.ner.archs.span.config import DecodeOptions
+from nerserve.ner.decoding.overlap import accept_best_first, best_per
+from nerserve.ner.types import Entity, EntitySet
 
 
 def iou(a: Entity, b: Entity) -> float:

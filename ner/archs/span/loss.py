@@ -13,9 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ner.archs.span.config import SpanConfig
-from ner.archs.span.network import SpanNetwork
-from ner.types import EntitySet
+from nerserve.ner.archs.span.config import SpanConfig
+from nerserve.ner.archs.span.network import SpanNetwork
+from nerserve.ner.types import EntitySet
 
 
 def gold_tensors(gold: list[EntitySet], labels: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ner.archs.span.config import SpanConfig
-from ner.archs.span.graphs import SpanProposalGraph
-from ner.encoder import EncoderConfig, WordEncoder
+from nerserve.ner.archs.span.config import SpanConfig
+from nerserve.ner.archs.span.graphs import SpanProposalGraph
+from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 
 class SpanNetwork(nn.Module):

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.archs.base import ProgramBase
-from ner.archs.feeds import encoder_feeds
-from ner.archs.span.config import DecodeOptions, SpanConfig
-from ner.archs.span.decode import decode_sentence
-from ner.text.subword import Words
-from ner.types import EntitySet
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.feeds import encoder_feeds
+from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
+from nerserve.ner.archs.span.decode import decode_sentence
+from nerserve.ner.text.subword import Words
+from nerserve.ner.types import EntitySet
 
 
 def enumerate_seeds(n_words: int, max_width: int) -> list[tuple[int, int]]:

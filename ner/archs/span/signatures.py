@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ner.archs.feeds import ENCODER
-from ner.archs.span.config import SpanConfig
-from ner.graph import GraphSignature
+from nerserve.ner.archs.feeds import ENCODER
+from nerserve.ner.archs.span.config import SpanConfig
+from nerserve.ner.graph import GraphSignature
 
 SPAN_PROPOSAL = GraphSignature(
     ("word_states", "context", "word_mask", "seeds", "seed_mask"),

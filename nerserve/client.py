@@ -1,0 +1,234 @@
+"""A typed client of a nerserve server (`pip install nerserve[client]`): sync `Client` and async
+`AsyncClient` over httpx. A 429 or 503 is retried after the server's `Retry-After` (bounded by
+`max_retries`, `max_wait`); long lists of documents are sent in batches of `batch_size`, and
+`extract_stream` yields results as each batch comes back, so a million documents never sit in
+one request or one list.
+
+    from nerserve.client import Client
+    with Client("http://127.0.0.1:8000") as ner:
+        for entity in ner.extract(["EU rejects German call."], model="span-conll03")[0]:
+            print(entity.type, entity.text, entity.start, entity.end)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+RETRIED = (429, 503)
+
+
+class Entity(BaseModel):
+    type: str
+    text: str
+    score: float
+    start: int  # the whole extent, characters [start, end)
+    end: int
+    spans: list[tuple[int, int]]  # one per fragment (discontinuous entities have several)
+    token_spans: list[tuple[int, int]]
+
+
+class NerServeError(Exception):
+    """The server's JSON error: its HTTP status, code, message and the field it names."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> NerServeError:
+        try:
+            error = response.json()["error"]
+            return cls(response.status_code, error.get("code", ""), error.get("message", ""), error.get("field"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls(response.status_code, "http_error", response.text[:200])
+
+
+def _payload(
+    texts: list[str], model: str | None, labels: list[str] | None, options: dict[str, Any] | None, flat: bool
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {"texts": texts}
+    if model:
+        payload["model"] = model
+    if labels is not None:
+        payload["labels"] = labels
+    if options:
+        payload["options"] = options
+    if flat:
+        payload["flat"] = True
+    return payload
+
+
+def _retry_after(response: httpx.Response, attempt: int) -> float:
+    """The server's Retry-After (seconds), else exponential back-off from 0.5 s."""
+    header = response.headers.get("retry-after", "")
+    return float(header) if header.replace(".", "", 1).isdigit() else 0.5 * 2**attempt
+
+
+def _entities(response: httpx.Response) -> list[list[Entity]]:
+    return [[Entity.model_validate(e) for e in result["entities"]] for result in response.json()["results"]]
+
+
+def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class Client:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        max_wait: float = 30.0,
+        batch_size: int = 64,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.http = http or httpx.Client(base_url=url, timeout=timeout)
+        self.max_retries, self.max_wait, self.batch_size = max_retries, max_wait, batch_size
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _post(self, payload: dict[str, Any]) -> httpx.Response:
+        waited = 0.0
+        for attempt in range(self.max_retries + 1):
+            response = self.http.post("/extract", json=payload)
+            if response.status_code not in RETRIED or attempt == self.max_retries:
+                break
+            pause = _retry_after(response, attempt)
+            if waited + pause > self.max_wait:
+                break
+            time.sleep(pause)
+            waited += pause
+        if response.status_code != 200:
+            raise NerServeError.of(response)
+        return response
+
+    def extract(
+        self,
+        texts: Iterable[str],
+        model: str | None = None,
+        *,
+        labels: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        flat: bool = False,
+    ) -> list[list[Entity]]:
+        """Entities of each text, in order (sent in batches of `batch_size`)."""
+        return list(self.extract_stream(texts, model, labels=labels, options=options, flat=flat))
+
+    def extract_stream(
+        self,
+        texts: Iterable[str],
+        model: str | None = None,
+        *,
+        labels: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        flat: bool = False,
+    ) -> Iterator[list[Entity]]:
+        """One list of entities per text, as each batch is answered; `texts` may be a generator."""
+        for batch in _batches(texts, self.batch_size):
+            yield from _entities(self._post(_payload(batch, model, labels, options, flat)))
+
+    def models(self) -> list[dict[str, Any]]:
+        response = self.http.get("/models")
+        if response.status_code != 200:
+            raise NerServeError.of(response)
+        models: list[dict[str, Any]] = response.json()["models"]
+        return models
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/health/ready").status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        max_wait: float = 30.0,
+        batch_size: int = 64,
+        concurrency: int = 4,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.http = http or httpx.AsyncClient(base_url=url, timeout=timeout)
+        self.max_retries, self.max_wait, self.batch_size = max_retries, max_wait, batch_size
+        self.concurrency = concurrency  # batches in flight at once
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _post(self, payload: dict[str, Any]) -> httpx.Response:
+        waited = 0.0
+        for attempt in range(self.max_retries + 1):
+            response = await self.http.post("/extract", json=payload)
+            if response.status_code not in RETRIED or attempt == self.max_retries:
+                break
+            pause = _retry_after(response, attempt)
+            if waited + pause > self.max_wait:
+                break
+            await asyncio.sleep(pause)
+            waited += pause
+        if response.status_code != 200:
+            raise NerServeError.of(response)
+        return response
+
+    async def extract(
+        self,
+        texts: Iterable[str],
+        model: str | None = None,
+        *,
+        labels: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        flat: bool = False,
+    ) -> list[list[Entity]]:
+        return [found async for found in self.extract_stream(texts, model, labels=labels, options=options, flat=flat)]
+
+    async def extract_stream(
+        self,
+        texts: Iterable[str],
+        model: str | None = None,
+        *,
+        labels: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        flat: bool = False,
+    ) -> AsyncIterator[list[Entity]]:
+        """Results in input order, with up to `concurrency` batches in flight."""
+        pending: list[asyncio.Task[httpx.Response]] = []
+        for batch in _batches(texts, self.batch_size):
+            pending.append(asyncio.create_task(self._post(_payload(batch, model, labels, options, flat))))
+            if len(pending) >= self.concurrency:
+                for found in _entities(await pending.pop(0)):
+                    yield found
+        for task in pending:
+            for found in _entities(await task):
+                yield found

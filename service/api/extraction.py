@@ -1,0 +1,149 @@
+"""Texts (or token lists) → entities through one served model: validation that needs the model,
+planning, the batcher, assembly. Shared by POST /extract and the KServe v2 infer route."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from nerserve.ner.archs.base import OptionError
+from nerserve.service.api.errors import ApiError
+from nerserve.service.api.state import ServiceState
+from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
+from nerserve.service.models import ServedModel
+from nerserve.service.pipeline import assemble, flatten, keep_labels
+
+
+@dataclass
+class Ask:
+    """One extraction request, whatever protocol it came in."""
+
+    texts: list[str] | None = None
+    tokens: list[list[str]] | None = None
+    labels: list[str] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    flat: bool = False
+    deadline_ms: float | None = None
+
+
+@dataclass
+class Extraction:
+    model: ServedModel
+    entities: list[list[dict[str, Any]]]  # per text
+    queue_seconds: float
+    inference_seconds: float
+
+
+def check_serving(state: ServiceState) -> None:
+    if state.draining:
+        raise ApiError("draining", "server is shutting down; retry on another replica")
+    if not state.ready:
+        raise ApiError("not_ready", "models are still loading", headers={"Retry-After": "5"})
+
+
+def _validate_tokens(tokens: list[list[str]]) -> None:
+    for i, sentence in enumerate(tokens):
+        if not sentence:
+            raise ApiError("invalid_request", f"tokens[{i}]: a sentence needs at least one token", f"tokens[{i}]")
+        for j, token in enumerate(sentence):
+            if not token or any(c.isspace() for c in token):
+                raise ApiError(
+                    "invalid_request",
+                    f"tokens[{i}][{j}]: tokens must be non-empty and contain no whitespace",
+                    f"tokens[{i}][{j}]",
+                )
+
+
+def _label_filter(model: ServedModel, labels: list[str] | None) -> set[str] | None:
+    """A closed-label model's output filtered to the labels asked (each must be one of its own);
+    an open-label model reads them as its prompt instead."""
+    if labels is None or model.spec.capabilities.open_labels:
+        return None
+    known = set(model.manifest.labels)
+    for index, label in enumerate(labels):
+        if label not in known:
+            raise ApiError(
+                "unknown_label",
+                f"labels[{index}]: {label!r} is not a label of model {model.name!r} ({', '.join(model.manifest.labels)})",
+                f"labels[{index}]",
+            )
+    return set(labels)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body was read already: the next ASGI message is
+    the disconnect). Event-driven, so in-flight requests cost nothing while they wait."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _await_all(request: Request, futures: list[asyncio.Future[ItemResult]]) -> list[ItemResult]:
+    """Wait for every sentence; if the client goes away, cancel them so the batcher drops them."""
+    gathered: asyncio.Future[Any] = asyncio.gather(*futures)
+    watcher: asyncio.Future[Any] = asyncio.ensure_future(_client_gone(request))
+    done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if gathered in done:
+        watcher.cancel()
+        return gathered.result()
+    for future in futures:
+        future.cancel()
+    gathered.cancel()
+    raise asyncio.CancelledError
+
+
+async def _run_units(
+    request: Request, model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None
+) -> list[ItemResult]:
+    try:
+        futures = model.scheduler.submit(payloads, deadline)
+    except QueueFull as full:
+        raise ApiError(
+            "queue_full",
+            f"model {model.name!r} is overloaded ({full.depth} sentences queued)",
+            headers={"Retry-After": str(int(full.retry_after + 0.999))},
+        ) from None
+    except Draining:
+        raise ApiError("draining", "server is shutting down; retry on another replica") from None
+    try:
+        return await _await_all(request, futures)
+    except DeadlineExceeded:
+        raise ApiError("deadline_exceeded", "the request's deadline passed before it ran") from None
+
+
+async def extract(state: ServiceState, request: Request, model: ServedModel, ask: Ask) -> Extraction:
+    inputs = ask.texts if ask.texts is not None else ask.tokens
+    assert inputs is not None
+    where = "texts" if ask.texts is not None else "tokens"
+    if len(inputs) > state.settings.max_texts:
+        raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
+    if ask.tokens is not None:
+        _validate_tokens(ask.tokens)
+    wanted = _label_filter(model, ask.labels)
+    try:
+        options = model.resolve_options(ask.options, ask.labels if wanted is None else None)
+    except OptionError as error:
+        raise ApiError("invalid_option", str(error), error.field) from None
+    deadline = time.monotonic() + ask.deadline_ms / 1000 if ask.deadline_ms else None
+    planned = await asyncio.to_thread(model.planner.plan, ask.texts, ask.tokens)
+    units = [unit for text in planned for unit in text.units]
+    results: list[ItemResult] = []
+    if units:
+        results = await _run_units(request, model, [((u.sentence, options), u.cost) for u in units], deadline)
+    by_text: list[list[Any]] = [[] for _ in planned]
+    for unit, result in zip(units, results, strict=True):
+        by_text[unit.text_index].append(result.value)
+    entities = []
+    for index, text in enumerate(planned):
+        found = assemble(text, by_text[index])
+        found = keep_labels(found, wanted) if wanted is not None else found
+        entities.append(flatten(found) if ask.flat else found)
+    return Extraction(
+        model,
+        entities,
+        queue_seconds=max((r.queue_seconds for r in results), default=0.0),
+        inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once
+    )

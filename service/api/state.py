@@ -1,0 +1,48 @@
+"""What the HTTP layer knows of the running service: settings, metrics, the models and their states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from nerserve.service.api.errors import ApiError
+from nerserve.service.config import Settings
+from nerserve.service.metrics import Metrics
+from nerserve.service.models import ServedModel
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+    models: dict[str, ServedModel] = field(default_factory=dict)
+    ready: bool = False  # at least one model answers
+    draining: bool = False
+    model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed
+    model_errors: dict[str, str] = field(default_factory=dict)
+    fatal: str | None = None  # the process cannot serve and is stopping (liveness fails)
+
+    @property
+    def default_model(self) -> str | None:
+        # The configured default when it is served; otherwise the first served model (GET /models
+        # names the one in use), so a store without span-conll03 still answers model-less requests.
+        if self.settings.default_model in self.models or self.model_states.get(self.settings.default_model or "") == "loading":
+            return self.settings.default_model
+        return next(iter(self.models), None)
+
+    def model(self, name: str | None) -> ServedModel:
+        chosen = name or self.default_model
+        if chosen is not None and self.model_states.get(chosen) == "loading":
+            raise ApiError("not_ready", f"model {chosen!r} is still loading", "model", headers={"Retry-After": "5"})
+        if chosen is not None and self.model_states.get(chosen) == "failed":
+            raise ApiError("model_failed", f"model {chosen!r} failed to load: {self.model_errors[chosen]}", "model")
+        if chosen is None or chosen not in self.models:
+            known = ", ".join(self.models) or "none"
+            raise ApiError("unknown_model", f"unknown model {chosen!r}; served models: {known}", "model")
+        return self.models[chosen]
+
+
+def service_state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.service
+    return state
