@@ -11,11 +11,11 @@ PORT   ?= 8000
 .PHONY: install serve test lint
 
 # torch is installed first and pinned: the CPU wheel on disk; nothing later may replace it.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints/lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/pip install --quiet -c constraints/lock.txt -e ".[cpu,dev]"
 	touch $@
 
 install: $(VENV)/.installed

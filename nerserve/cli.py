@@ -346,6 +346,39 @@ def serve(
         "default_model": default_model,
         "on_model_error": on_model_error,
         "runtime": runtime.value if runtime else None,
-        "models": [m.strip() for m in models.split(",") if m.strip()] if models else None,
+        "models": _names(models),
     }
     run(Settings(**{k: v for k, v in given.items() if v is not None}))
+
+
+def _names(models: str | None) -> list[str] | None:
+    return [m.strip() for m in models.split(",") if m.strip()] if models else None
+
+
+@app.command("serve-ray")
+def serve_ray(
+    replicas: Annotated[int | None, typer.Option(min=1, help="replicas (fixed; the first count when autoscaling)")] = None,
+    max_replicas: Annotated[int | None, typer.Option(min=1, help="autoscale up to this many on requests in flight")] = None,
+    min_replicas: Annotated[int, typer.Option(min=0, help="autoscale down to this many")] = 1,
+    target_in_flight: Annotated[float, typer.Option(min=0.1, help="autoscaling: requests in flight per replica")] = 16.0,
+    address: Annotated[
+        str | None, typer.Option(help="an existing Ray cluster (ray://host:10001 or auto); default: a local one")
+    ] = None,
+    cpus_per_replica: Annotated[float, typer.Option(min=0.0, help="CPUs Ray reserves for each replica")] = 1.0,
+    models: Annotated[str | None, typer.Option(help="comma-separated model names (default: the whole store)")] = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535)] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph, per replica")] = None,
+    model_store: ModelStoreOption = None,
+    graph_cache: GraphCacheOption = None,
+) -> None:
+    """Serve the same app on Ray Serve, N replicas (each its own models and batcher) behind Ray's
+    proxy; every response says which replica answered (X-Replica). Other settings: NERSERVE_*."""
+    from nerserve.service.config import Settings
+    from nerserve.service.ray_app import run_on_ray
+
+    _use_locations(model_store, graph_cache)
+    given: dict[str, Any] = {"host": host, "port": port, "threads": threads, "models": _names(models)}
+    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    scale = {"replicas": replicas, "min_replicas": min_replicas, "max_replicas": max_replicas}
+    run_on_ray(settings, address, cpus_per_replica, target_in_flight=target_in_flight, **scale)

@@ -1,6 +1,7 @@
 """A typed client of a nerserve server (`pip install nerserve[client]`): sync `Client` and async
 `AsyncClient` over httpx. A 429 or 503 is retried after the server's `Retry-After` (bounded by
-`max_retries`, `max_wait`); long lists of documents are sent in batches of `batch_size`, and
+`max_retries`, `max_wait`), and so is a proxy's 500/502/504 in front of a server that died with
+the request in flight (extraction is idempotent); long lists of documents are sent in batches of `batch_size`, and
 `extract_stream` yields results as each batch comes back, so a million documents never sit in
 one request or one list.
 
@@ -20,7 +21,21 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-RETRIED = (429, 503)
+RETRIED = (429, 503)  # the server says when to come back
+PROXY_FAILURES = (500, 502, 504)  # retried only when the answer is not nerserve's own JSON error
+
+
+def _retryable(response: httpx.Response) -> bool:
+    """429/503, or a proxy's failure in front of nerserve (a Ray Serve replica or a pod that died
+    with the request in flight): extraction is idempotent, so sending it again is safe."""
+    if response.status_code in RETRIED:
+        return True
+    if response.status_code not in PROXY_FAILURES:
+        return False
+    try:
+        return "error" not in response.json()
+    except ValueError:
+        return True
 
 
 class Entity(BaseModel):
@@ -64,10 +79,36 @@ def _payload(
     return payload
 
 
-def _retry_after(response: httpx.Response, attempt: int) -> float:
+def _checked(response: httpx.Response | None) -> httpx.Response:
+    if response is None:
+        raise NerServeError(0, "unreachable", "the server could not be reached within the retry budget")
+    if response.status_code != 200:
+        raise NerServeError.of(response)
+    return response
+
+
+def _retry_after(response: httpx.Response | None, attempt: int) -> float:
     """The server's Retry-After (seconds), else exponential back-off from 0.5 s."""
-    header = response.headers.get("retry-after", "")
+    header = response.headers.get("retry-after", "") if response is not None else ""
     return float(header) if header.replace(".", "", 1).isdigit() else 0.5 * 2**attempt
+
+
+class _Retries:
+    """One request's retry budget: after each answer (None: the connection failed), how long to
+    wait before trying again, or None to stop there."""
+
+    def __init__(self, max_retries: int, max_wait: float) -> None:
+        self.max_retries, self.max_wait = max_retries, max_wait
+        self.attempt, self.waited = 0, 0.0
+
+    def pause(self, response: httpx.Response | None) -> float | None:
+        if response is not None and not _retryable(response):
+            return None
+        pause = _retry_after(response, self.attempt)
+        if self.attempt >= self.max_retries or self.waited + pause > self.max_wait:
+            return None
+        self.attempt, self.waited = self.attempt + 1, self.waited + pause
+        return pause
 
 
 def _entities(response: httpx.Response) -> list[list[Entity]]:
@@ -109,19 +150,16 @@ class Client:
         self.http.close()
 
     def _post(self, payload: dict[str, Any]) -> httpx.Response:
-        waited = 0.0
-        for attempt in range(self.max_retries + 1):
-            response = self.http.post("/extract", json=payload)
-            if response.status_code not in RETRIED or attempt == self.max_retries:
-                break
-            pause = _retry_after(response, attempt)
-            if waited + pause > self.max_wait:
-                break
+        retries = _Retries(self.max_retries, self.max_wait)
+        while True:
+            try:
+                response: httpx.Response | None = self.http.post("/extract", json=payload)
+            except httpx.TransportError:  # connection refused or reset: the server went away
+                response = None
+            pause = retries.pause(response)
+            if pause is None:
+                return _checked(response)
             time.sleep(pause)
-            waited += pause
-        if response.status_code != 200:
-            raise NerServeError.of(response)
-        return response
 
     def extract(
         self,
@@ -188,19 +226,16 @@ class AsyncClient:
         await self.http.aclose()
 
     async def _post(self, payload: dict[str, Any]) -> httpx.Response:
-        waited = 0.0
-        for attempt in range(self.max_retries + 1):
-            response = await self.http.post("/extract", json=payload)
-            if response.status_code not in RETRIED or attempt == self.max_retries:
-                break
-            pause = _retry_after(response, attempt)
-            if waited + pause > self.max_wait:
-                break
+        retries = _Retries(self.max_retries, self.max_wait)
+        while True:
+            try:
+                response: httpx.Response | None = await self.http.post("/extract", json=payload)
+            except httpx.TransportError:
+                response = None
+            pause = retries.pause(response)
+            if pause is None:
+                return _checked(response)
             await asyncio.sleep(pause)
-            waited += pause
-        if response.status_code != 200:
-            raise NerServeError.of(response)
-        return response
 
     async def extract(
         self,

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     window_overlap_words: int = Field(24, ge=0)
     drain_seconds: float = Field(30.0, ge=0)
     export_missing: bool = Field(True, description="export graphs missing at start-up (subprocess)")
+    load_before_serving: bool = Field(
+        False,
+        description="load every model before the app starts answering (a Ray Serve replica: the router sends it "
+        "requests only once its start-up is over); otherwise the default model answers while the others load",
+    )
     on_model_error: Literal["exit", "skip"] = Field(
         "exit",
         description="a model that cannot load ends the process with a non-zero exit naming it (exit), or is "

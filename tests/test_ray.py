@@ -1,0 +1,102 @@
+"""`nerserve serve-ray`: the same app on Ray Serve with 2 replicas on a local Ray, driven over HTTP:
+the same answers as `nerserve serve`, requests spread over both replicas (X-Replica), and a
+replica killed (SIGKILL) under load is replaced while every request the client sent is answered."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nerserve.client import Client
+from nerserve.ner.data import read_split
+from tests.serving import Server, free_port
+
+pytest.importorskip("ray.serve")
+REPLICA = "ServeReplica:nerserve"  # the replicas' process titles
+
+
+def replica_pids() -> list[int]:
+    found = subprocess.run(["pgrep", "-f", REPLICA], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
+@pytest.fixture(scope="module")
+def ray_url() -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "nerserve", "serve-ray", "--replicas", "2", "--models", "span-conll03"]
+    command += ["--threads", "1", "--cpus-per-replica", "0.5", "--port", str(port)]
+    env = {**os.environ, "NERSERVE_MAX_QUEUE_SECONDS": "60"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_same_answers_spread_over_replicas(ray_url: str, data_root: Path) -> None:
+    texts = [" ".join(s.tokens) for s in read_split(data_root / "conll03", "dev", limit=40)]
+    plain = Server(models="span-conll03", threads=1)
+    try:
+        plain.wait_ready()
+        expected = httpx.post(f"{plain.url}/extract", json={"texts": texts}, timeout=60).json()["results"]
+    finally:
+        plain.stop()
+    replicas = set()
+    for text, want in zip(texts, expected, strict=True):
+        response = httpx.post(f"{ray_url}/extract", json={"texts": [text]}, timeout=60)
+        assert response.status_code == 200 and response.json()["results"] == [want]
+        replicas.add(response.headers["x-replica"])
+    assert len(replicas) == 2
+
+
+def test_a_killed_replica_is_replaced_and_no_request_is_lost(ray_url: str) -> None:
+    texts = [f"Peter Blackburn flew from Brussels to Paris on day {i}." for i in range(240)]
+    with Client(ray_url, batch_size=1, max_retries=20, max_wait=120) as client:
+        expected = [[(e.type, e.text) for e in found] for found in client.extract(texts[:1])]
+    before = set(replica_pids())
+    assert len(before) == 2
+
+    def kill_one() -> None:
+        time.sleep(1.0)
+        os.kill(min(before), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+
+    def one(text: str) -> list[tuple[str, str]]:
+        with Client(ray_url, batch_size=1, max_retries=20, max_wait=120) as client:
+            return [(e.type, e.text) for e in client.extract([text])[0]]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, texts))
+    killer.join()
+    assert all(len(found) == len(expected[0]) for found in answers)  # every request answered, in full
+    assert [found[0] for found in answers] == [("PER", "Peter Blackburn")] * len(texts)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(set(replica_pids()) - before) < 1:
+        time.sleep(1)
+    assert len(set(replica_pids()) - before) == 1 and min(before) not in replica_pids()  # replaced
