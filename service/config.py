@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
     window_overlap_words: int = Field(24, ge=0)
     drain_seconds: float = Field(30.0, ge=0)
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="a request whose line and headers take longer to arrive gets a 408 and is closed"
+    )
     export_missing: bool = Field(True, description="export graphs missing at start-up (subprocess)")
     load_before_serving: bool = Field(
         False,

@@ -33,6 +33,7 @@ from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
 from nerserve.service.config import Settings
+from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import load_served_model, model_names
 
@@ -244,10 +245,12 @@ class DrainingServer(uvicorn.Server):
 def run(settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
+    HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=HeaderDeadlineProtocol,
         timeout_graceful_shutdown=int(settings.drain_seconds) or None,
         log_level="info",
     )

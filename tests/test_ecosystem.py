@@ -118,7 +118,7 @@ def test_v2_errors_and_metadata(server: Server) -> None:
         and "threshold" in metadata["parameters"]["options"]
     )
     assert httpx.get(f"{server.url}/v2/models/span-genia/ready").status_code == 200
-    assert httpx.get(f"{server.url}/v2/models/nope/ready").status_code == 503
+    assert httpx.get(f"{server.url}/v2/models/nope/ready").status_code == 404
 
 
 def test_tritonclient_talks_to_it(server: Server) -> None:

@@ -29,7 +29,10 @@ def server() -> Iterator[Server]:
     # admission bound raised: these tests send bursts on purpose (batching, not overload: that is
     # test_overload_429_and_every_accepted_answered's)
     instance = Server(
-        models='["span-conll03","span-genia","nag-cadec","diffusion-conll03","setgen-cadec"]', threads=2, max_queue_seconds=120
+        models='["span-conll03","span-genia","nag-cadec","diffusion-conll03","setgen-cadec"]',
+        threads=2,
+        max_queue_seconds=120,
+        header_timeout_seconds=2,
     )
     try:
         instance.wait_ready()
@@ -163,6 +166,8 @@ def test_diffusion_steps_and_proposals_per_request(server: Server, data_root: Pa
     for field, value in (("proposals", 0), ("steps", 51), ("seed", -1)):
         refused = extract(server, {"model": "diffusion-conll03", "tokens": [["a"]], "options": {field: value}})
         assert refused.status_code == 422 and refused.json()["error"]["field"] == f"options.{field}"
+    costly = extract(server, {"model": "diffusion-conll03", "tokens": [["a"]], "options": {"proposals": 500, "steps": 50}})
+    assert costly.status_code == 422 and "proposals × steps" in costly.json()["error"]["message"]  # each alone is allowed
 
 
 def test_raw_paragraph_offsets(server: Server) -> None:
@@ -388,3 +393,18 @@ def test_skip_serves_the_others_and_lists_the_failed_one(tmp_path: Path) -> None
         assert httpx.get(f"{server.url}/health/live").status_code == 200
     finally:
         server.stop()
+
+
+def test_slow_headers_get_a_408_and_the_connection_is_closed(server: Server) -> None:
+    """A client that never finishes its headers (slowloris) no longer holds a connection forever."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /extract HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+        sock.settimeout(10)
+        started = time.monotonic()
+        answer = sock.recv(400)
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+        assert 1.5 < time.monotonic() - started < 5
+        assert sock.recv(10) == b""  # closed
+    assert extract(server, {"texts": ["Peter went to Paris."]}).status_code == 200

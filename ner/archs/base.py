@@ -178,4 +178,4 @@ class ArchitectureSpec(Generic[C, O]):
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or next(iter(raw))
-            raise OptionError(f"options.{where}", first["msg"]) from None
+            raise OptionError(f"options.{where}", str(first["msg"]).removeprefix("Value error, ")) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 # An entity type asked of an open-label model: its name as the model reads it in the prompt and
 # writes it back inside `word(B-name)`, hence no parentheses.
@@ -19,13 +20,16 @@ class ExtractRequest(BaseModel):
                 {"model": "span-conll03", "texts": ["EU rejects German call to boycott British lamb."]},
                 {"model": "span-genia", "tokens": [["IL-2", "gene", "expression", "requires", "NF-kappa", "B"]]},
                 {"model": "gner-open", "texts": ["Aspirin eased her headache."], "labels": ["drug", "symptom"]},
-            ]
+            ],
+            # what `exactly_one_input` enforces, said in the schema clients generate code from
+            "oneOf": [{"required": ["texts"]}, {"required": ["tokens"]}],
         },
     )
 
     model: str | None = Field(None, min_length=1, description="model name (GET /models); the server default when absent")
-    texts: list[str] | None = Field(None, description="raw texts of any length: split into sentences, windowed")
-    tokens: list[list[str]] | None = Field(None, description="pre-tokenised sentences (lists of words)")
+    # not nullable in the schema: a request gives one of the two, and leaves the other out
+    texts: list[str] | SkipJsonSchema[None] = Field(None, description="raw texts of any length: split into sentences, windowed")
+    tokens: list[list[str]] | SkipJsonSchema[None] = Field(None, description="pre-tokenised sentences (lists of words)")
     labels: list[LabelName] | None = Field(
         None,
         min_length=1,
@@ -41,6 +45,14 @@ class ExtractRequest(BaseModel):
     flat: bool = Field(
         False, strict=True, description="non-overlapping entities only (the highest scores kept), for BIO / doc.ents"
     )
+
+    @field_validator("texts", "tokens", mode="before")
+    @classmethod
+    def absent_not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """As the schema says: the input not given is left out, not null."""
+        if value is None:
+            raise ValueError(f"{info.field_name}: a list, or leave the field out")
+        return value
 
     @field_validator("texts", "tokens", "labels")
     @classmethod

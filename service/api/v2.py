@@ -31,9 +31,9 @@ Parameter = bool | int | float | str
 class TensorIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: str = Field(description=f"{INPUT!r}: the only input")
     shape: list[int]
-    datatype: str
+    datatype: str = Field(description="BYTES: one UTF-8 text per element")
     parameters: dict[str, Parameter] = Field(default_factory=dict)
     data: list[Any] | None = None
 
@@ -50,6 +50,27 @@ class InferRequest(BaseModel):
     parameters: dict[str, Parameter] = Field(default_factory=dict)
     inputs: list[TensorIn] = Field(min_length=1)
     outputs: list[OutputAsked] | None = None
+
+
+class V2ErrorBody(BaseModel):
+    error: str
+
+
+V2_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": V2ErrorBody} for code in (400, 404, 413, 422, 429, 503, 504)
+}
+INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")},
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "the binary tensor extension: JSON header (Inference-Header-Content-Length bytes), then tensors",
+            },
+        },
+    }
+}
 
 
 class V2Error(Exception):
@@ -74,21 +95,21 @@ async def server_metadata() -> dict[str, Any]:
     return {"name": "nerserve", "version": __version__, "extensions": ["binary_tensor_data"]}
 
 
-@v2.get("/health/live")
+@v2.get("/health/live", responses={503: {"model": V2ErrorBody}})
 async def live(request: Request) -> JSONResponse:
     state = service_state(request)
     return JSONResponse({"live": not state.fatal}, status_code=503 if state.fatal else 200)
 
 
-@v2.get("/health/ready")
+@v2.get("/health/ready", responses={503: {"model": V2ErrorBody}})
 async def ready(request: Request) -> JSONResponse:
     state = service_state(request)
     is_ready = state.ready and not state.draining and not state.fatal
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
-@v2.get("/models/{name}")
-@v2.get("/models/{name}/versions/{version}")
+@v2.get("/models/{name}", responses=V2_ERRORS)
+@v2.get("/models/{name}/versions/{version}", responses=V2_ERRORS)
 async def model_metadata(name: str, request: Request, version: str | None = None) -> JSONResponse:
     try:
         model = _model(service_state(request), name)
@@ -106,10 +127,12 @@ async def model_metadata(name: str, request: Request, version: str | None = None
     )
 
 
-@v2.get("/models/{name}/ready")
-@v2.get("/models/{name}/versions/{version}/ready")
+@v2.get("/models/{name}/ready", responses={404: {"model": V2ErrorBody}, 503: {"model": V2ErrorBody}})
+@v2.get("/models/{name}/versions/{version}/ready", responses={404: {"model": V2ErrorBody}, 503: {"model": V2ErrorBody}})
 async def model_ready(name: str, request: Request, version: str | None = None) -> JSONResponse:
     state = service_state(request)
+    if name not in state.model_states:
+        return _error(404, f"unknown model {name!r}; served models: {', '.join(state.model_states) or 'none'}")
     is_ready = state.model_states.get(name) == "ready" and not state.draining
     return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
@@ -250,8 +273,8 @@ def _answer(request: InferRequest, model: ServedModel, entities: list[list[dict[
     )
 
 
-@v2.post("/models/{name}/infer")
-@v2.post("/models/{name}/versions/{version}/infer")
+@v2.post("/models/{name}/infer", responses=V2_ERRORS, openapi_extra=INFER_BODY)
+@v2.post("/models/{name}/versions/{version}/infer", responses=V2_ERRORS, openapi_extra=INFER_BODY)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     state = service_state(request)
     try:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from nerserve.ner.archs.config_io import config_from_dict
 from nerserve.ner.decoding.overlap import Overlap
 
 Schedule = Literal["cosine", "linear"]
+MAX_PROPOSAL_STEPS = 3000  # 10 × the default 60 proposals × 5 steps
 SpanPooling = Literal["lrconcat", "mean"]
 
 
@@ -27,6 +28,17 @@ class DiffusionDecodeOptions:
         default=2.5 / 3, ge=0.0, le=1.0, description="φ/3: minimum mean of the type and both boundary probabilities"
     )
     overlap: Overlap = "flat"  # flat: no shared words; nested: no crossing spans
+
+    @model_validator(mode="after")
+    def bounded_cost(self) -> DiffusionDecodeOptions:
+        """Each bound alone still allows 500 × 50, 83× the default's cost per sentence: one
+        request could then hold a batch for everyone. The product is capped at 10× the default."""
+        if self.proposals * self.steps > MAX_PROPOSAL_STEPS:
+            raise ValueError(
+                f"proposals × steps = {self.proposals} × {self.steps} = {self.proposals * self.steps}, "
+                f"at most {MAX_PROPOSAL_STEPS} (the cost of a sentence grows as their product)"
+            )
+        return self
 
 
 @dataclass(frozen=True)
