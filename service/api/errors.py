@@ -48,7 +48,8 @@ def error_response(code: str, message: str, field: str | None = None, headers: d
 
 
 def _location(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
+    # pydantic names the union member a value failed in ("list[str]"): not a place in the request
+    parts = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and "[" in p)]
     text = ""
     for part in parts:
         text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
