@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from nerserve import __version__
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import Ask, check_serving, extract
+from nerserve.service.api.schemas import ExtractRequest
 from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.models import ServedModel
 
@@ -233,10 +234,8 @@ def _labels(value: Parameter) -> list[str]:
         names: list[str] = parsed
     else:
         names = [name.strip() for name in value.split(",") if name.strip()]
-    from nerserve.service.api.schemas import ExtractRequest  # the same label rules as /extract
-
     try:
-        ExtractRequest(texts=[""], labels=names)
+        ExtractRequest(texts=[""], labels=names)  # the same label rules as /extract
     except ValidationError as error:
         detail = error.errors()[0]
         where = ".".join(str(p) for p in detail["loc"])
