@@ -164,7 +164,7 @@ def run(
             + (f"{best['rate']} requests/s, {best['sentences_per_second']:.1f} sentences/s" if best else "no rate met it")
         )
     typer.echo(markdown(runs))
-    typer.echo(f"written to {out}/ (summary.json, results.csv, table.md, throughput_latency.png)")
+    typer.echo(f"written to {out}/ (summary.json, results.csv, table.md, throughput_latency.png; overload.png for a sweep)")
 
 
 app()

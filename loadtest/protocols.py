@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from nerserve.loadtest.client import Sample, extract
 from nerserve.loadtest.stats import is_stable
@@ -62,7 +62,7 @@ def _rates(samples: list[Sample], seconds: float) -> dict[str, float]:
 
 
 async def run_protocol(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     model: str,
     batches: list[list[list[str]]],
     repeat: bool,

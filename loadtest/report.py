@@ -115,6 +115,39 @@ def plot(runs: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
+def plot_overload(runs: list[dict[str, Any]], path: Path, title: str) -> None:
+    """An open-loop sweep as the overload curve: goodput and refusals (left), and the p99 of the
+    accepted requests and of the 429s (right), against the offered load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = sorted((r for r in runs if r["mode"] == "open"), key=lambda r: r["rate"])
+    offered = [r["rate"] * r["sentences_per_request"] for r in chosen]
+    figure, (rates, latency) = plt.subplots(1, 2, figsize=(11, 4.5))
+    rates.plot(offered, offered, ":", color="grey", label="offered")
+    rates.plot(offered, [r["sentences_per_second"] for r in chosen], "o-", label="goodput (200)")
+    rates.plot(offered, [r["http_429"] / r["seconds"] for r in chosen], "s--", label="refused (429)/s")
+    rates.set_xlabel("offered load (sentences/s)")
+    rates.set_ylabel("sentences/s")
+    rates.legend()
+    latency.plot(offered, [r["latency_ms"]["p99"] for r in chosen], "o-", label="p99, accepted")
+    refused = [(x, r["rejected_latency_ms"]["p99"]) for x, r in zip(offered, chosen, strict=True) if r["http_429"]]
+    if refused:
+        latency.plot(*zip(*refused, strict=True), "s--", label="p99, 429s")
+    latency.set_xlabel("offered load (sentences/s)")
+    latency.set_ylabel("latency (ms)")
+    latency.set_yscale("log")
+    latency.legend()
+    for axis in (rates, latency):
+        axis.grid(True, alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def write_outputs(runs: list[dict[str, Any]], out: Path, meta: dict[str, Any], title: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     summary = {"meta": meta, "runs": runs, "knee": knee(runs)}
@@ -125,4 +158,6 @@ def write_outputs(runs: list[dict[str, Any]], out: Path, meta: dict[str, Any], t
         writer.writerows(flat_row(r) for r in runs)
     (out / "table.md").write_text(markdown(runs))
     plot(runs, out / "throughput_latency.png", title)
+    if sum(r["mode"] == "open" for r in runs) > 1:
+        plot_overload(runs, out / "overload.png", title)
     return summary

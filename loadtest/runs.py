@@ -7,7 +7,7 @@ import itertools
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from nerserve.loadtest.client import Sample, extract, scrape, server_split
 from nerserve.loadtest.schedule import arrivals
@@ -38,7 +38,7 @@ def summarize_run(samples: list[Sample], seconds: float, label: dict[str, Any]) 
 
 
 async def closed_loop(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     model: str,
     sentences: list[list[str]],
     concurrency: int,
@@ -64,7 +64,7 @@ async def closed_loop(
 
 
 async def open_loop(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     model: str,
     sentences: list[list[str]],
     rate: float,

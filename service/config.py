@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from nerserve.ner.graph_format import Runtime
@@ -32,7 +32,10 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(
-        1.0, gt=0, description="429 at once for a request whose estimated queue wait (queued ÷ measured rate) exceeds it"
+        0.75,
+        gt=0,
+        description="429 at once for a request whose estimated queue wait (queued ÷ measured rate) exceeds it; "
+        "0.75 s keeps the p99 of accepted requests under 2 s at 3× capacity (docs/notes.md, overload)",
     )
     max_padding: float | None = Field(
         None,
@@ -42,10 +45,21 @@ class Settings(BaseSettings):
         "there) and none on CUDA (a GPU batch's cost is mostly fixed, docs/gpu.md)",
     )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
+    max_request_sentences: int = Field(
+        1024,
+        ge=1,
+        description="sentences (and windows of long ones) one request may queue; more is a 413 at once, since "
+        "such a request could hold the graphs for many seconds (about 10 s for span on 2 CPU cores)",
+    )
     max_body_bytes: int = Field(2_000_000, ge=1024)
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
     window_overlap_words: int = Field(24, ge=0)
     drain_seconds: float = Field(30.0, ge=0)
+    access_log: bool = Field(
+        False,
+        description="a log line per request (uvicorn's access log); off by default: /metrics counts every response "
+        "by model and status, and the line per request cost the event loop ~5 % of its time at 250 requests/s",
+    )
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a request whose line and headers take longer to arrive gets a 408 and is closed"
     )
@@ -71,6 +85,15 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [name.strip() for name in text.split(",") if name.strip()]
         return value
+
+    @model_validator(mode="after")
+    def a_request_fits_the_queue(self) -> Settings:
+        if self.max_request_sentences > self.max_queue:
+            raise ValueError(
+                f"max_request_sentences ({self.max_request_sentences}) must not exceed max_queue ({self.max_queue}): "
+                "a larger request could never be queued"
+            )
+        return self
 
     @property
     def padding_bound(self) -> float:

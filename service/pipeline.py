@@ -38,7 +38,9 @@ class PlannedText:
 
 def windows(counts: list[int], budget: int, overlap: int) -> list[tuple[int, int, int, int]]:
     """(start, end, core_start, core_end) word windows whose sub-word counts fit `budget`;
-    consecutive windows overlap by up to `overlap` words and their cores meet halfway."""
+    consecutive windows overlap by up to `overlap` words, and by at most half of a window's words,
+    so each window advances by at least half of itself: a sentence of long words (few per window)
+    costs at most about twice its sub-words, not a window per word. Cores meet halfway."""
     spans: list[tuple[int, int]] = []
     start, n = 0, len(counts)
     while True:
@@ -50,7 +52,7 @@ def windows(counts: list[int], budget: int, overlap: int) -> list[tuple[int, int
         spans.append((start, end))
         if end >= n:
             break
-        start = max(start + 1, end - overlap)
+        start = max(start + 1, end - min(overlap, (end - start) // 2))
     result = []
     for i, (s, e) in enumerate(spans):
         core_start = 0 if i == 0 else (s + spans[i - 1][1]) // 2

@@ -17,7 +17,7 @@ from ray.serve import Application
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve.service.config import Settings
-from nerserve.service.main import create_app
+from nerserve.service.main import create_app, with_admission
 
 LOCATIONS = ("NERSERVE_MODEL_STORE", "NERSERVE_GRAPH_CACHE")  # what replicas must see as the driver does
 
@@ -46,7 +46,7 @@ class NerServeReplica:
     def __serve_build_asgi_app__(self) -> ASGIApp:
         self.service_app = create_app(self.settings)
         self.service_app.add_middleware(ReplicaHeader, replica=self.replica)
-        return self.service_app  # type: ignore[no-any-return]
+        return with_admission(self.service_app)
 
     def check_health(self) -> None:
         """Ray's health check: a replica whose process cannot serve is replaced."""

@@ -155,21 +155,44 @@ def test_next_batch_is_prepared_while_the_graphs_run() -> None:
 
 
 def test_admission_refuses_what_would_wait_too_long() -> None:
-    """Once a rate is measured, a request whose estimated wait (queued ÷ rate) exceeds the bound
-    gets QueueFull at once, with a Retry-After from that estimate; an empty queue always admits."""
+    """Once a rate is measured, a request whose estimated wait exceeds the bound gets QueueFull at
+    once, with a Retry-After from that estimate; an empty queue always admits. The wait is what
+    the request's last sentence has ahead of it in fair order: a round of every queued request
+    per sentence of its own."""
 
     async def checked() -> None:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
         scheduler._recent_rate = 100.0  # sentences/s, as measured from the last batches
-        scheduler.submit([("a", 1)] * 50)  # empty queue: admitted
-        scheduler.submit([("b", 1)] * 40)  # (50 + 40) / 100 = 0.9 s ≤ 1 s: admitted
+        scheduler.submit([("a", 1)] * 150)  # empty queue: admitted, though it is 1.5 s of work
+        scheduler.submit([("b", 1)] * 45)  # 45 of a's + its own 45: 0.9 s ≤ 1 s
         with pytest.raises(QueueFull) as full:
-            scheduler.submit([("c", 1)] * 20)  # 1.1 s > 1 s
-        assert full.value.retry_after >= 1 and scheduler.depth == 90
-        with pytest.raises(QueueFull):
-            scheduler.submit([("d", 1)], deadline=scheduler.clock() + 0.5)  # 0.91 s > its own 0.5 s deadline
+            scheduler.submit([("c", 1)] * 40)  # 40 of a's, 40 of b's, its own 40: 1.2 s > 1 s
+        assert full.value.retry_after >= 1 and scheduler.depth == 195
+        scheduler.submit([("d", 1)] * 3)  # a small one is still taken: 3 × 3 = 9 sentences
+        with pytest.raises(QueueFull):  # 20 + 20 + 3 + 20: 0.63 s > its own 0.5 s deadline
+            scheduler.submit([("e", 1)] * 20, deadline=scheduler.clock() + 0.5)
 
     asyncio.run(checked())
+
+
+def test_a_large_request_does_not_hold_the_queue() -> None:
+    """Fair order: a request queued behind a large one is served within a few rounds, and both
+    keep their own sentences' order."""
+
+    async def scenario() -> list[list[str]]:
+        batches: list[list[str]] = []
+        scheduler = make_scheduler(BatchLimits(max_batch_size=4, max_wait_ms=0), batches)
+        large = scheduler.submit([(f"L{i}", 1) for i in range(20)])
+        small = scheduler.submit([("s0", 1), ("s1", 1)])
+        scheduler.start()
+        await asyncio.gather(*large, *small)
+        await scheduler.stop()
+        return batches
+
+    batches = asyncio.run(scenario())
+    order = [item for batch in batches for item in batch]
+    assert order.index("s1") < 6, batches  # not after the 20 of the large request
+    assert [i for i in order if i.startswith("L")] == [f"L{i}" for i in range(20)]
 
 
 def test_one_bad_item_fails_alone_not_its_batch() -> None:
@@ -196,7 +219,7 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
 
     from nerserve.service.main import EdgeAdmission
 
-    async def scenario(in_flight: int) -> tuple[list[str], int]:
+    async def scenario(in_flight: int, answered: int = 50) -> tuple[list[str], int]:
         reached: list[str] = []
 
         async def app(scope: dict[str, object], receive: object, send: object) -> None:
@@ -212,11 +235,12 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
                 statuses.append(int(message["status"]))  # type: ignore[call-overload]
 
         edge = EdgeAdmission(app, bound=1.0)  # type: ignore[arg-type]
-        edge.completions.extend([time.monotonic() - 0.5] * 50)  # 50 answered in the last 0.5 s: 100/s
+        edge.completions.extend([time.monotonic() - 0.5] * answered)  # 50 answered in the last 0.5 s: 100/s
         edge.in_flight = in_flight
         scope = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
         await edge(scope, receive, send)  # type: ignore[arg-type]
         return reached, statuses[0] if statuses else 0
 
     assert asyncio.run(scenario(50)) == (["app"], 0)  # 0.5 s of work ahead: admitted
+    assert asyncio.run(scenario(150, answered=8)) == (["app"], 0)  # 8 answers say too little: admitted
     assert asyncio.run(scenario(150)) == ([], 429)  # 1.5 s ahead: refused before the app

@@ -84,8 +84,8 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
             *common,
             "--mode",
             "open",
-            "--rate",
-            "20",
+            "--sweep",
+            "10:20:2",
             "--duration",
             "2",
             "--slo-p99-ms",
@@ -94,6 +94,7 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
             str(tmp_path / "open"),
         )
         assert "SLO p99 < 5000.0 ms: 20.0 requests/s" in opened
+        assert (tmp_path / "open" / "overload.png").stat().st_size > 1000  # the sweep's goodput / p99 curve
         table = loadtest(
             "protocol",
             "--table",

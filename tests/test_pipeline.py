@@ -54,3 +54,16 @@ def test_units_reuse_the_sentence_tokenisation(tiny_backbone) -> None:
     assert reused.pieces == again.pieces
     plain = encoder.tokenizer.encode(["Peter", "Blackburn", "visited", "Köln", "x", "."], is_pretokenized=True)
     assert unit.cost == reused.input_ids.shape[1] == len(plain.ids)
+
+
+def test_windows_of_long_words_advance_by_half_a_window() -> None:
+    """100 words of 19 sub-words ("a-a-a-a-a-a-a-a-a-a") in a 382-sub-word budget with a 24-word
+    overlap: 20 words fit a window, so an overlap of 24 would advance one word at a time (81
+    windows, seconds of work for 2 KB). Each window now advances by half of itself at least."""
+    counts = [19] * 100
+    spans = windows(counts, budget=382, overlap=24)
+    assert len(spans) <= 2 * 100 * 19 // 382 + 1
+    assert sum(sum(counts[s:e]) for s, e, _, _ in spans) <= 2 * sum(counts) + 382
+    cores = [(cs, ce) for _, _, cs, ce in spans]
+    assert cores[0][0] == 0 and cores[-1][1] == 100
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cores))

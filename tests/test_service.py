@@ -244,6 +244,7 @@ def test_long_text_is_windowed_not_truncated(server: Server) -> None:
         ({"texts": ["a"], "labels": ["PER", "DRUG"]}, 422, "unknown_label", "labels[1]"),
         ({"texts": ["a"], "flat": "yes"}, 422, "invalid_request", "flat"),
         ({"texts": ["a"] * 300}, 413, "too_many_texts", "texts"),
+        ({"texts": ["Go on. " * 1100]}, 413, "too_many_sentences", "texts"),  # 1,100 sentences > 1,024
         ({"texts": ["a\ud800b"]}, 422, "invalid_request", "texts"),
         ({"tokens": [["a", "\udfff"]]}, 422, "invalid_request", "tokens"),
         ({"texts": ["a"], "deadline_ms": True}, 422, "invalid_request", "deadline_ms"),
@@ -318,7 +319,7 @@ def test_models_metrics_stats(server: Server) -> None:
 
 
 def test_overload_429_and_every_accepted_answered() -> None:
-    server = Server(models='["span-conll03"]', max_queue=8, max_batch_size=2, threads=1)
+    server = Server(models='["span-conll03"]', max_queue=8, max_request_sentences=8, max_batch_size=2, threads=1)
     try:
         server.wait_ready()
         sentence = {"tokens": [["Peter", "Blackburn", "went", "to", "Brussels", "."]] * 4}

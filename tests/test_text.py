@@ -40,3 +40,23 @@ def test_subword_map_covers_every_word(tiny_backbone) -> None:
     assert batch.subword_mask[0].sum(axis=1).min() >= 1  # the zero-width word maps to [UNK]
     assert batch.subword_mask[0, 0].sum() > 1  # a word split into several pieces
     assert batch.input_ids.shape[0] == 2 and batch.attention_mask[1].sum() == 3
+
+
+def test_line_units_and_paragraphs_end_sentences() -> None:
+    """Headlines, bylines and datelines end without a period on a line of their own; wrapped prose
+    ("… said on" / "Thursday …") and lower-case continuations run on; a blank line always ends."""
+    text = (
+        "JAPAN GET LUCKY WIN\nNadim Ladki\nAL-AIN, United Arab Emirates 1996-12-06\n"
+        "Japan began the defence of their title, the officials said on\nThursday in Al-Ain.\n\n"
+        "next paragraph starts here\nand runs on."
+    )
+    sentences = [" ".join(w.text for w in s) for s in split_sentences(text)]
+    assert sentences == [
+        "JAPAN GET LUCKY WIN",
+        "Nadim Ladki",
+        "AL-AIN , United Arab Emirates 1996-12-06",
+        "Japan began the defence of their title , the officials said on Thursday in Al-Ain .",
+        "next paragraph starts here and runs on .",
+    ]
+    assert split_sentences("Dr. Jones visited St. Louis in Jan. 1996.")[0][-1].text == "."
+    assert len(split_sentences("Dr. Jones visited St. Louis in Jan. 1996.")) == 1

@@ -79,7 +79,7 @@ _WORD = re.compile(
     + "|".join(ABBREVIATIONS)
     + r""")\.                      # titles, months, company suffixes: Mr. St. Jan. Corp.
     | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
-    | \d+(?:[.,:/]\d+)*           # numbers: 3.5 1,000 10:30 1/2
+    | \d+(?:[-.,:/]\d+)*          # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38
     | \w+(?:[-'’]\w+)*            # words, with inner hyphens and apostrophes
     | [^\w\s]                     # any other symbol on its own
     """,
@@ -93,28 +93,61 @@ def words_of(text: str) -> list[Word]:
     return [Word(m.group(), m.start(), m.end()) for m in _WORD.finditer(text)]
 
 
+# A line that ends in one of these goes on in the next line (hard-wrapped prose), whatever follows.
+_CONTINUES = {",", "-", "–", "—", "(", "[", "/", "&", "+"}
+
+
+def _starts_sentence(word: Word) -> bool:
+    return word.text[0].isupper() or word.text[0].isdigit() or word.text[0] in "\"“'("
+
+
+def _ends_sentence(current: list[Word]) -> bool:
+    """After . ! ? (or a closing quote/bracket right after one)."""
+    last = current[-1].text
+    return last in _SENTENCE_END or (last in _CLOSERS and len(current) > 1 and current[-2].text in _SENTENCE_END)
+
+
+def _paragraph_break(gap: str) -> bool:
+    return gap.count("\n") > 1 or gap.count("\r") > 1
+
+
+SHORT_LINE = 40  # characters: bylines and short headlines; wrapped prose runs longer
+
+
+def _ends_line_unit(text: str, word: Word, gap: str) -> bool:
+    """A line break after a line that does not read as wrapped prose: headlines, bylines, datelines,
+    list and table rows ("LONDON 1996-08-30", "Nadim Ladki", "Japan 2 Syria 1") end without a
+    period, and the next line starts a new unit. A line that ends in a lower-case word or a joining
+    symbol ("… said on" / "Thursday …") is wrapped prose; one that ends in a capitalised word is a
+    unit only when it is short or has no lower case (a long line ending "… the European" /
+    "Commission …" is wrapped)."""
+    if "\n" not in gap and "\r" not in gap:
+        return False
+    last = word.text
+    if last[0].islower() or last in _CONTINUES:
+        return False
+    if not last[0].isalpha():
+        return True  # a number, a date, a closing bracket, a colon
+    line = text[max(text.rfind("\n", 0, word.start), text.rfind("\r", 0, word.start)) + 1 : word.end]
+    return len(line) <= SHORT_LINE or not any(c.islower() for c in line)
+
+
 def split_sentences(text: str) -> list[list[Word]]:
-    """Words grouped into sentences: a sentence ends after . ! ? (and closing quotes/brackets)
-    when the next word starts with an upper-case letter, a digit or a quote after whitespace."""
+    """Words grouped into sentences: at a blank line; and after . ! ? (and closing quotes or
+    brackets) or at the end of a line unit (see _ends_line_unit) when the next word starts with an
+    upper-case letter, a digit, a quote or a bracket."""
     words = words_of(text)
     sentences: list[list[Word]] = []
     current: list[Word] = []
-    for index, word in enumerate(words):
+    for word, following in zip(words, [*words[1:], None], strict=True):
         current.append(word)
-        if word.text not in _SENTENCE_END and not (
-            word.text in _CLOSERS and len(current) > 1 and current[-2].text in _SENTENCE_END
-        ):
-            continue
-        following = words[index + 1] if index + 1 < len(words) else None
         if following is None:
-            continue
-        if following.text in _CLOSERS and following.start == word.end:
-            continue  # the closing quote belongs to this sentence
+            break
         gap = text[word.end : following.start]
-        if (
-            gap
-            and gap.isspace()
-            and (following.text[0].isupper() or following.text[0].isdigit() or following.text[0] in "\"“'(")
+        if not gap:
+            continue  # attached: a closing quote, "3.5", "U.S.-based"
+        if _paragraph_break(gap) or (
+            _starts_sentence(following) and (_ends_sentence(current) or _ends_line_unit(text, word, gap))
         ):
             sentences.append(current)
             current = []

@@ -17,6 +17,7 @@ ERROR_STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     "payload_too_large": 413,
     "too_many_texts": 413,
+    "too_many_sentences": 413,
     "invalid_request": 422,
     "invalid_option": 422,
     "unknown_label": 422,

@@ -142,5 +142,9 @@ async def info(request: Request) -> dict[str, Any]:
             "max_queue_seconds": settings.max_queue_seconds,
             "max_padding": settings.padding_bound,
         },
-        "limits": {"max_texts": settings.max_texts, "max_body_bytes": settings.max_body_bytes},
+        "limits": {
+            "max_texts": settings.max_texts,
+            "max_request_sentences": settings.max_request_sentences,
+            "max_body_bytes": settings.max_body_bytes,
+        },
     }
