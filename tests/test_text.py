@@ -11,6 +11,15 @@ def test_words_have_exact_offsets() -> None:
     assert "U.S." in [w.text for w in words] and "3.5" in [w.text for w in words] and "Köln" in [w.text for w in words]
 
 
+def test_clitics_are_split_as_the_training_data_writes_them() -> None:
+    text = "Russia's backing, O'Neill's goal: it doesn't matter, they're here, Gov't of St. Kitts’s"
+    words = [w.text for w in words_of(text)]
+    assert words[:4] == ["Russia", "'s", "backing", ","]
+    assert words[4:6] == ["O'Neill", "'s"] and words[9:11] == ["does", "n't"] and words[13:15] == ["they", "'re"]
+    assert "Gov't" in words and words[-2:] == ["Kitts", "’s"]
+    assert all(text[w.start : w.end] == w.text for w in words_of(text))
+
+
 def test_sentence_split() -> None:
     text = 'Peter left Paris. He said "it rains." Then 3 people came!'
     sentences = split_sentences(text)
@@ -60,3 +69,17 @@ def test_line_units_and_paragraphs_end_sentences() -> None:
     ]
     assert split_sentences("Dr. Jones visited St. Louis in Jan. 1996.")[0][-1].text == "."
     assert len(split_sentences("Dr. Jones visited St. Louis in Jan. 1996.")) == 1
+
+
+def test_words_follow_the_training_data_conventions() -> None:
+    """Currencies and U.S.-compounds whole; a company suffix or a state that ends the sentence gives
+    up its period (the data writes "Lear Corp ."), one inside it keeps it; titles always keep it."""
+    cases = {
+        "fell C$ 0.45 to US$ 101.15": ["fell", "C$", "0.45", "to", "US$", "101.15"],
+        "U.S.-led planes": ["U.S.-led", "planes"],
+        "Johnson Controls Inc and Lear Corp.": ["Johnson", "Controls", "Inc", "and", "Lear", "Corp", "."],
+        'analyst at McDonald & Co. " It': ["analyst", "at", "McDonald", "&", "Co", ".", '"', "It"],
+        "Lear Corp. officials met Dr. Jones": ["Lear", "Corp.", "officials", "met", "Dr.", "Jones"],
+    }
+    for text, expected in cases.items():
+        assert [w.text for w in words_of(text)] == expected, text

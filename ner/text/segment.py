@@ -13,72 +13,30 @@ from nerserve.ner.types import Word
 
 # Abbreviations written with one final period, kept whole as the training data keeps them
 # ("Mr.", "St. Louis", "Corp."), so a period after them neither splits the word nor the sentence.
-ABBREVIATIONS = [
-    "Mr",
-    "Mrs",
-    "Ms",
-    "Dr",
-    "Prof",
-    "St",
-    "Mt",
-    "Ft",
-    "Gen",
-    "Gov",
-    "Sen",
-    "Rep",
-    "Rev",
-    "Col",
-    "Capt",
-    "Lt",
-    "Sgt",
-    "Maj",
-    "Adm",
-    "Jr",
-    "Sr",
-    "Corp",
-    "Inc",
-    "Ltd",
-    "Co",
-    "Bros",
-    "Dept",
-    "Univ",
-    "Jan",
-    "Feb",
-    "Mar",
-    "Apr",
-    "Jun",
-    "Jul",
-    "Aug",
-    "Sep",
-    "Sept",
-    "Oct",
-    "Nov",
-    "Dec",
-    "No",
-    "Nos",
-    "Vol",
-    "vs",
-    "etc",
-    "Ave",
-    "Blvd",
-    "Rd",
-    "Calif",
-    "Fla",
-    "Ill",
-    "Mass",
-    "Mich",
-    "Minn",
-    "Penn",
-    "Va",
-    "Wash",
-]
+# Titles and months stand before what they name; the others can end a sentence, and there the
+# training data writes the sentence's period apart ("… and Lear Corp ." / "Kansas City , Mo .").
+TITLES = ["Mr", "Mrs", "Ms", "Dr", "Prof", "St", "Mt", "Ft", "Gen", "Gov", "Sen", "Rep", "Rev", "Col", "Capt"]
+TITLES += ["Lt", "Sgt", "Maj", "Adm", "No", "Nos", "Vol", "vs"]
+TITLES += ["Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"]
+SUFFIXES = ["Jr", "Sr", "Corp", "Inc", "Ltd", "Co", "Bros", "Dept", "Univ", "etc", "Ave", "Blvd", "Rd"]
+SUFFIXES += ["Calif", "Fla", "Ill", "Mass", "Mich", "Minn", "Penn", "Va", "Wash", "Mo"]
+
+
+def _alternatives(names: list[str]) -> str:
+    return "|".join(names + [name.upper() for name in names if not name.isupper()])  # "ST. LOUIS" in a headline
+
+
 _WORD = re.compile(
     r"""
-    (?:[A-Za-z]\.){2,}            # abbreviations: U.S. e.g.
+    (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
     | \b(?:"""
-    + "|".join(ABBREVIATIONS)
-    + r""")\.                      # titles, months, company suffixes: Mr. St. Jan. Corp.
+    + _alternatives(TITLES)
+    + r""")\.                      # titles and months: Mr. St. Jan.
+    | \b(?:"""
+    + _alternatives(SUFFIXES)
+    + r""")\.(?!\s*(?:$|[\n\r"”.]))  # company suffixes, states: Corp. Fla., unless they end the sentence
     | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
+    | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
     | \d+(?:[-.,:/]\d+)*          # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38
     | \w+(?:[-'’]\w+)*            # words, with inner hyphens and apostrophes
     | [^\w\s]                     # any other symbol on its own
@@ -89,8 +47,21 @@ _SENTENCE_END = {".", "!", "?"}
 _CLOSERS = {'"', "'", ")", "]", "”", "’"}
 
 
+# Clitics written apart, as the training data (Penn Treebank style) writes them: "Russia 's",
+# "does n't", "they 're". Kept on, a possessive hid the entity ("Russia's" is no location).
+_CLITIC = re.compile(r"(?:n[’']t|[’'](?:s|re|ve|ll|m|d))$", re.IGNORECASE)
+
+
+def _split_clitic(word: Word) -> list[Word]:
+    match = _CLITIC.search(word.text)
+    if match is None or match.start() == 0:
+        return [word]
+    cut = word.start + match.start()
+    return [Word(word.text[: match.start()], word.start, cut), Word(match.group(), cut, word.end)]
+
+
 def words_of(text: str) -> list[Word]:
-    return [Word(m.group(), m.start(), m.end()) for m in _WORD.finditer(text)]
+    return [piece for m in _WORD.finditer(text) for piece in _split_clitic(Word(m.group(), m.start(), m.end()))]
 
 
 # A line that ends in one of these goes on in the next line (hard-wrapped prose), whatever follows.
@@ -114,21 +85,24 @@ def _paragraph_break(gap: str) -> bool:
 SHORT_LINE = 40  # characters: bylines and short headlines; wrapped prose runs longer
 
 
-def _ends_line_unit(text: str, word: Word, gap: str) -> bool:
+def _ends_line_unit(text: str, current: list[Word], gap: str) -> bool:
     """A line break after a line that does not read as wrapped prose: headlines, bylines, datelines,
     list and table rows ("LONDON 1996-08-30", "Nadim Ladki", "Japan 2 Syria 1") end without a
     period, and the next line starts a new unit. A line that ends in a lower-case word or a joining
     symbol ("… said on" / "Thursday …") is wrapped prose; one that ends in a capitalised word is a
     unit only when it is short or has no lower case (a long line ending "… the European" /
-    "Commission …" is wrapped)."""
+    "Commission …" is wrapped), counted from where the sentence began if that is on the line."""
     if "\n" not in gap and "\r" not in gap:
         return False
+    word = current[-1]
     last = word.text
     if last[0].islower() or last in _CONTINUES:
         return False
     if not last[0].isalpha():
         return True  # a number, a date, a closing bracket, a colon
-    line = text[max(text.rfind("\n", 0, word.start), text.rfind("\r", 0, word.start)) + 1 : word.end]
+    # the line from its start, or from where this sentence began on it ("… town. Yuri Kushko")
+    line_start = max(text.rfind("\n", 0, word.start), text.rfind("\r", 0, word.start)) + 1
+    line = text[max(line_start, current[0].start) : word.end]
     return len(line) <= SHORT_LINE or not any(c.islower() for c in line)
 
 
@@ -147,7 +121,7 @@ def split_sentences(text: str) -> list[list[Word]]:
         if not gap:
             continue  # attached: a closing quote, "3.5", "U.S.-based"
         if _paragraph_break(gap) or (
-            _starts_sentence(following) and (_ends_sentence(current) or _ends_line_unit(text, word, gap))
+            _starts_sentence(following) and (_ends_sentence(current) or _ends_line_unit(text, current, gap))
         ):
             sentences.append(current)
             current = []
