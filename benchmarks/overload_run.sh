@@ -27,6 +27,8 @@ CAPACITY=$(field "max(r['sentences_per_second'] for r in json.load(open('$OUT/ca
 load --mode open --rate "$(field "round(3 * $CAPACITY)")" --duration 60 --out "$OUT/open-3x"
 load --mode open --sweep "$(field "f'{0.25 * $CAPACITY:.0f}:{4 * $CAPACITY:.0f}:8'")" --duration 20 --out "$OUT/sweep"
 
+curl -s "localhost:$PORT/metrics" | grep '^nerserve_requests_total' > "$OUT/requests_total.txt"  # the server's own count
+
 "$BIN/python" - "$OUT" "$CAPACITY" <<'EOF'
 import json, sys
 out, capacity = sys.argv[1], float(sys.argv[2])

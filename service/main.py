@@ -4,15 +4,11 @@ handlers, body-size limit, and `run()` for `nerserve serve`."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import os
 import signal
 import sys
-import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,8 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve import __version__
+from nerserve.service.admission import EdgeAdmission
 from nerserve.service.api.errors import (
-    ERROR_STATUS,
     ApiError,
     api_error_handler,
     error_response,
@@ -150,79 +146,6 @@ class CountResponses:
             self.metrics.requests.labels(model, str(status or 500)).inc()
 
 
-class EdgeAdmission:
-    """Admission at the HTTP edge, before a body is read or parsed: a POST /extract arriving while
-    the requests in flight would take longer than `bound` seconds to complete at the measured
-    completion rate is answered 429 at once (+ Retry-After). The scheduler's own estimate sees only
-    its queue; under overload requests also wait in the event loop, HTTP parsing and planning,
-    which this count includes from arrival to answer.
-
-    It wraps the whole application, outside FastAPI's middleware stack, and answers in two raw
-    ASGI messages: at 3× capacity two requests in three are refused, and what a refusal costs is
-    taken from the graphs sharing the core (measured: the event loop's share of the core rose from
-    11 % to 22 % at 3× load). It counts its own refusals, which the inner counter never sees."""
-
-    WINDOW = 5.0  # seconds of completions the rate is measured over
-    # Fewer completions than this in the window say too little about the rate: after an idle spell
-    # the first answers alone would read as a rate of a few per second and refuse a burst of 8
-    # (measured: 8 spurious 429s at the start of a closed loop at concurrency 8). The scheduler's
-    # own admission, on its batch rate that outlives idle spells, still guards those moments.
-    MIN_COMPLETIONS = 16
-
-    def __init__(self, app: ASGIApp, bound: float, metrics: Metrics | None = None) -> None:
-        self.app = app
-        self.bound = bound
-        self.metrics = metrics
-        self.in_flight = 0
-        self.completions: deque[float] = deque()
-
-    def rate(self, now: float) -> float:
-        while self.completions and self.completions[0] < now - self.WINDOW:
-            self.completions.popleft()
-        if len(self.completions) < self.MIN_COMPLETIONS:
-            return 0.0
-        return len(self.completions) / max(min(self.WINDOW, now - self.completions[0]), 0.5)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") != "/extract":
-            await self.app(scope, receive, send)
-            return
-        now = time.monotonic()
-        rate = self.rate(now)
-        # the wait before this request's own work starts; nothing in flight: always admitted
-        if rate > 0 and self.in_flight / rate > self.bound:
-            await self._refuse(send, self.in_flight / rate)
-            return
-        self.in_flight += 1
-        answered = False
-
-        async def watching_send(message: Message) -> None:
-            nonlocal answered
-            if message["type"] == "http.response.start":
-                answered = message["status"] == 200
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watching_send)
-        finally:
-            self.in_flight -= 1
-            if answered:  # the rate is of work done: a quick refusal further in says nothing of it
-                self.completions.append(time.monotonic())
-
-    async def _refuse(self, send: Send, wait: float) -> None:
-        message = f"overloaded: {self.in_flight} requests in flight, about {wait:.1f} s of work queued"
-        body = json.dumps({"error": {"code": "queue_full", "message": message, "field": None}}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(max(1, math.ceil(wait - self.bound))).encode()),
-        ]
-        await send({"type": "http.response.start", "status": ERROR_STATUS["queue_full"], "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        if self.metrics is not None:
-            self.metrics.requests.labels("", str(ERROR_STATUS["queue_full"])).inc()
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     state = ServiceState(settings)
@@ -259,7 +182,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def with_admission(app: FastAPI) -> EdgeAdmission:
     """The application as served: the edge admission outside everything else."""
     state: ServiceState = app.state.service
-    return EdgeAdmission(app, bound=state.settings.max_queue_seconds, metrics=state.metrics)
+
+    def capacity() -> float:
+        return sum(model.scheduler.request_rate for model in state.models.values())
+
+    return EdgeAdmission(app, state.settings.max_queue_seconds, capacity, state.metrics)
 
 
 class DrainingServer(uvicorn.Server):

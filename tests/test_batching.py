@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
-from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, QueueFull, Scheduler
+from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, QueueFull, Scheduler, WorkItem
 
 
 @dataclass
@@ -169,6 +169,7 @@ def test_admission_refuses_what_would_wait_too_long() -> None:
             scheduler.submit([("c", 1)] * 40)  # 40 of a's, 40 of b's, its own 40: 1.2 s > 1 s
         assert full.value.retry_after >= 1 and scheduler.depth == 195
         scheduler.submit([("d", 1)] * 3)  # a small one is still taken: 3 × 3 = 9 sentences
+        assert 100 / 150 < scheduler.request_rate < 100 / 3  # sentences/s ÷ sentences a request (averaged)
         with pytest.raises(QueueFull):  # 20 + 20 + 3 + 20: 0.63 s > its own 0.5 s deadline
             scheduler.submit([("e", 1)] * 20, deadline=scheduler.clock() + 0.5)
 
@@ -214,12 +215,11 @@ def test_one_bad_item_fails_alone_not_its_batch() -> None:
 
 
 def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
-    """Before the body is read: in flight ÷ the measured completion rate over the bound → 429."""
-    import time
+    """Before the body is read: in flight ÷ the measured capacity over the bound → 429; nothing is
+    refused while no capacity has been measured."""
+    from nerserve.service.admission import EdgeAdmission
 
-    from nerserve.service.main import EdgeAdmission
-
-    async def scenario(in_flight: int, answered: int = 50) -> tuple[list[str], int]:
+    async def scenario(in_flight: int, capacity: float = 100.0) -> tuple[list[str], int]:
         reached: list[str] = []
 
         async def app(scope: dict[str, object], receive: object, send: object) -> None:
@@ -234,13 +234,30 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
             if message["type"] == "http.response.start":
                 statuses.append(int(message["status"]))  # type: ignore[call-overload]
 
-        edge = EdgeAdmission(app, bound=1.0)  # type: ignore[arg-type]
-        edge.completions.extend([time.monotonic() - 0.5] * answered)  # 50 answered in the last 0.5 s: 100/s
+        edge = EdgeAdmission(app, 1.0, lambda: capacity)  # type: ignore[arg-type]  # requests/s
         edge.in_flight = in_flight
         scope = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
         await edge(scope, receive, send)  # type: ignore[arg-type]
         return reached, statuses[0] if statuses else 0
 
     assert asyncio.run(scenario(50)) == (["app"], 0)  # 0.5 s of work ahead: admitted
-    assert asyncio.run(scenario(150, answered=8)) == (["app"], 0)  # 8 answers say too little: admitted
+    assert asyncio.run(scenario(150, capacity=0.0)) == (["app"], 0)  # nothing measured yet: admitted
     assert asyncio.run(scenario(150)) == ([], 429)  # 1.5 s ahead: refused before the app
+
+
+def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:
+    """A batch that found the graphs idle gives no rate sample (past the first estimate); one that
+    waited for the previous batch gives sentences ÷ the time between their ends."""
+
+    async def scenario() -> float:
+        now = [0.0]
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, clock=lambda: now[0])
+        item = WorkItem("x", 1, 0.01, None, asyncio.get_running_loop().create_future())
+        assert scheduler._cycle_rate([item], finished=0.1, run_seconds=0.05) == pytest.approx(20.0)  # first: run time
+        scheduler._recent_rate = 20.0
+        late = WorkItem("y", 1, 5.0, None, asyncio.get_running_loop().create_future())
+        assert scheduler._cycle_rate([late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
+        waiting = [WorkItem("z", 1, 5.01, None, asyncio.get_running_loop().create_future()) for _ in range(4)]
+        return scheduler._cycle_rate(waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
+
+    assert asyncio.run(scenario()) == pytest.approx(4 / 0.08)

@@ -328,6 +328,12 @@ def test_overload_429_and_every_accepted_answered() -> None:
         statuses = [r.status_code for r in responses]
         assert 429 in statuses and 200 in statuses
         assert set(statuses) <= {200, 429}
+        counted = sum(  # at the edge (model "") or at the model's queue: every refusal is counted once
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+            if line.startswith("nerserve_requests_total") and 'status="429"' in line
+        )
+        assert counted == statuses.count(429)
         refused = next(r for r in responses if r.status_code == 429)
         assert int(refused.headers["Retry-After"]) >= 1
         assert all(len(r.json()["results"]) == 4 for r in responses if r.status_code == 200)
