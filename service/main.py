@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve import __version__
-from nerserve.service.admission import EdgeAdmission
+from nerserve.service.admission import EDGE_SHARE, EdgeAdmission
 from nerserve.service.api.errors import (
     ApiError,
     api_error_handler,
@@ -190,7 +190,7 @@ def with_admission(app: FastAPI) -> EdgeAdmission:
     def capacity() -> float:
         return sum(model.scheduler.request_rate for model in state.models.values())
 
-    return EdgeAdmission(app, state.settings.max_queue_seconds, capacity, state.metrics)
+    return EdgeAdmission(app, EDGE_SHARE * state.settings.max_queue_seconds, capacity, state.metrics)
 
 
 class DrainingServer(uvicorn.Server):
