@@ -32,10 +32,11 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(
-        0.75,
+        1.25,
         gt=0,
-        description="429 at once for a request whose estimated queue wait (queued ÷ measured rate) exceeds it; "
-        "0.75 s keeps the p99 of accepted requests under 2 s at 3× capacity (docs/notes.md, overload)",
+        description="429 at once for a request whose estimated queue wait (queued ÷ measured rate, calibrated at "
+        "the edge by what requests then took) exceeds it; 1.25 s keeps the p99 of accepted requests under 2 s at "
+        "3× capacity and refuses nothing at 70 % of it (docs/notes.md, overload)",
     )
     max_padding: float | None = Field(
         None,

@@ -12,9 +12,12 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from nerserve.service.metrics import Metrics
+
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     header_timeout = 10.0  # set from Settings.header_timeout_seconds by service.main.run
+    metrics: Metrics | None = None  # the app's, set by service.main.run: a 408 is counted like any response
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,3 +74,5 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         self.transport.close()
+        if self.metrics is not None:
+            self.metrics.requests.labels("", "408").inc()

@@ -221,6 +221,7 @@ def run(settings: Settings) -> None:
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     app = create_app(settings)
     HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
+    HeaderDeadlineProtocol.metrics = app.state.service.metrics
     config = uvicorn.Config(
         with_admission(app),
         host=settings.host,

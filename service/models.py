@@ -28,6 +28,7 @@ from nerserve.service.config import Settings
 from nerserve.service.metrics import Metrics, ModelObserver
 from nerserve.service.pipeline import Planner
 from nerserve.service.runtime.graph_set import load_graph_set
+from nerserve.service.runtime.memory import release_freed_memory
 
 log = logging.getLogger("nerserve")
 
@@ -139,7 +140,7 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
         max_padding=settings.padding_bound,
         max_queue_seconds=settings.max_queue_seconds,
     )
-    scheduler = Scheduler(prepare=prepare, run=run, limits=limits, observer=observer)
+    scheduler = Scheduler(prepare=prepare, run=run, limits=limits, observer=observer, on_idle=release_freed_memory)
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
 
 

@@ -155,25 +155,34 @@ def test_next_batch_is_prepared_while_the_graphs_run() -> None:
 
 
 def test_admission_refuses_what_would_wait_too_long() -> None:
-    """Once a rate is measured, a request whose estimated wait exceeds the bound gets QueueFull at
-    once, with a Retry-After from that estimate; an empty queue always admits. The wait is what
-    the request's last sentence has ahead of it in fair order: a round of every queued request
-    per sentence of its own."""
+    """Once a rate is measured, a request that would wait on more than the bound of others' work
+    gets QueueFull at once, with a Retry-After from that estimate; an empty queue always admits.
+    What it waits on is what its last sentence has ahead of it in fair order: a round of every
+    queued request per sentence of its own. Its own sentences count against a deadline only: a
+    request longer than the bound by itself is taken (no retry could ever make it shorter)."""
 
     async def checked() -> None:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
         scheduler._recent_rate = 100.0  # sentences/s, as measured from the last batches
         scheduler.submit([("a", 1)] * 150)  # empty queue: admitted, though it is 1.5 s of work
-        scheduler.submit([("b", 1)] * 45)  # 45 of a's + its own 45: 0.9 s ≤ 1 s
+        scheduler.submit([("b", 1)] * 45)  # waits on 45 of a's: 0.45 s ≤ 1 s
         with pytest.raises(QueueFull) as full:
-            scheduler.submit([("c", 1)] * 40)  # 40 of a's, 40 of b's, its own 40: 1.2 s > 1 s
+            scheduler.submit([("c", 1)] * 60)  # waits on 60 of a's and 45 of b's: 1.05 s > 1 s
         assert full.value.retry_after >= 1 and scheduler.depth == 195
-        scheduler.submit([("d", 1)] * 3)  # a small one is still taken: 3 × 3 = 9 sentences
-        assert 100 / 150 < scheduler.request_rate < 100 / 3  # sentences/s ÷ sentences a request (averaged)
-        with pytest.raises(QueueFull):  # 20 + 20 + 3 + 20: 0.63 s > its own 0.5 s deadline
+        scheduler.submit([("d", 1)] * 3)  # a small one is still taken: 3 + 3 sentences ahead
+        assert scheduler.request_rate == pytest.approx(100 / 45)  # sentences/s ÷ the median request
+        with pytest.raises(QueueFull):  # 20 + 20 + 3 + its own 20: 0.63 s > its 0.5 s deadline
             scheduler.submit([("e", 1)] * 20, deadline=scheduler.clock() + 0.5)
 
+    async def long_alone() -> int:
+        scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
+        scheduler._recent_rate = 100.0
+        scheduler.submit([("x", 1)] * 2)
+        scheduler.submit([("long", 1)] * 500)  # 5 s of its own, 0.02 s of others': taken
+        return scheduler.depth
+
     asyncio.run(checked())
+    assert asyncio.run(long_alone()) == 502
 
 
 def test_a_large_request_does_not_hold_the_queue() -> None:
@@ -243,6 +252,92 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
     assert asyncio.run(scenario(50)) == (["app"], 0)  # 0.5 s of work ahead: admitted
     assert asyncio.run(scenario(150, capacity=0.0)) == (["app"], 0)  # nothing measured yet: admitted
     assert asyncio.run(scenario(150)) == ([], 429)  # 1.5 s ahead: refused before the app
+    assert asyncio.run(scenario(0, capacity=0.01)) == (["app"], 0)  # none ahead: always taken
+
+
+def test_one_huge_request_does_not_size_every_request_at_the_edge() -> None:
+    """The edge sizes a request by the median of the last accepted ones: after one of a thousand
+    sentences among one-sentence requests, it still counts one sentence a request."""
+
+    async def scenario() -> float:
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=BatchLimits(max_queue=10_000))
+        for size in (1, 1000, 1, 1):
+            scheduler.submit([("x", 1)] * size)
+        scheduler._recent_rate = 80.0  # sentences/s
+        return scheduler.request_rate
+
+    assert asyncio.run(scenario()) == pytest.approx(80.0)
+
+
+def test_edge_admission_calibrates_its_estimate_by_what_requests_took() -> None:
+    """Requests that take twice what in flight ÷ capacity promised them teach the edge to count
+    its estimate double (the bound then holds for the wait itself); a calm spell, with no queue
+    to learn from, relaxes it back to the raw estimate."""
+    from nerserve.service.admission import EdgeAdmission
+
+    now = [0.0]
+    took = [0.0]
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        now[0] += took[0]
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    statuses: list[int] = []
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(int(message["status"]))  # type: ignore[call-overload]
+
+    edge = EdgeAdmission(app, 1.0, lambda: 100.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    scope = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
+
+    async def call(in_flight: int, seconds: float) -> None:
+        edge.in_flight, took[0] = in_flight, seconds
+        await edge(scope, receive, send)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await call(20, 0.6)  # 0.21 s promised, took 0.6 s: too far below the bound to learn from
+        assert statuses == [] and edge.calibration == 1.0
+        for _ in range(100):
+            await call(49, 1.5)  # 0.5 s promised (half the bound), took three times that
+        assert 1.9 < edge.calibration < 2.2  # learnt until its promise reached the bound
+        refused = len(statuses)
+        await call(60, 0.0)  # 0.61 s promised now counts as about 1.2 s: refused
+        assert len(statuses) == refused + 1 and statuses[-1] == 429
+        for _ in range(2000):
+            await call(0, 0.01)  # no queue
+        assert edge.calibration == 1.0
+        await call(60, 0.0)  # 0.61 s promised: admitted again at the raw estimate
+        assert len(statuses) == refused + 1
+
+    asyncio.run(scenario())
+
+
+def test_idle_housekeeping_runs_in_the_graph_thread_when_idle_and_not_too_often() -> None:
+    """`on_idle` (the server's malloc_trim) runs after a batch that leaves nothing to run, in the
+    graph thread, at most once per `idle_every` seconds."""
+    threads: list[str] = []
+
+    async def scenario(idle_every: float) -> int:
+        scheduler = Scheduler(
+            prepare=lambda p: p,
+            run=lambda p: list(p),
+            on_idle=lambda: threads.append(threading.current_thread().name),
+            idle_every=idle_every,
+        )
+        scheduler.start()
+        for _ in range(3):
+            await asyncio.gather(*scheduler.submit([("x", 1)]))
+            await asyncio.sleep(0.01)
+        await scheduler.stop()
+        return len(threads)
+
+    assert asyncio.run(scenario(idle_every=60.0)) == 1
+    threads.clear()
+    assert asyncio.run(scenario(idle_every=0.0)) == 3
+    assert all(name.startswith("graphs") for name in threads)
 
 
 def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:

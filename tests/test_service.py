@@ -262,6 +262,9 @@ def test_bad_input_errors(server: Server, payload: dict[str, object], status: in
 def test_malformed_and_oversized_bodies(server: Server) -> None:
     bad = httpx.post(f"{server.url}/extract", content=b'{"texts": [', headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"
+    plain = httpx.post(f"{server.url}/extract", content=b'{"texts": ["a"]}', headers={"content-type": "text/plain"})
+    assert plain.status_code == 415 and plain.json()["error"]["field"] == "content-type"
+    assert "application/json" in plain.json()["error"]["message"]
     huge = httpx.post(
         f"{server.url}/extract",
         content=json.dumps({"texts": ["x" * 3_000_000]}).encode(),
@@ -406,6 +409,12 @@ def test_slow_headers_get_a_408_and_the_connection_is_closed(server: Server) -> 
     """A client that never finishes its headers (slowloris) no longer holds a connection forever."""
     import socket
 
+    def timeouts_counted() -> float:
+        lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+        counted = [line for line in lines if line.startswith("nerserve_requests_total") and 'status="408"' in line]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in counted)
+
+    before = timeouts_counted()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(b"POST /extract HTTP/1.1\r\nHost: x\r\n")  # and nothing more
         sock.settimeout(10)
@@ -415,3 +424,4 @@ def test_slow_headers_get_a_408_and_the_connection_is_closed(server: Server) -> 
         assert 1.5 < time.monotonic() - started < 5
         assert sock.recv(10) == b""  # closed
     assert extract(server, {"texts": ["Peter went to Paris."]}).status_code == 200
+    assert timeouts_counted() == before + 1  # answered by the protocol, before any app: counted all the same

@@ -83,3 +83,7 @@ def test_words_follow_the_training_data_conventions() -> None:
     }
     for text, expected in cases.items():
         assert [w.text for w in words_of(text)] == expected, text
+
+
+def test_empty_and_blank_texts_have_no_sentences() -> None:
+    assert split_sentences("") == [] and split_sentences("  \n\n ") == []

@@ -113,7 +113,8 @@ def split_sentences(text: str) -> list[list[Word]]:
     words = words_of(text)
     sentences: list[list[Word]] = []
     current: list[Word] = []
-    for word, following in zip(words, [*words[1:], None], strict=True):
+    followers: list[Word | None] = [*words[1:], None] if words else []
+    for word, following in zip(words, followers, strict=True):
         current.append(word)
         if following is None:
             break

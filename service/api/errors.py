@@ -18,6 +18,7 @@ ERROR_STATUS: dict[str, int] = {
     "payload_too_large": 413,
     "too_many_texts": 413,
     "too_many_sentences": 413,
+    "unsupported_media_type": 415,
     "invalid_request": 422,
     "invalid_option": 422,
     "unknown_label": 422,
@@ -62,11 +63,17 @@ async def api_error_handler(_: Request, error: Exception) -> JSONResponse:
     return error_response(error.code, error.message, error.field, error.headers)
 
 
-async def validation_error_handler(_: Request, error: Exception) -> JSONResponse:
+async def validation_error_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
     errors = list(error.errors())
     first: dict[str, Any] = dict(errors[0]) if errors else {"type": "", "loc": (), "msg": "invalid request"}
     if tuple(first.get("loc", ())) == ("body",) and first.get("type") in ("model_attributes_type", "dict_type"):
+        # FastAPI reads a body as JSON only when it is declared so (or not declared at all): JSON
+        # sent as text/plain arrives as a string, which is not "malformed JSON" to the one who sent it.
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type and media_type != "application/json" and not media_type.endswith("+json"):
+            message = f"request body must be sent as application/json, not {media_type}"
+            return error_response("unsupported_media_type", message, "content-type")
         return error_response("malformed_json", "request body must be a JSON object")
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")

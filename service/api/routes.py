@@ -19,7 +19,7 @@ from nerserve.service.api.schemas import ErrorResponse, ExtractRequest, ExtractR
 from nerserve.service.api.state import service_state
 
 router = APIRouter()
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 503, 504)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 415, 422, 429, 503, 504)}
 
 
 @router.post("/extract", response_model=ExtractResponse, responses=ERRORS, summary="Extract entities")

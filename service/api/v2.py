@@ -57,9 +57,7 @@ class V2ErrorBody(BaseModel):
     error: str
 
 
-V2_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": V2ErrorBody} for code in (400, 404, 413, 422, 429, 503, 504)
-}
+V2_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": V2ErrorBody} for code in (400, 404, 413, 422, 429, 503, 504)}
 INFER_BODY = {
     "requestBody": {
         "required": True,
