@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -223,6 +224,23 @@ def test_one_bad_item_fails_alone_not_its_batch() -> None:
     assert asyncio.run(scenario()) == ["A", "ValueError", "C"]
 
 
+EXTRACT_SCOPE = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
+
+
+async def _empty_body() -> dict[str, object]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def _recording(statuses: list[int]) -> Callable[[dict[str, object]], Awaitable[None]]:
+    """An ASGI `send` that keeps the status of each response started."""
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(int(message["status"]))  # type: ignore[call-overload]
+
+    return send
+
+
 def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
     """Before the body is read: in flight ÷ the measured capacity over the bound → 429; nothing is
     refused while no capacity has been measured."""
@@ -234,19 +252,10 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
         async def app(scope: dict[str, object], receive: object, send: object) -> None:
             reached.append("app")
 
-        async def receive() -> dict[str, object]:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
         statuses: list[int] = []
-
-        async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.start":
-                statuses.append(int(message["status"]))  # type: ignore[call-overload]
-
         edge = EdgeAdmission(app, 1.0, lambda: capacity)  # type: ignore[arg-type]  # requests/s
         edge.in_flight = in_flight
-        scope = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
-        await edge(scope, receive, send)  # type: ignore[arg-type]
+        await edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses))  # type: ignore[arg-type]
         return reached, statuses[0] if statuses else 0
 
     assert asyncio.run(scenario(50)) == (["app"], 0)  # 0.5 s of work ahead: admitted
@@ -281,21 +290,12 @@ def test_edge_admission_calibrates_its_estimate_by_what_requests_took() -> None:
     async def app(scope: object, receive: object, send: object) -> None:
         now[0] += took[0]
 
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
     statuses: list[int] = []
-
-    async def send(message: dict[str, object]) -> None:
-        if message["type"] == "http.response.start":
-            statuses.append(int(message["status"]))  # type: ignore[call-overload]
-
     edge = EdgeAdmission(app, 1.0, lambda: 100.0, clock=lambda: now[0])  # type: ignore[arg-type]
-    scope = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
 
     async def call(in_flight: int, seconds: float) -> None:
         edge.in_flight, took[0] = in_flight, seconds
-        await edge(scope, receive, send)  # type: ignore[arg-type]
+        await edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses))  # type: ignore[arg-type]
 
     async def scenario() -> None:
         await call(20, 0.6)  # 0.21 s promised, took 0.6 s: too far below the bound to learn from
