@@ -111,7 +111,6 @@ def main(
     _use_locations(model_store, graph_cache)
 
 
-
 @app.command()
 @_user_errors
 def train(
@@ -317,6 +316,9 @@ def serve(
         float | None, typer.Option(min=0.001, help="429 at once when a request's estimated queue wait exceeds it")
     ] = None,
     max_padding: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="largest share of padding in a batch")] = None,
+    max_request_share: Annotated[
+        int | None, typer.Option(min=1, help="most sentences of one request in a batch (default 8 on CPU, none on CUDA)")
+    ] = None,
     runtime: Annotated[Runtime | None, typer.Option()] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph")] = None,
@@ -341,6 +343,7 @@ def serve(
         "max_queue": max_queue,
         "max_queue_seconds": max_queue_seconds,
         "max_padding": max_padding,
+        "max_request_share": max_request_share,
         "device": device,
         "threads": threads,
         "default_model": default_model,

@@ -11,6 +11,12 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from nerserve.ner.graph_format import Runtime
 
 CPU_MAX_PADDING = 0.2  # batching_run.sh on 2 cores: above it the padded positions cost more than the batch gains
+# On CPU a batch holds at most this many sentences of one request. A batch runs no faster a
+# sentence here than its sentences alone (the encoder: 9.6 ms a sentence alone, 14.7 in unsorted
+# batches of 16), so a large request gains nothing from full batches, and with them it held the
+# graphs for a batch of 32 (~0.4 s) twice over before a small request behind it ran: one-sentence
+# requests beside a 924-sentence one waited p50 0.88 s, p99 3.2 s.
+CPU_MAX_REQUEST_SHARE = 8
 
 
 class Settings(BaseSettings):
@@ -44,6 +50,12 @@ class Settings(BaseSettings):
         le=1.0,
         description="largest share of padding in a batch; default 0.2 on CPU (padding costs more than batching gains "
         "there) and none on CUDA (a GPU batch's cost is mostly fixed, docs/gpu.md)",
+    )
+    max_request_share: int | None = Field(
+        None,
+        ge=1,
+        description="most sentences of one request in a batch; default 8 on CPU (a batch is no cheaper a sentence "
+        "there, and a large request would hold the graphs for whole batches) and none on CUDA",
     )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
     max_request_sentences: int = Field(
@@ -95,6 +107,12 @@ class Settings(BaseSettings):
                 "a larger request could never be queued"
             )
         return self
+
+    @property
+    def request_share_bound(self) -> int | None:
+        if self.max_request_share is not None:
+            return self.max_request_share
+        return None if self.device.startswith("cuda") else CPU_MAX_REQUEST_SHARE
 
     @property
     def padding_bound(self) -> float:

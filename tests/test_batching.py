@@ -14,6 +14,7 @@ from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, Queu
 @dataclass
 class Item:
     cost: int
+    request: int = 0
 
 
 def test_oldest_goes_first_and_similar_lengths_join() -> None:
@@ -42,6 +43,19 @@ def test_padding_bound_defaults_by_device() -> None:
     assert Settings(device="cpu").padding_bound == CPU_MAX_PADDING
     assert Settings(device="cuda").padding_bound == 1.0  # on a GPU a batch's fixed cost dwarfs its padding
     assert Settings(device="cuda", max_padding=0.3).padding_bound == 0.3
+
+
+def test_one_request_takes_at_most_its_share_of_a_batch() -> None:
+    """A large request's sentences fill at most max_request_share places of a batch, so the batch
+    it holds the graphs for stays short; other requests' sentences still join."""
+    queue = [Item(10, request=1) for _ in range(10)] + [Item(10, request=2), Item(10, request=2)]
+    chosen = select_batch(queue, BatchLimits(max_request_share=4))
+    assert chosen == [0, 1, 2, 3, 10, 11]
+    assert len(select_batch(queue, BatchLimits())) == 12  # no share: everything that fits
+    from nerserve.service.config import CPU_MAX_REQUEST_SHARE, Settings
+
+    assert Settings(device="cpu").request_share_bound == CPU_MAX_REQUEST_SHARE
+    assert Settings(device="cuda").request_share_bound is None  # a GPU batch's cost is mostly fixed
 
 
 def test_lookahead_limits_the_search() -> None:

@@ -17,10 +17,13 @@ class BatchLimits:
     # admission: a request whose sentences would wait longer than this (queued sentences ÷ the
     # measured rate) is refused at once with 429, so accepted ones keep their latency
     max_queue_seconds: float = 1.0
+    # most sentences of one request in a batch (None: no limit); see Settings.request_share_bound
+    max_request_share: int | None = None
 
 
 class Sized(Protocol):
     cost: int
+    request: int  # which request the item belongs to
 
 
 def padded_cost(costs: list[int]) -> int:
@@ -36,7 +39,7 @@ def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
     The oldest item always goes (FIFO fairness; alone if it is over the token budget by itself).
     The rest are chosen among the next max_batch_size × lookahead items by closeness of length to
     it, so a batch holds sentences of similar length and padding stays low, while the token
-    budget bounds the padded cost.
+    budget bounds the padded cost, and max_request_share what one request may take of it.
     """
     if not queue:
         return []
@@ -45,13 +48,18 @@ def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
     others = sorted(range(1, len(window)), key=lambda i: (abs(window[i].cost - anchor), i))
     chosen = [0]
     longest, total = anchor, anchor
+    share = limits.max_request_share or limits.max_batch_size
+    taken = {window[0].request: 1}
     for i in others:
         if len(chosen) >= limits.max_batch_size:
             break
+        if taken.get(window[i].request, 0) >= share:
+            continue
         candidate_longest = max(longest, window[i].cost)
         padded = candidate_longest * (len(chosen) + 1)
         if padded > limits.max_batch_tokens or 1 - (total + window[i].cost) / padded > limits.max_padding:
             continue
         chosen.append(i)
+        taken[window[i].request] = taken.get(window[i].request, 0) + 1
         longest, total = candidate_longest, total + window[i].cost
     return sorted(chosen)

@@ -65,6 +65,7 @@ class WorkItem:
     deadline: float | None
     future: asyncio.Future[Any]
     tag: int = 0  # fair-queueing round (see the module's docstring)
+    request: int = 0  # which submit() it came from (a batch takes at most max_request_share of one)
     started: float | None = None
 
 
@@ -127,6 +128,7 @@ class Scheduler:
         self._batches = 0
         self._last_idle = 0.0
         self._round = 0  # the fair-queueing tag of the last batch's oldest item
+        self._requests = 0  # submit() calls so far: each one's items carry its number
 
     @property
     def depth(self) -> int:
@@ -153,9 +155,10 @@ class Scheduler:
             self._request_sizes.append(size)
         loop = asyncio.get_running_loop()
         futures = []
+        self._requests += 1
         for index, (payload, cost) in enumerate(payloads):
             future: asyncio.Future[Any] = loop.create_future()
-            item = WorkItem(payload, cost, now, deadline, future, tag=self._round + index)
+            item = WorkItem(payload, cost, now, deadline, future, tag=self._round + index, request=self._requests)
             bisect.insort_right(self._queue, item, key=_tag)  # after the items of its round already queued
             futures.append(future)
         self._in_flight += len(payloads)
