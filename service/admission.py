@@ -96,9 +96,10 @@ class EdgeAdmission:
         if self.calibration * promised < CALIBRATION_FROM_SHARE * self.bound:
             # No queue to learn from: the calibration relaxes towards 1 (the raw estimate), so that
             # a bias learnt in a flood is not held against the next burst after a calm spell.
-            step = math.exp(CALIBRATION_STEP * (1 - CALIBRATION_QUANTILE))
-            relaxed = self.calibration / step if self.calibration > 1 else self.calibration * step
-            self.calibration = max(relaxed, 1.0) if self.calibration > 1 else min(relaxed, 1.0)
+            # (its logarithm one down-step nearer 0, never past it)
+            logged = math.log(self.calibration)
+            nearer = max(abs(logged) - CALIBRATION_STEP * (1 - CALIBRATION_QUANTILE), 0.0)
+            self.calibration = math.exp(math.copysign(nearer, logged))
             return
         # Up by q steps when a request took longer than the calibrated promise, down by 1 − q when
         # not: the fixed point is where a share 1 − q of requests take longer.

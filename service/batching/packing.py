@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -49,17 +50,17 @@ def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
     chosen = [0]
     longest, total = anchor, anchor
     share = limits.max_request_share or limits.max_batch_size
-    taken = {window[0].request: 1}
+    taken = Counter([window[0].request])
     for i in others:
         if len(chosen) >= limits.max_batch_size:
             break
-        if taken.get(window[i].request, 0) >= share:
+        if taken[window[i].request] >= share:
             continue
         candidate_longest = max(longest, window[i].cost)
         padded = candidate_longest * (len(chosen) + 1)
         if padded > limits.max_batch_tokens or 1 - (total + window[i].cost) / padded > limits.max_padding:
             continue
         chosen.append(i)
-        taken[window[i].request] = taken.get(window[i].request, 0) + 1
+        taken[window[i].request] += 1
         longest, total = candidate_longest, total + window[i].cost
     return sorted(chosen)

@@ -125,6 +125,7 @@ class Scheduler:
         # is moved by one request of a thousand windows: after one, the edge took every request for
         # one of its size and refused all of them)
         self._request_sizes: deque[int] = deque(maxlen=REQUEST_SIZE_WINDOW)
+        self._request_size = 0.0  # their median, kept at submit: the edge reads it for every arrival
         self._batches = 0
         self._last_idle = 0.0
         self._round = 0  # the fair-queueing tag of the last batch's oldest item
@@ -153,6 +154,7 @@ class Scheduler:
         size = len(payloads)
         if size:  # a request of empty texts queues nothing
             self._request_sizes.append(size)
+            self._request_size = statistics.median(self._request_sizes)
         loop = asyncio.get_running_loop()
         futures = []
         self._requests += 1
@@ -169,9 +171,7 @@ class Scheduler:
     def request_rate(self) -> float:
         """Requests per second this model answers at its measured rate (0 until one is measured):
         what the HTTP edge, which sees requests before their sentences, compares its count with."""
-        if not self._recent_rate or not self._request_sizes:
-            return 0.0
-        return self._recent_rate / statistics.median(self._request_sizes)
+        return self._recent_rate / self._request_size if self._recent_rate and self._request_size else 0.0
 
     def estimated_wait(self, sentences: int) -> float:
         """Seconds until a request of `sentences` would have run, at the rate the last batches ran
