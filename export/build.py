@@ -26,16 +26,33 @@ from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
+from nerserve.ner.text.subword import packed_rows
 from nerserve.service.runtime.graph_set import load_graph_set
 
 DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
-# Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters) so that the
-# exporter cannot mistake one axis for another or specialise a size-1 axis.
+# Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters; packed into
+# two rows by example_values) so that the exporter cannot mistake one axis for another or
+# specialise a size-1 axis.
 EXAMPLE_SENTENCES = [
     ["Unbelievably", ",", "the", "EU", "rejects", "German", "call", "to", "boycott", "lamb", "."],
     ["Peter", "Blackburn", "arrived", "in", "Washington"],
     ["IL-2", "gene", "expression", "requires", "NF-kappa", "B", "activation", "."],
 ]
+
+
+def example_values(program: Any) -> dict[str, np.ndarray]:
+    """Every graph input and output for EXAMPLE_SENTENCES, with the encoder's rows packed two
+    sentences in one row and one in another where the tokenizer's lengths allow (rows and row
+    length sizes above 1 and apart from the sentences' own), else a sentence a row."""
+    subwords = program.subwords
+    counts = [t.subwords + subwords.special_count for t in subwords.tokenize(EXAMPLE_SENTENCES)]
+    in_two = (c for c in range(max(counts), sum(counts) + 1) if len(packed_rows(counts, c)) == 2)
+    packed_in_two = next(in_two, 0)
+    saved, subwords.row_subwords = subwords.row_subwords, packed_in_two
+    try:
+        return dict(program.export_values(program.prepare(EXAMPLE_SENTENCES)))
+    finally:
+        subwords.row_subwords = saved
 
 
 def _sha256(path: Path) -> str:
@@ -104,8 +121,7 @@ def export_model(
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
         # example inputs for every graph, from the eager program itself
-        batch = model.program.prepare(EXAMPLE_SENTENCES)
-        values: dict[str, np.ndarray] = model.program.export_values(batch)
+        values = example_values(model.program)
         graphs_info: dict[str, Any] = {}
         for graph_name, signature in signatures.items():
             log(f"{name}: exporting graph {graph_name} ({fmt.value}{' int8' if int8 else ''})")

@@ -1,12 +1,15 @@
-"""The shared torch encoder: backbone (+ LoRA) → word vectors, char features, length-safe BiLSTM.
+"""The shared torch encoder: backbone (+ LoRA) over packed rows → word vectors, char features,
+length-safe BiLSTM.
 
 Every tensor operation here is export-friendly: no Python loops over the batch, no packed
-sequences, no boolean-mask indexing. Padding never influences a real position, so a sentence's
-vectors do not depend on what it is batched with.
+sequences, no boolean-mask indexing. A position attends only within its own sentence (segment)
+and takes its position within that sentence, so neither padding nor the sentences packed beside
+it influence a sentence's vectors: they do not depend on what it is batched with.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -101,6 +104,34 @@ class LengthSafeBiLSTM(nn.Module):
         return torch.cat([forward_out, reverse_padded(backward_out, lengths)], dim=-1)
 
 
+def segment_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[R, S] segment ids → the additive mask [R, 1, S, S] the backbone takes as it is: a position
+    sees the positions of its own segment only. Padding (segment 0) sees padding, so no row of
+    the softmax is masked entirely (which would turn into NaN and then spread through the keys)."""
+    same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
+    blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=segment_ids.device)
+    return torch.where(same, torch.zeros((), dtype=dtype, device=segment_ids.device), blocked).unsqueeze(1)
+
+
+def position_offset(backbone: nn.Module) -> int | None:
+    """What the backbone's position ids start from (RoBERTa-style embeddings count from the padding
+    id + 1), or None for a backbone that takes none (relative positions, e.g. T5: a packed
+    sentence's distances are the same wherever it sits in its row)."""
+    get_base_model = getattr(backbone, "get_base_model", None)  # under a LoRA (peft) wrapper
+    model = get_base_model() if callable(get_base_model) else backbone
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return None
+    embeddings = getattr(model, "embeddings", None)
+    padding_idx = getattr(embeddings, "padding_idx", None)
+    return padding_idx + 1 if isinstance(padding_idx, int) else 0
+
+
+def unpack_rows(packed: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+    """Packed rows [R, S, H] → one row per sentence [B, T, H] (token_index: flat row positions)."""
+    flat = packed.reshape(-1, packed.shape[2])
+    return flat.index_select(0, token_index.reshape(-1)).reshape(token_index.shape[0], token_index.shape[1], -1)
+
+
 def pool_subwords(
     hidden: torch.Tensor, subword_index: torch.Tensor, subword_mask: torch.Tensor, pooling: Pooling
 ) -> torch.Tensor:
@@ -131,34 +162,53 @@ class WordEncoder(nn.Module):
         self.lstm = LengthSafeBiLSTM(hidden_size + config.char_filters + config.shape_dim, config.lstm_hidden)
         self.output_size = 2 * config.lstm_hidden
         self.context_size = hidden_size
+        self.position_offset = position_offset(backbone)
 
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        segment_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
         char_ids: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        states, hidden = self.encode(input_ids, attention_mask, subword_index, subword_mask, char_ids, shape_ids, word_mask)
+        states, hidden = self.encode(
+            input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask, char_ids, shape_ids, word_mask
+        )
         return states, hidden[:, 0]
+
+    def backbone_states(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Packed rows → [R, S, H]: the mean of the backbone's last layers."""
+        dtype = next(self.backbone.parameters()).dtype
+        extra = {} if self.position_offset is None else {"position_ids": position_ids + self.position_offset}
+        outputs = self.backbone(
+            input_ids=input_ids,
+            attention_mask=segment_attention_mask(segment_ids, dtype),
+            output_hidden_states=True,
+            **extra,
+        )
+        layers = outputs.hidden_states[-self.config.last_layers :]
+        return torch.stack(layers, dim=0).mean(dim=0)
 
     def encode(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        segment_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
         char_ids: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """word_states [B, N, 2·lstm_hidden] and the sub-word states [B, S, H] they came from."""
-        outputs = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        layers = outputs.hidden_states[-self.config.last_layers :]
-        hidden = torch.stack(layers, dim=0).mean(dim=0)
+        """word_states [B, N, 2·lstm_hidden] and the sub-word states [B, T, H] they came from, one
+        row per sentence."""
+        hidden = unpack_rows(self.backbone_states(input_ids, segment_ids, position_ids), token_index)
         words = pool_subwords(hidden, subword_index, subword_mask, self.config.pooling)
         features = torch.cat([words, self.chars(char_ids), self.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)

@@ -315,7 +315,6 @@ def serve(
     max_queue_seconds: Annotated[
         float | None, typer.Option(min=0.001, help="429 at once when a request's estimated queue wait exceeds it")
     ] = None,
-    max_padding: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="largest share of padding in a batch")] = None,
     max_request_share: Annotated[
         int | None, typer.Option(min=1, help="most sentences of one request in a batch (default 8 on CPU, none on CUDA)")
     ] = None,
@@ -342,7 +341,6 @@ def serve(
         "max_wait_ms": max_wait_ms,
         "max_queue": max_queue,
         "max_queue_seconds": max_queue_seconds,
-        "max_padding": max_padding,
         "max_request_share": max_request_share,
         "device": device,
         "threads": threads,

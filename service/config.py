@@ -10,7 +10,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from nerserve.ner.graph_format import Runtime
 
-CPU_MAX_PADDING = 0.2  # batching_run.sh on 2 cores: above it the padded positions cost more than the batch gains
 # On CPU a batch holds at most this many sentences of one request. A batch runs no faster a
 # sentence here than its sentences alone (the encoder: 9.6 ms a sentence alone, 14.7 in unsorted
 # batches of 16), so a large request gains nothing from full batches, and with them it held the
@@ -43,13 +42,6 @@ class Settings(BaseSettings):
         description="429 at once for a request whose estimated queue wait (queued ÷ measured rate, calibrated at "
         "the edge by what requests then took) exceeds it; 1.25 s keeps the p99 of accepted requests under 2 s at "
         "3× capacity and refuses nothing at 70 % of it (docs/notes.md, overload)",
-    )
-    max_padding: float | None = Field(
-        None,
-        ge=0.0,
-        le=1.0,
-        description="largest share of padding in a batch; default 0.2 on CPU (padding costs more than batching gains "
-        "there) and none on CUDA (a GPU batch's cost is mostly fixed, docs/gpu.md)",
     )
     max_request_share: int | None = Field(
         None,
@@ -113,9 +105,3 @@ class Settings(BaseSettings):
         if self.max_request_share is not None:
             return self.max_request_share
         return None if self.device.startswith("cuda") else CPU_MAX_REQUEST_SHARE
-
-    @property
-    def padding_bound(self) -> float:
-        if self.max_padding is not None:
-            return self.max_padding
-        return 1.0 if self.device.startswith("cuda") else CPU_MAX_PADDING

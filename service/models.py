@@ -137,11 +137,17 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
         settings.max_batch_tokens,
         settings.max_wait_ms,
         settings.max_queue,
-        max_padding=settings.padding_bound,
         max_request_share=settings.request_share_bound,
         max_queue_seconds=settings.max_queue_seconds,
     )
-    scheduler = Scheduler(prepare=prepare, run=run, limits=limits, observer=observer, on_idle=release_freed_memory)
+    scheduler = Scheduler(
+        prepare=prepare,
+        run=run,
+        limits=limits,
+        observer=observer,
+        on_idle=release_freed_memory,
+        padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
+    )
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
 
 

@@ -17,32 +17,17 @@ class Item:
     request: int = 0
 
 
-def test_oldest_goes_first_and_similar_lengths_join() -> None:
+def test_oldest_go_first_whatever_their_lengths() -> None:
+    """Packed rows make a batch cost the sum of its sentences, so lengths need not be grouped."""
     queue = [Item(10), Item(50), Item(11), Item(9), Item(48)]
-    assert select_batch(queue, BatchLimits(max_batch_size=3, max_batch_tokens=10_000)) == [0, 2, 3]
+    assert select_batch(queue, BatchLimits(max_batch_size=3, max_batch_tokens=10_000)) == [0, 1, 2]
 
 
-def test_token_budget_bounds_padded_cost() -> None:
+def test_token_budget_bounds_the_batch() -> None:
     queue = [Item(100), Item(100), Item(100), Item(10)]
     chosen = select_batch(queue, BatchLimits(max_batch_size=8, max_batch_tokens=250))
-    assert chosen == [0, 1]  # a third 100-token sentence would make 300 padded tokens
+    assert chosen == [0, 1, 3]  # a third 100-token sentence would make 300; the 10 still fits
     assert select_batch([Item(900)], BatchLimits(max_batch_tokens=250)) == [0]  # oversized runs alone
-
-
-def test_padding_bound_keeps_lengths_together() -> None:
-    queue = [Item(10), Item(50), Item(11), Item(9), Item(48), Item(12)]
-    limits = BatchLimits(max_batch_size=8, max_batch_tokens=10_000, max_padding=0.2)
-    # 10, 11, 9, 12 pad to 4 × 12 = 48 with 42 real (12.5 % padding); a 48 or 50 would make it > 80 %
-    assert select_batch(queue, limits) == [0, 2, 3, 5]
-    assert select_batch(queue, BatchLimits(max_batch_size=8, max_batch_tokens=10_000)) == [0, 1, 2, 3, 4, 5]
-
-
-def test_padding_bound_defaults_by_device() -> None:
-    from nerserve.service.config import CPU_MAX_PADDING, Settings
-
-    assert Settings(device="cpu").padding_bound == CPU_MAX_PADDING
-    assert Settings(device="cuda").padding_bound == 1.0  # on a GPU a batch's fixed cost dwarfs its padding
-    assert Settings(device="cuda", max_padding=0.3).padding_bound == 0.3
 
 
 def test_one_request_takes_at_most_its_share_of_a_batch() -> None:
@@ -59,9 +44,10 @@ def test_one_request_takes_at_most_its_share_of_a_batch() -> None:
 
 
 def test_lookahead_limits_the_search() -> None:
-    queue = [Item(5)] + [Item(80)] * 10 + [Item(5)]
-    chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_batch_tokens=10_000, lookahead=2))
-    assert chosen == [0, 1]  # the far 5-token item is outside the 4-item window
+    queue = [Item(5, request=1)] * 3 + [Item(5, request=2)]
+    chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_request_share=1, lookahead=1))
+    assert chosen == [0]  # request 2's item is outside the 2-item window
+    assert select_batch(queue, BatchLimits(max_batch_size=2, max_request_share=1, lookahead=2)) == [0, 3]
 
 
 def make_scheduler(limits: BatchLimits, batches: list[list[str]] | None = None) -> Scheduler:

@@ -1,6 +1,6 @@
 from nerserve.ner.text.chars import SHAPES, encode_chars, shape_id
 from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
-from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, pack_rows, packed_rows, packing_cost
 
 
 def test_words_have_exact_offsets() -> None:
@@ -48,7 +48,34 @@ def test_subword_map_covers_every_word(tiny_backbone) -> None:
     assert batch.word_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
     assert batch.subword_mask[0].sum(axis=1).min() >= 1  # the zero-width word maps to [UNK]
     assert batch.subword_mask[0, 0].sum() > 1  # a word split into several pieces
-    assert batch.input_ids.shape[0] == 2 and batch.attention_mask[1].sum() == 3
+    assert batch.token_counts[1] == 3 and batch.sentence_positions == (2, max(batch.token_counts))
+
+
+def test_sentences_packed_into_rows_come_back_whole(tiny_backbone) -> None:
+    """Each packed sentence keeps its own ids, segment and positions from 0, and token_index takes
+    every sentence position back to the row position that holds it."""
+    sentences = [["Unbelievably", "long", "words"], ["Hi"], ["Peter", "Blackburn", "arrived"], ["a"] * 9]
+    packed = SubwordEncoder(load_tokenizer(tiny_backbone), row_subwords=16).encode(sentences)
+    alone = SubwordEncoder(load_tokenizer(tiny_backbone), row_subwords=0).encode(sentences)
+    assert packed.input_ids.shape[0] < len(sentences) and alone.input_ids.shape[0] == len(sentences)
+    for batch in (packed, alone):
+        flat_ids, flat_segments = batch.input_ids.reshape(-1), batch.segment_ids.reshape(-1)
+        flat_positions = batch.position_ids.reshape(-1)
+        for b, count in enumerate(batch.token_counts):
+            where = batch.token_index[b, :count]
+            assert flat_ids[where].tolist() == alone.input_ids[b, :count].tolist()
+            assert flat_positions[where].tolist() == list(range(count))
+            assert len(set(flat_segments[where].tolist())) == 1 and flat_segments[where][0] > 0
+            assert len(set(where.tolist())) == count
+    assert (packed.segment_ids > 0).sum() == sum(packed.token_counts)  # nothing but padding beside them
+    assert packed.subword_index.tolist() == alone.subword_index.tolist()  # the word map is per sentence
+
+
+def test_pack_rows_first_fit_decreasing() -> None:
+    assert pack_rows([5, 9, 3, 4], 10) == [[1], [0, 3], [2]]
+    assert pack_rows([5, 9, 3, 4], 0) == [[0], [1], [2], [3]]
+    assert pack_rows([20, 12, 8], 10) == [[0], [1, 2]]  # rows as long as the longest sentence
+    assert sorted(i for row in pack_rows([7, 1, 8, 2, 2, 6], 9) for i in row) == list(range(6))
 
 
 def test_line_units_and_paragraphs_end_sentences() -> None:
@@ -87,3 +114,15 @@ def test_words_follow_the_training_data_conventions() -> None:
 
 def test_empty_and_blank_texts_have_no_sentences() -> None:
     assert split_sentences("") == [] and split_sentences("  \n\n ") == []
+
+
+def test_each_batch_takes_the_row_length_that_costs_least() -> None:
+    """Rows as long as the longest sentence when lengths are even (no padding to gain), longer
+    rows when short sentences fill them, never longer than the bound."""
+    even = [40] * 6
+    assert packed_rows(even, 256) == [[i] for i in range(6)]  # 6 × 40 beats 2 × 120 and its attention
+    skewed = [60, 10, 10, 10, 10, 10, 10]
+    rows = packed_rows(skewed, 256)
+    assert rows == [[0], [1, 2, 3, 4, 5, 6]] and packing_cost(skewed, rows) < packing_cost(skewed, pack_rows(skewed, 0))
+    assert packed_rows([200, 50, 50], 128) == [[0], [1, 2]]  # a sentence over the bound sets the row length
+    assert packed_rows([5, 5], 0) == [[0], [1]]

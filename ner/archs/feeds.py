@@ -11,11 +11,25 @@ from nerserve.ner.graph import GraphSignature
 from nerserve.ner.text.chars import encode_chars
 from nerserve.ner.text.subword import SubwordBatch, SubwordEncoder, Words, word_list
 
-ENCODER_INPUTS = ("input_ids", "attention_mask", "subword_index", "subword_mask", "char_ids", "shape_ids", "word_mask")
+# Packed rows in (ner.text.subword), one row per sentence out: "rows" × "row_subwords" are the
+# backbone's positions, "batch" × "subwords" each sentence's own.
+ENCODER_INPUTS = (
+    "input_ids",
+    "segment_ids",
+    "position_ids",
+    "token_index",
+    "subword_index",
+    "subword_mask",
+    "char_ids",
+    "shape_ids",
+    "word_mask",
+)
 # Named dynamic axes of every input and output ("" marks a fixed axis).
 ENCODER_AXES: dict[str, tuple[str, ...]] = {
-    "input_ids": ("batch", "subwords"),
-    "attention_mask": ("batch", "subwords"),
+    "input_ids": ("rows", "row_subwords"),
+    "segment_ids": ("rows", "row_subwords"),
+    "position_ids": ("rows", "row_subwords"),
+    "token_index": ("batch", "subwords"),
     "subword_index": ("batch", "words", "pieces"),
     "subword_mask": ("batch", "words", "pieces"),
     "char_ids": ("batch", "words", "chars"),
@@ -33,7 +47,9 @@ def encoder_feeds(subwords: SubwordEncoder, sentences: Sequence[Words]) -> tuple
     char_ids, shape_ids = encode_chars([word_list(s) for s in sentences], encoded.word_mask.shape[1])
     feeds = {
         "input_ids": encoded.input_ids,
-        "attention_mask": encoded.attention_mask,
+        "segment_ids": encoded.segment_ids,
+        "position_ids": encoded.position_ids,
+        "token_index": encoded.token_index,
         "subword_index": encoded.subword_index,
         "subword_mask": encoded.subword_mask,
         "char_ids": char_ids,

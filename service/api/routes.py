@@ -140,7 +140,6 @@ async def info(request: Request) -> dict[str, Any]:
             "max_wait_ms": settings.max_wait_ms,
             "max_queue": settings.max_queue,
             "max_queue_seconds": settings.max_queue_seconds,
-            "max_padding": settings.padding_bound,
         },
         "limits": {
             "max_texts": settings.max_texts,

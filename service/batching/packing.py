@@ -1,4 +1,9 @@
-"""Which queued items form the next batch: a pure function, tested without clocks or threads."""
+"""Which queued items form the next batch: a pure function, tested without clocks or threads.
+
+The encoders pack a batch's sentences into rows (ner.text.subword) instead of padding each to the
+longest, so a batch costs about the sum of its sentences' sub-words whatever their lengths: items
+are taken oldest first, with no need to group similar lengths.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,10 @@ from typing import Protocol, TypeVar
 @dataclass(frozen=True)
 class BatchLimits:
     max_batch_size: int = 32  # sentences
-    max_batch_tokens: int = 8192  # padded cost: longest sentence (sub-words) × sentences
+    max_batch_tokens: int = 8192  # sub-words of a batch's sentences, specials included
     max_wait_ms: float = 5.0  # a batch closes this long after its oldest item arrived
     max_queue: int = 2048  # sentences waiting; beyond it requests are refused (429)
-    lookahead: int = 4  # packing looks at max_batch_size × lookahead oldest items
-    max_padding: float = 1.0  # largest share of a batch's padded cost that may be padding
+    lookahead: int = 4  # a batch is chosen among the max_batch_size × lookahead oldest items
     # admission: a request whose sentences would wait longer than this (queued sentences ÷ the
     # measured rate) is refused at once with 429, so accepted ones keep their latency
     max_queue_seconds: float = 1.0
@@ -27,40 +31,31 @@ class Sized(Protocol):
     request: int  # which request the item belongs to
 
 
-def padded_cost(costs: list[int]) -> int:
-    return max(costs, default=0) * len(costs)
-
-
 T = TypeVar("T", bound=Sized)
 
 
 def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
     """Indices (into `queue`, oldest first) of the next batch.
 
-    The oldest item always goes (FIFO fairness; alone if it is over the token budget by itself).
-    The rest are chosen among the next max_batch_size × lookahead items by closeness of length to
-    it, so a batch holds sentences of similar length and padding stays low, while the token
-    budget bounds the padded cost, and max_request_share what one request may take of it.
+    Oldest first (FIFO fairness): the oldest item always goes (alone if it is over the token
+    budget by itself), then every later one among the next max_batch_size × lookahead that fits
+    the token budget and its request's share (max_request_share), so one large request does not
+    fill a batch while the look-ahead lets other requests' sentences past it.
     """
     if not queue:
         return []
     window = queue[: limits.max_batch_size * limits.lookahead]
-    anchor = window[0].cost
-    others = sorted(range(1, len(window)), key=lambda i: (abs(window[i].cost - anchor), i))
-    chosen = [0]
-    longest, total = anchor, anchor
     share = limits.max_request_share or limits.max_batch_size
+    chosen = [0]
+    total = window[0].cost
     taken = Counter([window[0].request])
-    for i in others:
+    for i in range(1, len(window)):
         if len(chosen) >= limits.max_batch_size:
             break
-        if taken[window[i].request] >= share:
-            continue
-        candidate_longest = max(longest, window[i].cost)
-        padded = candidate_longest * (len(chosen) + 1)
-        if padded > limits.max_batch_tokens or 1 - (total + window[i].cost) / padded > limits.max_padding:
+        item = window[i]
+        if taken[item.request] >= share or total + item.cost > limits.max_batch_tokens:
             continue
         chosen.append(i)
-        taken[window[i].request] += 1
-        longest, total = candidate_longest, total + window[i].cost
-    return sorted(chosen)
+        taken[item.request] += 1
+        total += item.cost
+    return chosen

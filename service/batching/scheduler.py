@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nerserve.service.batching.packing import BatchLimits, padded_cost, select_batch
+from nerserve.service.batching.packing import BatchLimits, select_batch
 
 REQUEST_SIZE_WINDOW = 101
 
@@ -108,6 +108,9 @@ class Scheduler:
     # without trimming).
     on_idle: Callable[[], None] | None = None
     idle_every: float = 60.0
+    # the positions the graphs computed for a prepared batch, padding included (the padding ratio
+    # of /stats and the metrics); None: its items' costs, as if nothing were padded
+    padded_tokens: Callable[[Any], int] | None = None
     _queue: list[WorkItem] = field(default_factory=list)
     _in_flight: int = 0
     _accepting: bool = True
@@ -252,8 +255,8 @@ class Scheduler:
             self._drop_stale()
             if not self._queue:
                 return []
-            costs = [i.cost for i in self._queue[: limits.max_batch_size]]
-            full = len(self._queue) >= limits.max_batch_size or padded_cost(costs) >= limits.max_batch_tokens
+            queued_tokens = sum(item.cost for item in self._queue[: limits.max_batch_size])
+            full = len(self._queue) >= limits.max_batch_size or queued_tokens >= limits.max_batch_tokens
             remaining = close_at - self.clock()
             # Double buffering: while a prepared batch already waits for the graphs, this one keeps
             # growing (it could not run sooner anyway). Otherwise it closes at max_wait, or at once
@@ -318,7 +321,7 @@ class Scheduler:
                 BatchRecord(
                     len(batch),
                     sum(tokens),
-                    padded_cost(tokens),
+                    self.padded_tokens(prepared) if self.padded_tokens else sum(tokens),
                     [started - item.enqueued for item in batch],
                     seconds,
                     finished,

@@ -55,7 +55,9 @@ class NagEncoderGraph(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        segment_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
         char_ids: torch.Tensor,
@@ -65,7 +67,7 @@ class NagEncoderGraph(nn.Module):
         memory_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         states, hidden = self.encoder.encode(
-            input_ids, attention_mask, subword_index, subword_mask, char_ids, shape_ids, word_mask
+            input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask, char_ids, shape_ids, word_mask
         )
         start, memory, queries = self.head(states, hidden, subword_words)
         # memory_mask is a graph input so that the decoder graph can take it from the same feed

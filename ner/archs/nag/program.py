@@ -36,8 +36,8 @@ class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
         inputs, encoded = encoder_feeds(self.subwords, sentences)
         # the decoder's memory is the sentence's word sub-words: each knows its word, and
         # specials and padding are masked out (a pointer can only name a word's sub-word)
-        subword_words = np.zeros_like(encoded.input_ids)
-        memory_mask = np.zeros(encoded.input_ids.shape, dtype=np.float32)
+        subword_words = np.zeros(encoded.sentence_positions, dtype=np.int64)
+        memory_mask = np.zeros(encoded.sentence_positions, dtype=np.float32)
         for b, sentence_pieces in enumerate(encoded.pieces):
             for w, positions in enumerate(sentence_pieces):
                 subword_words[b, positions] = w
