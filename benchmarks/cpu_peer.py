@@ -78,17 +78,23 @@ def main() -> None:
     parser.add_argument("--model", default="span-conll03")
     parser.add_argument("--data", type=Path, default=Path("../shared/data/conll03"))
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     test = read_split(args.data, "test")
     sentences = [list(s.tokens) for s in test]
     words = sum(map(len, sentences))
-    results: dict[str, Any] = {"sentences": len(sentences), "words": words, "batch_size": args.batch_size}
+    results: dict[str, Any] = {
+        "sentences": len(sentences),
+        "words": words,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+    }
     for label, int8 in (("onnx_fp32", False), ("onnx_int8", True)):
         folder = graph_set_folder(args.model, "onnx", int8)
         if not (folder / EXPORT_JSON).is_file():
             raise SystemExit(f"export first: nerserve export {args.model} --format onnx{' --int8' if int8 else ''}")
-        program = load_graph_set(folder).program
+        program = load_graph_set(folder, threads=args.threads).program
         program.predict(sentences[:32])  # warm-up
         report = score(program.predict, test, args.batch_size)
         results[label] = {

@@ -21,7 +21,7 @@ import onnxruntime
 import torch
 
 from nerserve.export.parity import check_parity, parity_batches
-from nerserve.export.writers import OPSET, quantize_int8, write_onnx, write_torchscript
+from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
@@ -123,12 +123,15 @@ def export_model(
         # example inputs for every graph, from the eager program itself
         values = example_values(model.program)
         graphs_info: dict[str, Any] = {}
+        fusions: dict[str, dict[str, int]] = {}
         for graph_name, signature in signatures.items():
             log(f"{name}: exporting graph {graph_name} ({fmt.value}{' int8' if int8 else ''})")
             args = tuple(torch.from_numpy(np.ascontiguousarray(values[n])) for n in signature.inputs)
             path = graph_file(staging, graph_name, fmt)
             if fmt == GraphFormat.onnx:
                 write_onnx(modules[graph_name], args, path, signature)
+                if graph_name in spec.backbone_graphs:
+                    fusions[graph_name] = fuse_transformer(path)
                 if graph_name in int8_graphs:
                     fp32 = path.with_suffix(".fp32.onnx")
                     path.rename(fp32)
@@ -152,6 +155,7 @@ def export_model(
             "int8": int8,
             "int8_graphs": list(int8_graphs),
             "opset": OPSET if fmt == GraphFormat.onnx else None,
+            "fusions": fusions,
             "exporter": "torch.onnx.export(dynamo=True)" if fmt == GraphFormat.onnx else "torch.jit.trace",
             "versions": {
                 "torch": torch.__version__,

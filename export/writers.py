@@ -82,8 +82,34 @@ def write_torchscript(module: nn.Module, args: tuple[torch.Tensor, ...], path: P
     torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_IO: names})
 
 
+def fuse_transformer(path: Path) -> dict[str, int]:
+    """ONNX Runtime's transformer optimizer, its pattern fusions only (opt_level 0: nothing tied to
+    this machine's kernels is baked in), rewriting `path`; → the fused operators it made.
+
+    On the span-conll03 encoder (2 cores, one thread, CoNLL test, packed batches of 32) it fuses the
+    six GELUs with their biases (BiasGelu): 7.18 → 6.90 s. Attention is not fused: the dynamo
+    exporter writes transformers' SDPA in a form its patterns do not match. Running ONNX shape
+    inference first would let ORT fuse 13 SkipLayerNormalizations, but the graph is then 5 % slower
+    (7.56 s), so it is not done. Parity against eager torch checks whatever it fused."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(str(path), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, use_gpu=False)
+    fused = {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
+    optimized.save_model_to_file(str(path))
+    return fused
+
+
 def quantize_int8(source: Path, target: Path) -> None:
-    """ONNX Runtime dynamic quantization: int8 weights, activations quantized per batch at run time."""
+    """ONNX Runtime dynamic quantization: int8 weights, activations quantized per batch at run time.
+    MatMuls only: the character CNN as ConvInteger took 8.7 % of the INT8 encoder's time against
+    2.2 % for its fp32 FusedConv."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    quantize_dynamic(
+        str(source),
+        str(target),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        # ONNX shape inference types no output of a fused (com.microsoft) operator
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )

@@ -141,6 +141,8 @@ class ArchitectureSpec(Generic[C, O]):
     network: str  # "module:Class" of the torch network (config → nn.Module), imported where torch is
     trainer: str  # "module:function" training it from a data folder
     int8_graphs: tuple[str, ...] = ("encoder",)  # graphs INT8 quantisation may touch
+    # graphs holding the pretrained transformer: ONNX export runs the transformer fusions on them
+    backbone_graphs: tuple[str, ...] = ("encoder",)
 
     def config_from(self, values: Mapping[str, Any]) -> C:
         return self.config.from_dict(dict(values))  # type: ignore[attr-defined, no-any-return]

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from nerserve.ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.encoder import gather_positions
 
 MASKED = -1e4  # fp16-safe "minus infinity" for boundary logits of padding words
 
@@ -100,9 +101,8 @@ class DenoiserGraph(nn.Module):
             steps = torch.arange(words.shape[1], device=words.device).view(1, 1, -1)
             inside = ((steps >= left.unsqueeze(-1)) & (steps <= right.unsqueeze(-1))).to(words.dtype)  # [B, K, N]
             return torch.bmm(inside, words) / inside.sum(-1, keepdim=True).clamp(min=1.0)
-        expand = (-1, -1, words.shape[2])
-        start = words.gather(1, left.unsqueeze(-1).expand(*expand))
-        end = words.gather(1, right.unsqueeze(-1).expand(*expand))
+        start = gather_positions(words, left)
+        end = gather_positions(words, right)
         start = self.dropout(self.affine_start(start))
         end = self.dropout(self.affine_end(end))
         return self.down(torch.cat([start, end], dim=-1))

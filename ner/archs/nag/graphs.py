@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from nerserve.ner.archs.nag.config import NagConfig
-from nerserve.ner.encoder import WordEncoder
+from nerserve.ner.encoder import WordEncoder, gather_positions
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointer logits of padding positions
 
@@ -39,7 +39,7 @@ class NagEncoderHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """→ start logits [B, N, O+1], memory [B, S, D], word queries [B, N, D]."""
         states = self.dropout(states)
-        of_subword = states.gather(1, subword_words.unsqueeze(-1).expand(-1, -1, states.shape[2]))
+        of_subword = gather_positions(states, subword_words)
         memory = self.memory_norm(self.memory_subword(hidden) + self.memory_word(of_subword))
         return self.start(states), memory, self.word_query(states)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from nerserve.ner.archs.pointer.config import PointerConfig
 from nerserve.ner.archs.pointer.vocabulary import SPECIALS
+from nerserve.ner.encoder import gather_positions
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointers to padding words
 
@@ -119,7 +120,7 @@ class PointerDecoder(nn.Module):
         padding = memory_mask.index_select(0, row_sentence) < 0.5
         words = rows_memory.shape[1]
         pointed = (tokens - self.first_pointer).clamp(min=0, max=words - 1)
-        word_vectors = rows_memory.gather(1, pointed.unsqueeze(-1).expand(-1, -1, rows_memory.shape[2]))
+        word_vectors = gather_positions(rows_memory, pointed)
         own = self.tokens(tokens.clamp(max=self.first_pointer - 1))
         x = torch.where((tokens >= self.first_pointer).unsqueeze(-1), self.word_input(word_vectors), own)
         x = x + self.position(positions.clamp(max=self.max_positions - 1))

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nerserve.ner.encoder import gather_positions
+
 _PAD_VALUE = -1e4  # far below any projected word feature; representable in fp16 too
 
 
@@ -48,7 +50,7 @@ def range_max(table: torch.Tensor, n: int, starts: torch.Tensor, ends: torch.Ten
 
 def gather_words(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """states [B, N, D], index [B, K] → [B, K, D]."""
-    return states.gather(1, index.unsqueeze(-1).expand(-1, -1, states.shape[2]))
+    return gather_positions(states, index)
 
 
 class SpanScorer(nn.Module):
