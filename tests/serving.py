@@ -60,3 +60,27 @@ class Server:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+# Packing puts a sentence in a different row depending on what it is batched with, and the
+# matrix products then sum in another order: scores may differ in the sixth decimal, nothing else.
+SCORE_TOLERANCE = 1e-4
+
+
+def assert_same_results(got: list[dict[str, object]], want: list[dict[str, object]]) -> None:
+    """The same entities (types, offsets, text) in the same order, scores equal within SCORE_TOLERANCE."""
+    assert [_without_scores(result) for result in got] == [_without_scores(result) for result in want]
+    for got_scores, want_scores in zip(map(_scores, got), map(_scores, want), strict=True):
+        assert all(abs(a - b) <= SCORE_TOLERANCE for a, b in zip(got_scores, want_scores, strict=True))
+
+
+def _without_scores(result: dict[str, object]) -> dict[str, object]:
+    entities = result["entities"]
+    assert isinstance(entities, list)
+    return {**result, "entities": [{k: v for k, v in entity.items() if k != "score"} for entity in entities]}
+
+
+def _scores(result: dict[str, object]) -> list[float]:
+    entities = result["entities"]
+    assert isinstance(entities, list)
+    return [float(entity["score"]) for entity in entities]

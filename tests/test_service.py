@@ -20,7 +20,7 @@ from nerserve.ner.model_store import graph_set_folder
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 from nerserve.service.runtime.graph_set import load_graph_set
-from tests.serving import Server
+from tests.serving import Server, assert_same_results
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_diffusion_steps_and_proposals_per_request(server: Server, data_root: Pa
         gold += len(sentence.entities)
     assert correct / gold >= 0.6  # the model's measured test recall is far above this
     # the sampler's noise comes from the seed: the same request twice gives the same entities
-    assert extract(server, {"model": "diffusion-conll03", "tokens": tokens}).json()["results"] == results
+    assert_same_results(extract(server, {"model": "diffusion-conll03", "tokens": tokens}).json()["results"], results)
     # sentences asking for other K / steps / seeds, sent concurrently, are batched with these and
     # must still equal each one sent alone
     variants = [{"steps": 1, "proposals": 20}, {"steps": 2, "proposals": 100}, {"seed": 7}]
@@ -190,7 +190,7 @@ def test_batched_equals_alone(server: Server, data_root: Path) -> None:
     together = extract(server, {"tokens": sentences}).json()["results"]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         alone = list(pool.map(lambda s: extract(server, {"tokens": [s]}).json()["results"][0], sentences))
-    assert together == alone
+    assert_same_results(together, alone)
 
 
 def test_setgen_options_batching_and_errors(server: Server, data_root: Path) -> None:
