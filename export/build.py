@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime
 import torch
 
-from nerserve.export.parity import check_parity, parity_batches
+from nerserve.export.parity import PARITY_SENTENCES, check_parity, parity_batches
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
@@ -37,6 +37,29 @@ EXAMPLE_SENTENCES = [
     ["Unbelievably", ",", "the", "EU", "rejects", "German", "call", "to", "boycott", "lamb", "."],
     ["Peter", "Blackburn", "arrived", "in", "Washington"],
     ["IL-2", "gene", "expression", "requires", "NF-kappa", "B", "activation", "."],
+]
+# Other sizes on every axis than the example's (four sentences, 14 words at most, one packed row), on which a
+# traced graph must still give the module's outputs (writers.write_onnx).
+CHECK_SENTENCES = [
+    [
+        "Germany",
+        "'s",
+        "representative",
+        "to",
+        "the",
+        "European",
+        "Union",
+        "'s",
+        "veterinary",
+        "committee",
+        "said",
+        "on",
+        "Wednesday",
+        ".",
+    ],
+    ["Shares", "rose"],
+    ["Activation", "of", "the", "CD28", "surface", "receptor", "provides", "a", "costimulatory", "signal", "."],
+    ["He", "took", "ibuprofen", "."],
 ]
 
 
@@ -95,6 +118,7 @@ def export_model(
     build_dir: Path | None = None,
     force: bool = False,
     log: Any = print,
+    parity_sentences: int = PARITY_SENTENCES,
 ) -> dict[str, Any]:
     """INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
     keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise
@@ -114,22 +138,25 @@ def export_model(
     signatures = spec.signatures(model.network.config)
     int8_graphs = spec.int8_graphs if int8 else ()
     merged = merge_adapters(copy.deepcopy(model.network))
-    merged.eval()
-    modules = merged.graphs()
+    # graphs() may wrap the network's parts in new modules, which start in training mode
+    modules = {graph_name: module.eval() for graph_name, module in merged.graphs().items()}
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
         # example inputs for every graph, from the eager program itself
         values = example_values(model.program)
+        check_values = dict(model.program.export_values(model.program.prepare(CHECK_SENTENCES)))
         graphs_info: dict[str, Any] = {}
         fusions: dict[str, dict[str, int]] = {}
+        exporters: dict[str, str] = {}
         for graph_name, signature in signatures.items():
             log(f"{name}: exporting graph {graph_name} ({fmt.value}{' int8' if int8 else ''})")
             args = tuple(torch.from_numpy(np.ascontiguousarray(values[n])) for n in signature.inputs)
+            check = tuple(torch.from_numpy(np.ascontiguousarray(check_values[n])) for n in signature.inputs)
             path = graph_file(staging, graph_name, fmt)
             if fmt == GraphFormat.onnx:
-                write_onnx(modules[graph_name], args, path, signature)
+                exporters[graph_name] = write_onnx(modules[graph_name], args, path, signature, check_args=check)
                 if graph_name in spec.backbone_graphs:
                     fusions[graph_name] = fuse_transformer(path)
                 if graph_name in int8_graphs:
@@ -156,7 +183,7 @@ def export_model(
             "int8_graphs": list(int8_graphs),
             "opset": OPSET if fmt == GraphFormat.onnx else None,
             "fusions": fusions,
-            "exporter": "torch.onnx.export(dynamo=True)" if fmt == GraphFormat.onnx else "torch.jit.trace",
+            "exporter": exporters if fmt == GraphFormat.onnx else "torch.jit.trace",
             "versions": {
                 "torch": torch.__version__,
                 "onnxruntime": onnxruntime.__version__,
@@ -176,7 +203,7 @@ def export_model(
         exported = load_graph_set(staging, device="cpu").program
         data_dir = data_root / str(model.manifest.data.get("folder", ""))
         if (data_dir / "dev.jsonl").is_file():
-            batches, parity_source = parity_batches(read_split(data_dir, "dev")), str(data_dir / "dev.jsonl")
+            batches, parity_source = parity_batches(read_split(data_dir, "dev"), parity_sentences), str(data_dir / "dev.jsonl")
         else:
             # e.g. inside a container without the datasets: still check, on the built-in sentences
             log(f"{name}: {data_dir}/dev.jsonl not found; parity on built-in sentences only")

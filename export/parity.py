@@ -30,13 +30,15 @@ TOLERANCE = 1e-4
 
 
 def parity_batches(sentences: list[Sentence], count: int = PARITY_SENTENCES) -> list[list[list[str]]]:
-    """`count` sentences: the longest 16 together, then 40 one at a time, the rest in batches of 16."""
+    """`count` sentences: the longest 16 together, then up to 40 (a quarter of the rest) one at a
+    time, the rest in length-sorted batches of 16."""
     by_length = sorted(range(len(sentences)), key=lambda i: -len(sentences[i].tokens))
     longest = by_length[:16]
     rest = [i for i in range(len(sentences)) if i not in set(longest)]
     step = max(1, len(rest) // max(1, count - len(longest)))
     chosen = rest[::step][: count - len(longest)]
-    single, grouped = chosen[:40], sorted(chosen[40:], key=lambda i: len(sentences[i].tokens))
+    alone = min(40, len(chosen) // 4)
+    single, grouped = chosen[:alone], sorted(chosen[alone:], key=lambda i: len(sentences[i].tokens))
     batches = [[list(sentences[i].tokens) for i in longest]]
     batches += [[list(sentences[i].tokens)] for i in single]
     batches += [[list(sentences[i].tokens) for i in grouped[k : k + 16]] for k in range(0, len(grouped), 16)]

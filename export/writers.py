@@ -1,21 +1,24 @@
 """Write one torch module as an ONNX or TorchScript graph with named, dynamic axes.
 
-ONNX uses the dynamo-based `torch.onnx.export(..., dynamo=True)`: it exports transformers' BERT
-(whose mask construction the TorchScript-based exporter mis-traces into fixed shapes) with every
-axis symbolic, checked by torch.export's shape guards rather than by a trace of one example. The
-graph is saved as a single file (weights inlined) so one sha256 identifies it.
+ONNX: traced by the TorchScript-based exporter (seconds), checked at other sizes, and exported by
+torch.export (`dynamo=True`, every axis symbolic, shape guards instead of one example's trace)
+where the trace kept a size as a constant; see write_onnx. The graph is saved as a single file
+(weights inlined) so one sha256 identifies it.
 TorchScript uses `torch.jit.trace`; torch.jit is deprecated upstream, so it lives only here and
 in service/runtime/torchscript.py, where a torch.export/AOTInductor path can replace it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 from torch import nn
@@ -24,9 +27,91 @@ from nerserve.ner.graph import GraphSignature
 from nerserve.ner.graph_format import TORCHSCRIPT_IO
 
 OPSET = 18
+TRACED = "torch.onnx.export(dynamo=False)"
+DYNAMO = "torch.onnx.export(dynamo=True)"
 
 
-def write_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, signature: GraphSignature) -> None:
+def write_onnx(
+    module: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    path: Path,
+    signature: GraphSignature,
+    *,
+    check_args: tuple[torch.Tensor, ...],
+) -> str:
+    """→ which exporter wrote the graph. The TorchScript-based exporter (`dynamo=False`) first: it
+    writes the span encoder in 2 s where torch.export takes 15–20, and a first start exports every
+    model before it serves it. A trace keeps as constants whatever Python computed from a size
+    (DiffusionNER's cross-attention reshapes by batch × proposals), so the traced graph is run on
+    `check_args`, inputs of other sizes, against the module itself; when that fails or differs,
+    the graph is exported by torch.export, whose symbolic shapes refuse such constants. Parity
+    on real batches still checks either."""
+    try:
+        _write_traced_onnx(module, args, path, signature)
+        _check_other_sizes(module, path, signature, check_args)
+        exporter = TRACED
+    except Exception:  # noqa: BLE001 - a trace that fails or bakes in a size: export the checked way
+        _write_dynamo_onnx(module, args, path, signature)
+        exporter = DYNAMO
+    model = onnx.load_model(str(path))
+    # Shapes as the exporter annotates them may pin an axis to the example's size (the values are
+    # right either way): drop intermediate annotations, and declare the outputs' named axes.
+    del model.graph.value_info[:]
+    for output in model.graph.output:
+        for d, axis in zip(output.type.tensor_type.shape.dim, signature.axes[output.name], strict=False):
+            if axis:
+                d.ClearField("dim_value")
+                d.dim_param = axis
+    onnx.save_model(model, str(path), save_as_external_data=False)
+    return exporter
+
+
+class TraceMismatch(RuntimeError):
+    pass
+
+
+def _check_other_sizes(module: nn.Module, path: Path, signature: GraphSignature, args: tuple[torch.Tensor, ...]) -> None:
+    """The graph's outputs on `args` have the module's shapes and, for floats, its values (1e-3:
+    this looks for sizes kept as constants, not for rounding)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {name: arg.numpy() for name, arg in zip(signature.inputs, args, strict=True)}
+    got = session.run(list(signature.outputs), feed)
+    with torch.no_grad():
+        expected = module(*args)
+    expected_list = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    for name, value, reference in zip(signature.outputs, got, expected_list, strict=True):
+        wanted = reference.numpy()
+        if value.shape != wanted.shape:
+            raise TraceMismatch(f"{name}: shape {value.shape} where the module gives {wanted.shape}")
+        if wanted.dtype.kind == "f" and not np.allclose(value, wanted, atol=1e-3, rtol=1e-3):
+            raise TraceMismatch(f"{name}: values differ by up to {float(np.abs(value - wanted).max()):.2e}")
+
+
+def _write_traced_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, signature: GraphSignature) -> None:
+    names = (*signature.inputs, *signature.outputs)
+    dynamic = {name: {i: axis for i, axis in enumerate(signature.axes[name]) if axis} for name in names}
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # its fused kernel has no ONNX form
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                input_names=list(signature.inputs),
+                output_names=list(signature.outputs),
+                dynamic_axes=dynamic,
+                dynamo=False,
+                opset_version=OPSET,
+            )
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+
+
+def _write_dynamo_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, signature: GraphSignature) -> None:
     """The example `args` must give every named axis a size of 2 or more (torch.export
     specialises sizes 0 and 1); axes the signature allows to be empty (a decoder's cache before
     its first step) are declared with a minimum of 0."""
@@ -37,7 +122,7 @@ def write_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, si
             dims[name] = torch.export.Dim(name, min=0 if name in signature.may_be_empty else 1)
         return dims[name]
 
-    inputs, outputs, axes = signature.inputs, signature.outputs, signature.axes
+    inputs, axes = signature.inputs, signature.axes
     dynamic = _by_argument(module, [{i: dim(axis) for i, axis in enumerate(axes[name]) if axis} for name in inputs])
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -45,23 +130,14 @@ def write_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], path: Path, si
             module,
             args,
             input_names=list(inputs),
-            output_names=list(outputs),
+            output_names=list(signature.outputs),
             dynamic_shapes=dynamic,
             dynamo=True,
             opset_version=OPSET,
             verbose=False,
         )
     assert program is not None
-    model = program.model_proto
-    # Shapes as the exporter annotates them may pin an axis to the example's size (the values are
-    # right either way): drop intermediate annotations, and declare the outputs' named axes.
-    del model.graph.value_info[:]
-    for output in model.graph.output:
-        for d, axis in zip(output.type.tensor_type.shape.dim, axes[output.name], strict=False):
-            if axis:
-                d.ClearField("dim_value")
-                d.dim_param = axis
-    onnx.save_model(model, str(path), save_as_external_data=False)
+    onnx.save_model(program.model_proto, str(path), save_as_external_data=False)
 
 
 def _by_argument(module: nn.Module, shapes: list[dict[int, torch.export.Dim]]) -> tuple[Any, ...]:
@@ -93,7 +169,9 @@ def fuse_transformer(path: Path) -> dict[str, int]:
     (7.56 s), so it is not done. Parity against eager torch checks whatever it fused."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    optimized = optimize_model(str(path), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, use_gpu=False)
+    # it prints its shape-inference failures on stdout, where `nerserve export --json` writes
+    with contextlib.redirect_stdout(sys.stderr):
+        optimized = optimize_model(str(path), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, use_gpu=False)
     fused = {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
     optimized.save_model_to_file(str(path))
     return fused

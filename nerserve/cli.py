@@ -21,6 +21,7 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer
 
+from nerserve.export.parity import PARITY_SENTENCES
 from nerserve.ner.archs.registry import ARCHITECTURES
 from nerserve.ner.graph_format import GraphFormat, Runtime
 
@@ -283,6 +284,9 @@ def export_command(
     force: Annotated[bool, typer.Option("--force", help="export even when the source is unchanged")] = False,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="folder holding the dataset folders")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print export.json (with parity figures)")] = False,
+    parity_sentences: Annotated[
+        int, typer.Option(min=17, help="dev sentences the parity check runs (the service's first start uses 32)")
+    ] = PARITY_SENTENCES,
 ) -> None:
     """Merge LoRA, write the graphs + tokenizer + export.json, and check parity against eager torch."""
     from nerserve.export.build import DATA_ROOT, export_model
@@ -296,6 +300,7 @@ def export_command(
         data_root or DATA_ROOT,
         force=force,
         log=lambda m: typer.echo(m, err=True),
+        parity_sentences=parity_sentences,
     )
     if as_json:
         typer.echo(json.dumps(info))

@@ -35,17 +35,25 @@ from nerserve.service.api.v2 import v2
 from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
-from nerserve.service.models import load_served_model, model_names
+from nerserve.service.models import decodes_step_by_step, load_served_model, model_names
 
 log = logging.getLogger("nerserve")
 WARMUP = [["Warm", "up", "sentence", "for", "the", "graphs", "."]]
 
 
 def loading_order(state: ServiceState) -> list[str]:
-    """The default model first, so that it answers while the others load behind it."""
+    """The default model first, so that it answers while the others load behind it; behind it the
+    ones that decode step by step: a first start's parity check runs their eager decoder, the
+    longest exports, and starting the longest first keeps the loading lanes ending together."""
     names = model_names(state.settings)
     default = state.settings.default_model
-    return sorted(names, key=lambda name: name != default)
+    return sorted(names, key=lambda name: (name != default, not decodes_step_by_step(name), name))
+
+
+# Models loading at once behind the default one: exporting is mostly single-threaded Python
+# (tracing, graph rewriting), so two lanes on two cores halve a first start; more would only
+# add memory (an export holds a torch copy of its model).
+LOADING_LANES = max(1, min(4, os.cpu_count() or 1))
 
 
 async def _load_models(state: ServiceState) -> None:
@@ -57,31 +65,43 @@ async def _load_models(state: ServiceState) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         return
     state.model_states = dict.fromkeys(names, "loading")
-    for name in names:
-        try:
-            log.info("loading %s (%s)", name, state.settings.runtime.value)
-            model = await asyncio.to_thread(load_served_model, name, state.settings, state.metrics)
-            await asyncio.to_thread(model.program.predict, WARMUP)
-            model.scheduler.start()
-        except Exception as error:
-            state.model_states[name] = "failed"
-            state.model_errors[name] = f"{type(error).__name__}: {error}"
-            log.error("model %s failed to load: %s", name, state.model_errors[name])
-            if state.settings.on_model_error == "exit":
-                state.fatal = f"model {name!r} failed to load: {state.model_errors[name]}"
-                os.kill(os.getpid(), signal.SIGTERM)  # graceful stop; run() exits non-zero
-                return
-            continue
-        state.models[model.name] = model
-        state.model_states[name] = "ready"
-        # What loading made (graphs, tokenizers, configs) lives as long as the process: kept out of
-        # the collector's full passes, which otherwise walked it all (gen-2 pauses of 40–100 ms under load).
-        gc.freeze()
-        state.ready = True  # readiness: at least one model (the default first) answers
-        log.info("ready: %s", name)
-    if not state.models:
+    first, *behind = names
+    await _load_model(state, first, behind=False)
+    lanes = asyncio.Semaphore(LOADING_LANES)
+
+    async def load_behind(name: str) -> None:
+        async with lanes:
+            await _load_model(state, name, behind=True)
+
+    await asyncio.gather(*(load_behind(name) for name in behind))
+    if not state.models and state.fatal is None:
         state.fatal = "no model could be loaded: " + "; ".join(f"{n}: {e}" for n, e in state.model_errors.items())
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def _load_model(state: ServiceState, name: str, behind: bool) -> None:
+    if state.fatal is not None:  # another model's failure is stopping the process
+        return
+    try:
+        log.info("loading %s (%s)", name, state.settings.runtime.value)
+        model = await asyncio.to_thread(load_served_model, name, state.settings, state.metrics, behind)
+        await asyncio.to_thread(model.program.predict, WARMUP)
+        model.scheduler.start()
+    except Exception as error:
+        state.model_states[name] = "failed"
+        state.model_errors[name] = f"{type(error).__name__}: {error}"
+        log.error("model %s failed to load: %s", name, state.model_errors[name])
+        if state.settings.on_model_error == "exit" and state.fatal is None:
+            state.fatal = f"model {name!r} failed to load: {state.model_errors[name]}"
+            os.kill(os.getpid(), signal.SIGTERM)  # graceful stop; run() exits non-zero
+        return
+    state.models[model.name] = model
+    state.model_states[name] = "ready"
+    # What loading made (graphs, tokenizers, configs) lives as long as the process: kept out of
+    # the collector's full passes, which otherwise walked it all (gen-2 pauses of 40–100 ms under load).
+    gc.freeze()
+    state.ready = True  # readiness: at least one model (the default first) answers
+    log.info("ready: %s", name)
 
 
 class BodyLimit:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -82,7 +83,15 @@ class ServedModel:
         }
 
 
-def _ensure_export(name: str, runtime: str) -> Path:
+# A first start checks parity on 32 dev sentences (the longest 16 together, 4 alone, 12 in a batch)
+# rather than export's 200: gner-open's full check alone takes three minutes on two cores.
+START_UP_PARITY_SENTENCES = 32
+# Exports behind the default model run at a lower priority, one thread each, so that the model
+# already answering keeps its cores.
+BEHIND = "import os, sys\nos.nice(10)\nfrom nerserve.cli import app\napp(sys.argv[1:])"
+
+
+def _ensure_export(name: str, runtime: str, behind: bool) -> Path:
     folder = graph_set_folder(name, runtime)
     if (folder / EXPORT_JSON).is_file():
         return folder
@@ -92,8 +101,12 @@ def _ensure_export(name: str, runtime: str) -> Path:
             "or export where it is installed and point --graph-cache at those graphs"
         )
     log.info("exporting %s to %s (missing at start-up)", name, runtime)
-    command = [sys.executable, "-m", "nerserve", "export", name, "--format", runtime]
-    completed = subprocess.run(command, check=False, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    arguments = ["export", name, "--format", runtime, "--parity-sentences", str(START_UP_PARITY_SENTENCES)]
+    command = [sys.executable, "-c", BEHIND, *arguments] if behind else [sys.executable, "-m", "nerserve", *arguments]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"} if behind else None
+    completed = subprocess.run(
+        command, check=False, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environment
+    )
     if completed.returncode != 0 or not (folder / EXPORT_JSON).is_file():
         lines = [line for line in completed.stderr.splitlines() if line.strip()]
         log.error("export of %s failed:\n%s", name, "\n".join(lines[-20:]))
@@ -102,7 +115,7 @@ def _ensure_export(name: str, runtime: str) -> Path:
     return folder
 
 
-def _program(name: str, settings: Settings) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
+def _program(name: str, settings: Settings, behind: bool) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
     if settings.runtime == Runtime.eager:
         from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
@@ -112,15 +125,16 @@ def _program(name: str, settings: Settings) -> tuple[Manifest, ProgramBase[Any, 
     if not (folder / EXPORT_JSON).is_file():
         if not settings.export_missing:
             raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
-        folder = _ensure_export(name, settings.runtime.value)
+        folder = _ensure_export(name, settings.runtime.value, behind)
     loaded_set = load_graph_set(folder, settings.device, settings.threads)
     return loaded_set.manifest, loaded_set.program
 
 
-def load_served_model(name: str, settings: Settings, metrics: Metrics) -> ServedModel:
+def load_served_model(name: str, settings: Settings, metrics: Metrics, behind: bool = False) -> ServedModel:
+    """`behind`: another model already answers (a missing export runs at a lower priority)."""
     folder = model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
-    manifest, program = _program(name, settings)
+    manifest, program = _program(name, settings, behind)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
     planner = Planner(program.subwords, window, settings.window_overlap_words)
     observer = ModelObserver(metrics, folder.name)
@@ -149,6 +163,13 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics) -> Served
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
     )
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
+
+
+def decodes_step_by_step(name: str) -> bool:
+    try:
+        return architecture(read_manifest(model_dir(name)).architecture).capabilities.autoregressive
+    except Exception:  # noqa: BLE001 - an unreadable model fails when it loads, where it is reported
+        return False
 
 
 def model_names(settings: Settings) -> list[str]:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from nerserve.export.parity import ParityReport
-from nerserve.export.writers import write_onnx, write_torchscript
+from nerserve.export.writers import DYNAMO, write_onnx, write_torchscript
 from nerserve.ner.decoding.generation import Generated, Loop, greedy
 from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
 from nerserve.ner.torch_graph import EagerGraph
@@ -102,7 +102,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[ToyStep, GraphSi
     module = ToyStep(layers=2).eval()
     signature = toy_signature(2)
     folder = tmp_path_factory.mktemp("toy-step")
-    write_onnx(module, example_args(signature), folder / "step.onnx", signature)
+    other_sizes = example_args(signature, rows=6, memory=7, past=2)
+    exporter = write_onnx(module, example_args(signature), folder / "step.onnx", signature, check_args=other_sizes)
+    # its attention reshapes by Python ints, which a trace keeps as constants: caught, exported by torch.export
+    assert exporter == DYNAMO
     write_torchscript(module, example_args(signature), folder / "step.pt", signature)
     return module, signature, folder / "step.onnx", folder / "step.pt"
 
