@@ -27,6 +27,7 @@ class Sample:
     words: int
     queue_ms: float | None
     inference_ms: float | None
+    retry_after: float | None = None  # seconds, from a 429's Retry-After
 
     @property
     def latency(self) -> float:
@@ -42,6 +43,11 @@ def read_sentences(data_dir: Path, split: str = "test") -> list[list[str]]:
 def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
     value = headers.get(name)
     return float(value.removesuffix("ms")) if value else None
+
+
+def _header_seconds(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name, "")
+    return float(value) if value.isdigit() else None  # the date form of Retry-After is not sent by nerserve
 
 
 async def extract(
@@ -63,9 +69,11 @@ async def extract(
             status = response.status
             queue_ms = _header_ms(response.headers, "x-queue-time")
             inference_ms = _header_ms(response.headers, "x-inference-time")
+            retry_after = _header_seconds(response.headers, "retry-after")
     except (aiohttp.ClientError, TimeoutError):
-        status, queue_ms, inference_ms = 0, None, None  # connection-level failure
-    return Sample(start, time.perf_counter(), status, len(sentences), sum(map(len, sentences)), queue_ms, inference_ms)
+        status, queue_ms, inference_ms, retry_after = 0, None, None, None  # connection-level failure
+    words = sum(map(len, sentences))
+    return Sample(start, time.perf_counter(), status, len(sentences), words, queue_ms, inference_ms, retry_after)
 
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)$")

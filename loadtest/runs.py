@@ -45,7 +45,10 @@ async def closed_loop(
     duration: float,
     per_request: int = 1,
 ) -> dict[str, Any]:
-    """`concurrency` workers, each sending its next request when the previous one returns."""
+    """`concurrency` workers, each sending its next request when the previous one returns, or,
+    refused (429), once the Retry-After it was given has passed, as a well-behaved client does: a
+    worker that resent at once would measure a storm of refusals (each one answered on the cores
+    the graphs need), not the service's throughput under that many clients."""
     batches = itertools.cycle([sentences[i : i + per_request] for i in range(0, len(sentences), per_request)])
     samples: list[Sample] = []
     before = await scrape(client)
@@ -54,7 +57,10 @@ async def closed_loop(
 
     async def worker() -> None:
         while time.perf_counter() < end:
-            samples.append(await extract(client, model, next(batches)))
+            sample = await extract(client, model, next(batches))
+            samples.append(sample)
+            if sample.status == 429:
+                await asyncio.sleep(min(sample.retry_after or 1.0, max(0.0, end - time.perf_counter())))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     seconds = time.perf_counter() - start
