@@ -50,7 +50,7 @@ def write_onnx(
         _write_traced_onnx(module, args, path, signature)
         _check_other_sizes(module, path, signature, check_args)
         exporter = TRACED
-    except Exception:  # noqa: BLE001 - a trace that fails or bakes in a size: export the checked way
+    except Exception:  # a trace that fails or bakes in a size: export the checked way
         _write_dynamo_onnx(module, args, path, signature)
         exporter = DYNAMO
     model = onnx.load_model(str(path))
@@ -75,7 +75,9 @@ def _check_other_sizes(module: nn.Module, path: Path, signature: GraphSignature,
     this looks for sizes kept as constants, not for rounding)."""
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4  # a failure here is an answer (DYNAMO then), not an error to log
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feed = {name: arg.numpy() for name, arg in zip(signature.inputs, args, strict=True)}
     got = session.run(list(signature.outputs), feed)
     with torch.no_grad():

@@ -2,4 +2,5 @@
 
 from nerserve.cli import app
 
-app()
+if __name__ == "__main__":  # not when a start-up export process re-imports the parent's main module
+    app()

@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a request whose line and headers take longer to arrive gets a 408 and is closed"
     )
-    export_missing: bool = Field(True, description="export graphs missing at start-up (subprocess)")
+    export_missing: bool = Field(True, description="export graphs missing at start-up (in child processes)")
     load_before_serving: bool = Field(
         False,
         description="load every model before the app starts answering (a Ray Serve replica: the router sends it "

@@ -1,18 +1,16 @@
 """The models a server runs: graph set (or eager model) + program + options + scheduler each.
 
-Graphs missing at start-up are exported in a subprocess (`python -m nerserve export`): the
-service never imports the export or training code, and a failed export is reported, not
-half-loaded. Errors here are domain errors (ModelLoadError, OptionError); the API maps them to
-HTTP.
+Graphs missing at start-up are exported in processes forked from an export server (what
+`nerserve export` does, with a shorter parity check): the service process never imports the
+export or training code, and a failed export is reported, not half-loaded. Errors here are domain
+errors (ModelLoadError, OptionError); the API maps them to HTTP.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import subprocess
-import sys
+import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,9 +84,18 @@ class ServedModel:
 # A first start checks parity on 32 dev sentences (the longest 16 together, 4 alone, 12 in a batch)
 # rather than export's 200: gner-open's full check alone takes three minutes on two cores.
 START_UP_PARITY_SENTENCES = 32
-# Exports behind the default model run at a lower priority, one thread each, so that the model
-# already answering keeps its cores.
-BEHIND = "import os, sys\nos.nice(10)\nfrom nerserve.cli import app\napp(sys.argv[1:])"
+# Start-up exports run in processes forked from one export server that imported torch,
+# transformers and peft once (7 s of every export otherwise). It is named, not imported: the
+# service process itself never loads export code.
+EXPORT_MODULES = ["nerserve.export.build"]
+EXPORT_ENTRY = "nerserve.export.build.export_for_service"
+_export_processes = multiprocessing.get_context("forkserver")
+_export_processes.set_forkserver_preload(EXPORT_MODULES)
+
+
+def _run_named(entry: str, *arguments: Any) -> None:
+    module, _, function = entry.rpartition(".")
+    getattr(importlib.import_module(module), function)(*arguments)
 
 
 def _ensure_export(name: str, runtime: str, behind: bool) -> Path:
@@ -101,17 +108,19 @@ def _ensure_export(name: str, runtime: str, behind: bool) -> Path:
             "or export where it is installed and point --graph-cache at those graphs"
         )
     log.info("exporting %s to %s (missing at start-up)", name, runtime)
-    arguments = ["export", name, "--format", runtime, "--parity-sentences", str(START_UP_PARITY_SENTENCES)]
-    command = [sys.executable, "-c", BEHIND, *arguments] if behind else [sys.executable, "-m", "nerserve", *arguments]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"} if behind else None
-    completed = subprocess.run(
-        command, check=False, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environment
-    )
-    if completed.returncode != 0 or not (folder / EXPORT_JSON).is_file():
-        lines = [line for line in completed.stderr.splitlines() if line.strip()]
-        log.error("export of %s failed:\n%s", name, "\n".join(lines[-20:]))
-        reason = lines[-1] if lines else "no message"
-        raise ModelLoadError(f"{name}: export to {runtime} failed (exit {completed.returncode}): {reason}")
+    receiving, sending = _export_processes.Pipe(duplex=False)
+    arguments = (EXPORT_ENTRY, name, runtime, START_UP_PARITY_SENTENCES, behind, sending)
+    process = _export_processes.Process(target=_run_named, args=arguments, name=f"export {name}")
+    process.start()
+    sending.close()  # the child holds the only writing end: its exit ends the wait below
+    try:
+        reason = receiving.recv()
+    except EOFError:
+        reason = "the export process ended without a result"
+    process.join()
+    if reason is not None or not (folder / EXPORT_JSON).is_file():
+        log.error("export of %s failed: %s (exit %s)", name, reason, process.exitcode)
+        raise ModelLoadError(f"{name}: export to {runtime} failed (exit {process.exitcode}): {reason}")
     return folder
 
 
@@ -168,7 +177,7 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics, behind: b
 def decodes_step_by_step(name: str) -> bool:
     try:
         return architecture(read_manifest(model_dir(name)).architecture).capabilities.autoregressive
-    except Exception:  # noqa: BLE001 - an unreadable model fails when it loads, where it is reported
+    except Exception:  # an unreadable model fails when it loads, where it is reported
         return False
 
 
