@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from nerserve.ner.archs.diffusion.config import DiffusionConfig
+from nerserve.ner.attention import multi_head_attention
 from nerserve.ner.encoder import gather_positions
 
 MASKED = -1e4  # fp16-safe "minus infinity" for boundary logits of padding words
@@ -44,11 +45,22 @@ class SpanAttentionLayer(nn.Module):
 
     def forward(self, spans: torch.Tensor, position: torch.Tensor, words: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
         query = spans + position
-        attended = self.self_attention(query, query, spans, need_weights=False)[0]
-        spans = self.norm_self(spans + self.dropout(attended))
-        attended = self.cross_attention(spans + position, words, words, key_padding_mask=padding, need_weights=False)[0]
+        spans = self.norm_self(spans + self.dropout(self.attend(self.self_attention, query, query, spans, None)))
+        attended = self.attend(self.cross_attention, spans + position, words, words, padding)
         spans = self.norm_cross(spans + self.dropout(attended))
         return self.norm_ffn(spans + self.dropout(self.feed_forward(spans)))
+
+    def attend(
+        self,
+        module: nn.MultiheadAttention,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        padding: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if self.training:  # torch's module, with its attention dropout
+            return module(query, key, value, key_padding_mask=padding, need_weights=False)[0]
+        return multi_head_attention(module, query, key, value, padding)  # traceable (ner/attention.py)
 
 
 class BoundaryPointer(nn.Module):

@@ -16,9 +16,19 @@ import torch
 from torch import nn
 
 from nerserve.ner.archs.nag.config import NagConfig
+from nerserve.ner.attention import multi_head_attention
 from nerserve.ner.encoder import WordEncoder, gather_positions
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointer logits of padding positions
+
+
+def decoder_layer(layer: nn.Module, x: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """`layer` (pre-norm) at inference, its attention traceable (ner/attention.py)."""
+    assert isinstance(layer, nn.TransformerDecoderLayer)
+    normed = layer.norm1(x)
+    x = x + multi_head_attention(layer.self_attn, normed, normed, normed)
+    x = x + multi_head_attention(layer.multihead_attn, layer.norm2(x), memory, memory, padding)
+    return x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
 
 
 class NagEncoderHead(nn.Module):
@@ -120,7 +130,7 @@ class NagDecoderGraph(nn.Module):
         keys = memory.index_select(0, query_sentence)
         padding = memory_mask.index_select(0, query_sentence) < 0.5
         for layer in self.layers:
-            x = layer(x, keys, memory_key_padding_mask=padding)
+            x = layer(x, keys, memory_key_padding_mask=padding) if self.training else decoder_layer(layer, x, keys, padding)
         x = self.norm(x)
         pointers = torch.einsum("qld,qsd->qls", self.pointer_query(x), self.pointer_key(keys)) * self.scale
         pointers = pointers.masked_fill(padding.unsqueeze(1), MASKED)
