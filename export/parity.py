@@ -30,10 +30,12 @@ TOLERANCE = 1e-4
 
 
 def parity_batches(sentences: list[Sentence], count: int = PARITY_SENTENCES) -> list[list[list[str]]]:
-    """`count` sentences: the longest 16 together, then up to 40 (a quarter of the rest) one at a
-    time, the rest in length-sorted batches of 16."""
+    """`count` sentences: the longest together (16, or a quarter of `count` when that is fewer: a
+    start-up check of 32 sentences takes the longest 8, since an autoregressive decoder's loop runs
+    as long as its longest row and the eager reference spent most of a first start on 16 of them),
+    then up to 40 (a quarter of the rest) one at a time, the rest in length-sorted batches of 16."""
     by_length = sorted(range(len(sentences)), key=lambda i: -len(sentences[i].tokens))
-    longest = by_length[:16]
+    longest = by_length[: min(16, max(2, count // 4))]
     rest = [i for i in range(len(sentences)) if i not in set(longest)]
     step = max(1, len(rest) // max(1, count - len(longest)))
     chosen = rest[::step][: count - len(longest)]

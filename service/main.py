@@ -35,7 +35,7 @@ from nerserve.service.api.v2 import v2
 from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
-from nerserve.service.models import decodes_step_by_step, load_served_model, model_names
+from nerserve.service.models import decoder_loop_length, load_served_model, model_names
 
 log = logging.getLogger("nerserve")
 WARMUP = [["Warm", "up", "sentence", "for", "the", "graphs", "."]]
@@ -43,11 +43,12 @@ WARMUP = [["Warm", "up", "sentence", "for", "the", "graphs", "."]]
 
 def loading_order(state: ServiceState) -> list[str]:
     """The default model first, so that it answers while the others load behind it; behind it the
-    ones that decode step by step: a first start's parity check runs their eager decoder, the
-    longest exports, and starting the longest first keeps the loading lanes ending together."""
+    ones that decode step by step, longest loops first: a first start's parity check runs their
+    eager decoder, the longest exports, and starting the longest first keeps the loading lanes
+    ending together."""
     names = model_names(state.settings)
     default = state.settings.default_model
-    return sorted(names, key=lambda name: (name != default, not decodes_step_by_step(name), name))
+    return sorted(names, key=lambda name: (name != default, -decoder_loop_length(name), name))
 
 
 # Models loading at once behind the default one: exporting is mostly single-threaded Python

@@ -174,11 +174,14 @@ def load_served_model(name: str, settings: Settings, metrics: Metrics, behind: b
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
 
 
-def decodes_step_by_step(name: str) -> bool:
+def decoder_loop_length(name: str) -> int:
+    """How long a model's decoder loops run: 0 without a loop, 1 a few steps an entity, 2 a few
+    steps a word."""
     try:
-        return architecture(read_manifest(model_dir(name)).architecture).capabilities.autoregressive
+        capabilities = architecture(read_manifest(model_dir(name)).architecture).capabilities
     except Exception:  # an unreadable model fails when it loads, where it is reported
-        return False
+        return 0
+    return int(capabilities.autoregressive) + int(capabilities.writes_every_word)
 
 
 def model_names(settings: Settings) -> list[str]:

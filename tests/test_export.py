@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nerserve.export.build import export_model
+from nerserve.export.parity import parity_batches
 from nerserve.export.writers import DYNAMO, TRACED
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
@@ -17,11 +18,13 @@ from nerserve.ner.archs.registry import ARCHITECTURES
 from nerserve.ner.archs.setgen.config import SetgenConfig, SetgenOptions
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.data import Sentence
 from nerserve.ner.graph import GraphError
 from nerserve.ner.graph_format import GraphFormat
 from nerserve.ner.loading import build_network, load_model
 from nerserve.ner.lora import LoraSettings, save_weights
 from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from nerserve.ner.types import EntitySet
 from nerserve.service.runtime.graph_set import load_graph_set
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
@@ -160,3 +163,13 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
 def test_int8_needs_onnx(tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="onnx only"):
         export_model(str(tiny_model), GraphFormat.torchscript, int8=True)
+
+
+def test_parity_batches_put_the_longest_together_then_singles_then_sorted_batches() -> None:
+    sentences = [Sentence(("w",) * (1 + i % 37), EntitySet()) for i in range(500)]
+    for count, together in ((200, 16), (32, 8), (17, 4)):
+        batches = parity_batches(sentences, count)
+        longest = sorted((len(s.tokens) for s in sentences), reverse=True)[:together]
+        assert sorted(len(words) for words in batches[0]) == sorted(longest)
+        assert sum(len(b) for b in batches) == count
+        assert len(batches[1]) == 1 and all(len(b) <= 16 for b in batches[1:])

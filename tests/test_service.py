@@ -19,6 +19,7 @@ from nerserve.ner.data import read_split
 from nerserve.ner.model_store import graph_set_folder
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
+from nerserve.service.main import loading_order
 from nerserve.service.runtime.graph_set import load_graph_set
 from tests.serving import Server, assert_same_results
 
@@ -364,6 +365,12 @@ def test_default_model_is_span_conll03_when_served_else_the_first() -> None:
     assert chosen.default_model == "nag-cadec"
     without = {"nag-genia": object(), "diffusion-genia": object()}
     assert ServiceState(Settings(), models=without).default_model == "nag-genia"
+
+
+def test_the_default_loads_first_then_the_longest_decoder_loops() -> None:
+    settings = Settings(models=["span-genia", "setgen-cadec", "gner-open", "nag-cadec", "span-conll03", "bartner-cadec"])
+    order = loading_order(ServiceState(settings))
+    assert order == ["span-conll03", "gner-open", "bartner-cadec", "setgen-cadec", "nag-cadec", "span-genia"]
 
 
 def truncated_copy(store: Path, name: str, source: str = "span-conll03") -> Path:

@@ -60,6 +60,9 @@ class Capabilities:
     discontinuous: bool = False
     open_labels: bool = False  # the label set comes with each request
     autoregressive: bool = False  # a decoder graph called step by step with a key/value cache
+    # its decoder writes the whole sentence back (GNER: ~5 tokens a word, where a pointer decoder
+    # writes a few an entity), so its loops are the longest of all
+    writes_every_word: bool = False
 
 
 C = TypeVar("C", bound=Config)

@@ -15,7 +15,7 @@ SPEC = ArchitectureSpec(
     options=GnerOptions,
     program=GnerProgram,
     signatures=signatures,
-    capabilities=Capabilities(open_labels=True, autoregressive=True),
+    capabilities=Capabilities(open_labels=True, autoregressive=True, writes_every_word=True),
     tuning=Tuning({}),
     network="nerserve.ner.archs.gner.network:GnerNetwork",
     trainer="nerserve.ner.training.gner_trainer:train_gner",
