@@ -33,7 +33,7 @@ def profile(program: Any, sentences: list[list[str]], batch_size: int) -> dict[s
         t1 = time.perf_counter()
         encoded = program.graphs["encoder"].run(batch.encoder_inputs)
         t2 = time.perf_counter()
-        outputs = program.graphs["span_proposal"].run(program.span_inputs(batch, encoded))
+        outputs = program.propose(batch, encoded)
         t3 = time.perf_counter()
         program.decode(batch, {**encoded, **outputs})
         t4 = time.perf_counter()

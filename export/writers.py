@@ -165,8 +165,8 @@ def fuse_transformer(path: Path) -> dict[str, int]:
     this machine's kernels is baked in), rewriting `path`; → the fused operators it made.
 
     On the span-conll03 encoder (2 cores, one thread, CoNLL test, packed batches of 32) it fuses the
-    six GELUs with their biases (BiasGelu): 7.18 → 6.90 s. Attention is not fused: the dynamo
-    exporter writes transformers' SDPA in a form its patterns do not match. Running ONNX shape
+    six GELUs with their biases (BiasGelu): 7.18 → 6.90 s. Its attention patterns match nothing in
+    these graphs (export.json's `fusions` lists what each export got). Running ONNX shape
     inference first would let ORT fuse 13 SkipLayerNormalizations, but the graph is then 5 % slower
     (7.56 s), so it is not done. Parity against eager torch checks whatever it fused."""
     from onnxruntime.transformers.optimizer import optimize_model

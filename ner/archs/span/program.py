@@ -9,8 +9,10 @@ import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
+from nerserve.ner.archs.grouping import run_grouped
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_sentence
+from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
 from nerserve.ner.text.subword import Words
 from nerserve.ner.types import EntitySet
 
@@ -53,11 +55,17 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
             "seed_mask": batch.seed_mask,
         }
 
+    def propose(self, batch: SpanBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The span-proposal graph on groups of sentences with similar seed counts (a batch's
+        sentences are padded to its largest's seeds otherwise)."""
+        seed_counts = batch.seed_mask.sum(axis=1).astype(np.int64).tolist()
+        sizes = {"words": batch.lengths, "spans": seed_counts}
+        return run_grouped(self.graphs["span_proposal"], self.span_inputs(batch, encoded), SPAN_PROPOSAL, sizes, "spans")
+
     def run(self, batch: SpanBatch, options: DecodeOptions | Sequence[DecodeOptions] | None = None) -> dict[str, np.ndarray]:
         """Span decoding reads its options only after the graphs."""
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        outputs = self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
-        return {**encoded, **outputs}
+        return {**encoded, **self.propose(batch, encoded)}
 
     def export_values(self, batch: SpanBatch) -> dict[str, np.ndarray]:
         return {**batch.encoder_inputs, "seeds": batch.seeds, "seed_mask": batch.seed_mask, **self.run(batch)}

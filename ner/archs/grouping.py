@@ -1,0 +1,74 @@
+"""A per-sentence graph run on groups of sentences of similar sizes instead of the whole batch.
+
+A graph whose rows are independent (one sentence each) but padded to the batch's largest on some
+axis (seed spans, words) spends its time on padding when a batch mixes lengths, as a server's
+batches do (sentences in arrival order): span-conll03's span graph took 3× as long on CoNLL test in
+arrival-order batches of 32 as in batches of 4 (2.34 s against 0.78 s for 600 sentences).
+Grouping rows by size before the call and padding the outputs back keeps the padding bounded
+whatever the batch; positions past a row's own size come back as zeros (every reader masks them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from nerserve.ner.graph import Graph, GraphSignature
+
+# A group takes the next (smaller) row while its positions padded to its largest row stay within
+# this share of its real positions; another graph call costs far less than 25 % padding.
+PADDING_SLACK = 1.25
+
+
+def size_groups(sizes: Sequence[int], slack: float = PADDING_SLACK) -> list[np.ndarray]:
+    """Row indices in groups, largest rows first: each group padded to its first row's size has at
+    most `slack` × its rows' own sizes."""
+    order = np.argsort(-np.asarray(sizes, dtype=np.int64), kind="stable")
+    groups: list[list[int]] = []
+    real = 0
+    for row in order.tolist():
+        size = max(1, int(sizes[row]))
+        if groups and (len(groups[-1]) + 1) * max(1, int(sizes[groups[-1][0]])) <= slack * (real + size):
+            groups[-1].append(row)
+            real += size
+        else:
+            groups.append([row])
+            real = size
+    return [np.array(sorted(g), dtype=np.int64) for g in groups]
+
+
+def run_grouped(
+    graph: Graph,
+    feeds: Mapping[str, np.ndarray],
+    signature: GraphSignature,
+    sizes: Mapping[str, Sequence[int]],
+    group_by: str,
+) -> dict[str, np.ndarray]:
+    """`graph` on `feeds` (every input and output with the "batch" axis first), called once per
+    group of rows of similar `sizes[group_by]`; `sizes` gives each row's own length on every
+    ragged axis, to which each group's feeds are cut. Outputs as the whole batch's call would
+    shape them, zeros past a row's own sizes."""
+    groups = size_groups(sizes[group_by])
+    if len(groups) == 1:
+        return graph.run(feeds)
+    widths = {axis: np.asarray(rows, dtype=np.int64) for axis, rows in sizes.items()}
+    full = {axis: int(widths[axis].max()) for axis in widths}
+    outputs: dict[str, np.ndarray] = {}
+    for rows in groups:
+        cut = {axis: int(widths[axis][rows].max()) for axis in widths}
+        part = graph.run({name: _take(value, rows, signature.axes[name], cut) for name, value in feeds.items()})
+        for name, value in part.items():
+            if name not in outputs:
+                shape = [len(next(iter(widths.values())))] + [
+                    full.get(axis, size) for axis, size in zip(signature.axes[name][1:], value.shape[1:], strict=True)
+                ]
+                outputs[name] = np.zeros(shape, dtype=value.dtype)
+            within: tuple[np.ndarray | slice, ...] = (rows, *(slice(0, size) for size in value.shape[1:]))
+            outputs[name][within] = value
+    return outputs
+
+
+def _take(value: np.ndarray, rows: np.ndarray, axes: tuple[str, ...], cut: Mapping[str, int]) -> np.ndarray:
+    trimmed = tuple(slice(0, cut[axis]) if axis in cut else slice(None) for axis in axes[1:])
+    return np.ascontiguousarray(value[rows][(slice(None), *trimmed)])

@@ -1,0 +1,82 @@
+"""A per-sentence graph run on groups of similar sizes gives the whole batch's outputs inside every
+row's own sizes (ner.archs.grouping)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import numpy as np
+
+from nerserve.ner.archs.grouping import run_grouped, size_groups
+from nerserve.ner.graph import GraphSignature
+
+SIGNATURE = GraphSignature(
+    ("word_states", "word_mask", "seeds", "seed_mask"),
+    ("score", "width"),
+    {
+        "word_states": ("batch", "words", ""),
+        "word_mask": ("batch", "words"),
+        "seeds": ("batch", "spans", ""),
+        "seed_mask": ("batch", "spans"),
+        "score": ("batch", "spans"),
+        "width": ("batch", "spans", ""),
+    },
+)
+
+
+class RowwiseGraph:
+    """Each row's outputs from that row alone, masked: as a real span graph's."""
+
+    input_names = SIGNATURE.inputs
+    output_names = SIGNATURE.outputs
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, ...]] = []
+
+    def run(self, inputs: Mapping[str, np.ndarray], keep_on_device: Collection[str] = ()) -> dict[str, np.ndarray]:
+        self.calls.append(inputs["seeds"].shape)
+        words = (inputs["word_states"][..., 0] * inputs["word_mask"]).sum(axis=1)
+        start, end = inputs["seeds"][..., 0], inputs["seeds"][..., 1]
+        score = (words[:, None] + start * 10.0) * inputs["seed_mask"]
+        return {"score": score.astype(np.float32), "width": np.stack([end - start, end], axis=-1)}
+
+
+def feeds_for(word_counts: list[int], rng: np.random.Generator) -> tuple[dict[str, np.ndarray], list[int]]:
+    seeds_of = [[(i, i + w) for w in (1, 2) for i in range(n - w + 1)] for n in word_counts]
+    words, spans = max(word_counts), max(len(s) for s in seeds_of)
+    feeds = {
+        "word_states": rng.normal(size=(len(word_counts), words, 4)).astype(np.float32),
+        "word_mask": np.zeros((len(word_counts), words), dtype=np.float32),
+        "seeds": np.zeros((len(word_counts), spans, 2), dtype=np.int64),
+        "seed_mask": np.zeros((len(word_counts), spans), dtype=np.float32),
+    }
+    for b, (n, seeds) in enumerate(zip(word_counts, seeds_of, strict=True)):
+        feeds["word_mask"][b, :n] = 1.0
+        feeds["seeds"][b, : len(seeds)] = seeds
+        feeds["seed_mask"][b, : len(seeds)] = 1.0
+    return feeds, [len(s) for s in seeds_of]
+
+
+def test_groups_cover_every_row_once_and_bound_the_padding() -> None:
+    sizes = [3, 40, 7, 39, 12, 1, 38, 8, 2, 11]
+    groups = size_groups(sizes, slack=1.25)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(sizes)))
+    for rows in groups:
+        members = [sizes[r] for r in rows]
+        assert len(members) * max(members) <= 1.25 * sum(members) or len(members) == 1
+    assert len(size_groups([5, 5, 5])) == 1
+
+
+def test_grouped_outputs_equal_the_whole_batch_inside_each_row() -> None:
+    rng = np.random.default_rng(0)
+    word_counts = [3, 40, 7, 39, 12, 1, 38, 8, 2, 11]
+    feeds, seed_counts = feeds_for(word_counts, rng)
+    whole = RowwiseGraph().run(feeds)
+    graph = RowwiseGraph()
+    grouped = run_grouped(graph, feeds, SIGNATURE, {"words": word_counts, "spans": seed_counts}, "spans")
+    assert len(graph.calls) > 1 and all(calls[1] < feeds["seeds"].shape[1] for calls in graph.calls[1:])
+    for name in SIGNATURE.outputs:
+        assert grouped[name].shape == whole[name].shape and grouped[name].dtype == whole[name].dtype
+        for b, count in enumerate(seed_counts):
+            np.testing.assert_allclose(grouped[name][b, :count], whole[name][b, :count], rtol=1e-6)
+            assert not grouped[name][b, count:].any()
