@@ -41,7 +41,7 @@ class Settings(BaseSettings):
         gt=0,
         description="429 at once for a request whose estimated queue wait (queued ÷ measured rate, calibrated at "
         "the edge by what requests then took) exceeds it; 1.25 s keeps the p99 of accepted requests under 2 s at "
-        "3× capacity, and refuses 0.1–0.3 % of requests at 70 % of it, in Poisson bursts (docs/notes.md, overload, soak)",
+        "3× capacity, and refuses 0.3–1.5 % of requests at 70 % of it, in stalls of about a second (docs/notes.md, soak)",
     )
     max_request_share: int | None = Field(
         None,
