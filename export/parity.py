@@ -36,7 +36,8 @@ def parity_batches(sentences: list[Sentence], count: int = PARITY_SENTENCES) -> 
     then up to 40 (a quarter of the rest) one at a time, the rest in length-sorted batches of 16."""
     by_length = sorted(range(len(sentences)), key=lambda i: -len(sentences[i].tokens))
     longest = by_length[: min(16, max(2, count // 4))]
-    rest = [i for i in range(len(sentences)) if i not in set(longest)]
+    taken = set(longest)
+    rest = [i for i in range(len(sentences)) if i not in taken]
     step = max(1, len(rest) // max(1, count - len(longest)))
     chosen = rest[::step][: count - len(longest)]
     alone = min(40, len(chosen) // 4)

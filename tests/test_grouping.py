@@ -73,7 +73,8 @@ def test_grouped_outputs_equal_the_whole_batch_inside_each_row() -> None:
     feeds, seed_counts = feeds_for(word_counts, rng)
     whole = RowwiseGraph().run(feeds)
     graph = RowwiseGraph()
-    grouped = run_grouped(graph, feeds, SIGNATURE, {"words": word_counts, "spans": seed_counts}, "spans")
+    sizes = {"words": word_counts, "spans": seed_counts}
+    grouped = run_grouped(graph, feeds, SIGNATURE, sizes, size_groups(seed_counts))
     assert len(graph.calls) > 1 and all(calls[1] < feeds["seeds"].shape[1] for calls in graph.calls[1:])
     for name in SIGNATURE.outputs:
         assert grouped[name].shape == whole[name].shape and grouped[name].dtype == whole[name].dtype

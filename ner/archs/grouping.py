@@ -43,32 +43,31 @@ def run_grouped(
     feeds: Mapping[str, np.ndarray],
     signature: GraphSignature,
     sizes: Mapping[str, Sequence[int]],
-    group_by: str,
+    groups: Sequence[np.ndarray],
 ) -> dict[str, np.ndarray]:
     """`graph` on `feeds` (every input and output with the "batch" axis first), called once per
-    group of rows of similar `sizes[group_by]`; `sizes` gives each row's own length on every
-    ragged axis, to which each group's feeds are cut. Outputs as the whole batch's call would
-    shape them, zeros past a row's own sizes."""
-    groups = size_groups(sizes[group_by])
+    group of rows (size_groups: a caller that runs the graph again on the same rows groups them
+    once); `sizes` gives each row's own length on every ragged axis, to which each group's feeds
+    are cut. Outputs as the whole batch's call would shape them, zeros past a row's own sizes."""
     if len(groups) == 1:
         return graph.run(feeds)
     widths = {axis: np.asarray(rows, dtype=np.int64) for axis, rows in sizes.items()}
-    full = {axis: int(widths[axis].max()) for axis in widths}
+    batch = sum(len(rows) for rows in groups)
     outputs: dict[str, np.ndarray] = {}
     for rows in groups:
-        cut = {axis: int(widths[axis][rows].max()) for axis in widths}
+        cut = {axis: int(width[rows].max()) for axis, width in widths.items()}
         part = graph.run({name: _take(value, rows, signature.axes[name], cut) for name, value in feeds.items()})
         for name, value in part.items():
             if name not in outputs:
-                shape = [len(next(iter(widths.values())))] + [
-                    full.get(axis, size) for axis, size in zip(signature.axes[name][1:], value.shape[1:], strict=True)
-                ]
-                outputs[name] = np.zeros(shape, dtype=value.dtype)
+                axes = zip(signature.axes[name][1:], value.shape[1:], strict=True)
+                ragged = (int(widths[axis].max()) if axis in widths else size for axis, size in axes)
+                outputs[name] = np.zeros((batch, *ragged), dtype=value.dtype)
             within: tuple[np.ndarray | slice, ...] = (rows, *(slice(0, size) for size in value.shape[1:]))
             outputs[name][within] = value
     return outputs
 
 
 def _take(value: np.ndarray, rows: np.ndarray, axes: tuple[str, ...], cut: Mapping[str, int]) -> np.ndarray:
-    trimmed = tuple(slice(0, cut[axis]) if axis in cut else slice(None) for axis in axes[1:])
-    return np.ascontiguousarray(value[rows][(slice(None), *trimmed)])
+    """The group's rows cut to its sizes, in one copy (contiguous, as a graph wants its inputs)."""
+    trimmed = (slice(0, cut[axis]) if axis in cut else slice(None) for axis in axes[1:])
+    return value[(rows, *trimmed)]

@@ -19,7 +19,7 @@ from nerserve.ner.archs.diffusion.decode import decode_sentence
 from nerserve.ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_pairs
 from nerserve.ner.archs.diffusion.signatures import DENOISER
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.grouping import run_grouped
+from nerserve.ner.archs.grouping import run_grouped, size_groups
 from nerserve.ner.graph import Graph, GraphSignature
 from nerserve.ner.text.subword import SubwordEncoder, Words
 from nerserve.ner.types import EntitySet
@@ -58,7 +58,10 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
     def denoise(self, word_states: np.ndarray, word_mask: np.ndarray, noise: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         """DDIM from x_T = noise[:, 0] over `steps` denoiser passes; the last pass's outputs."""
         lengths = word_mask.sum(axis=1)
+        # grouped by sentence length once for every step: the span attention over words costs
+        # what the padding does
         word_counts = lengths.astype(np.int64).tolist()
+        sizes, groups = {"words": word_counts}, size_groups(word_counts)
         x = noise[:, 0]
         outputs: dict[str, np.ndarray] = {}
         for index, (t, t_next) in enumerate(step_pairs(self.config.timesteps, steps)):
@@ -68,8 +71,7 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
                 "noisy_spans": x.astype(np.float32),
                 "timestep": np.full(len(x), t, dtype=np.int64),
             }
-            # grouped by sentence length: the span attention over words costs what the padding does
-            outputs = run_grouped(self.graphs["denoiser"], feeds, DENOISER, {"words": word_counts}, "words")
+            outputs = run_grouped(self.graphs["denoiser"], feeds, DENOISER, sizes, groups)
             if t_next < 0:
                 break
             left = outputs["left_probs"].argmax(axis=-1)  # padding words have probability 0

@@ -9,7 +9,7 @@ import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.grouping import run_grouped
+from nerserve.ner.archs.grouping import run_grouped, size_groups
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_sentence
 from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
@@ -60,7 +60,8 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
         sentences are padded to its largest's seeds otherwise)."""
         seed_counts = batch.seed_mask.sum(axis=1).astype(np.int64).tolist()
         sizes = {"words": batch.lengths, "spans": seed_counts}
-        return run_grouped(self.graphs["span_proposal"], self.span_inputs(batch, encoded), SPAN_PROPOSAL, sizes, "spans")
+        feeds = self.span_inputs(batch, encoded)
+        return run_grouped(self.graphs["span_proposal"], feeds, SPAN_PROPOSAL, sizes, size_groups(seed_counts))
 
     def run(self, batch: SpanBatch, options: DecodeOptions | Sequence[DecodeOptions] | None = None) -> dict[str, np.ndarray]:
         """Span decoding reads its options only after the graphs."""
