@@ -4,6 +4,9 @@
 #                   default batcher ÷ the same with --max-batch-size 1;
 #   service overhead = end-to-end sentences/s ÷ the graph-time sentences/s of the same batches
 #                   (server_graph_sentences_per_second in summary.json);
+#   served ÷ offline = sentences/s at concurrency 64 over the whole CoNLL-2003 test split, each
+#                   sentence once (loadtest --once) ÷ `nerserve eval --runtime onnx --threads 1` on the
+#                   same split and core; the batching gain is also taken over that whole split;
 # and what batching can gain at all on this machine, offline (benchmarks/batching_ceiling.py).
 # Server on core 0 (one graph thread), client on core 1. Run on an otherwise idle machine:
 #   bash benchmarks/batching_run.sh
@@ -34,12 +37,31 @@ serve() {
 }
 stop() { kill -TERM "$SERVER"; wait "$SERVER" || true; }
 
+taskset -c "$SERVER_CORE" nerserve eval span-conll03 --data "$DATA/conll03" --split test --runtime onnx --threads 1 \
+  --json > "$OUT/offline-eval.json"
+
 serve
 taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
   --concurrency 1,4,16,64 --duration 15 --url "$URL" --out "$OUT/batched"
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+  --concurrency 64 --once --duration 300 --url "$URL" --out "$OUT/whole-split"
 stop
 serve --max-batch-size 1
 taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
   --concurrency 1,64 --duration 15 --url "$URL" --out "$OUT/batch1"
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+  --concurrency 64 --once --duration 300 --url "$URL" --out "$OUT/whole-split-batch1"
 stop
+python - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+def c64(run):
+    return next(r for r in json.load(open(f"{out}/{run}/summary.json"))["runs"] if r["concurrency"] == 64)
+batched, batch1 = c64("batched")["sentences_per_second"], c64("batch1")["sentences_per_second"]
+whole, whole1 = c64("whole-split")["sentences_per_second"], c64("whole-split-batch1")["sentences_per_second"]
+offline = json.load(open(f"{out}/offline-eval.json"))["sentences_per_second"]
+print(f"c=64, 15 s: {batched:.1f} sentences/s batched, {batch1:.1f} with --max-batch-size 1: gain {batched / batch1:.3f} (bar 1.5)")
+print(f"c=64, the whole test split once: {whole:.1f} batched, {whole1:.1f} with --max-batch-size 1: gain {whole / whole1:.3f}")
+print(f"offline eval {offline:.1f} sentences/s: served/offline {whole / offline:.3f} (bar 0.8)")
+EOF
 echo "written to $OUT" >&2

@@ -128,6 +128,9 @@ def run(
     sweep: Annotated[str, typer.Option(help="sweep as start:stop:steps (requests/s)")] = "10:400:8",
     arrivals: Annotated[str, typer.Option(help="poisson or constant")] = "poisson",
     duration: Annotated[float, typer.Option(min=1.0, help="seconds per level")] = 15.0,
+    once: Annotated[
+        bool, typer.Option("--once", help="closed loop: send the split once, then stop (--duration caps it)")
+    ] = False,
     sentences_per_request: Annotated[int, typer.Option(min=1)] = 1,
     slo_p99_ms: Annotated[float | None, typer.Option(help="report the highest open-loop rate with p99 under it")] = None,
     url: URL = "http://127.0.0.1:8000",
@@ -142,8 +145,9 @@ def run(
             await model_info(client, model)
             if mode == Mode.closed:
                 for level in [int(c) for c in concurrency.split(",")]:
-                    typer.echo(f"closed loop, concurrency {level} for {duration:g}s ...", err=True)
-                    runs.append(await closed_loop(client, model, sentences, level, duration, sentences_per_request))
+                    length = "the split once" if once else f"{duration:g}s"
+                    typer.echo(f"closed loop, concurrency {level}, {length} ...", err=True)
+                    runs.append(await closed_loop(client, model, sentences, level, duration, sentences_per_request, once))
             else:
                 start, stop, steps = sweep.split(":")
                 rates = sweep_rates(float(start), float(stop), int(steps)) if rate == "sweep" else [float(rate)]
@@ -153,7 +157,7 @@ def run(
         return runs
 
     runs = asyncio.run(go())
-    meta = _meta(url, {"model": model, "data": str(data), "mode": mode.value, "duration": duration})
+    meta = _meta(url, {"model": model, "data": str(data), "mode": mode.value, "duration": duration, "once": once})
     summary = write_outputs(runs, out, meta, f"{model}: {mode.value} loop")
     if slo_p99_ms is not None:
         summary["slo"] = {"p99_ms": slo_p99_ms, "best": slo_throughput(runs, slo_p99_ms)}

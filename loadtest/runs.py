@@ -44,23 +44,31 @@ async def closed_loop(
     concurrency: int,
     duration: float,
     per_request: int = 1,
+    once: bool = False,
 ) -> dict[str, Any]:
     """`concurrency` workers, each sending its next request when the previous one returns, or,
     refused (429), once the Retry-After it was given has passed, as a well-behaved client does: a
     worker that resent at once would measure a storm of refusals (each one answered on the cores
-    the graphs need), not the service's throughput under that many clients."""
-    batches = itertools.cycle([sentences[i : i + per_request] for i in range(0, len(sentences), per_request)])
+    the graphs need), not the service's throughput under that many clients. `once`: every request
+    of the split is answered exactly once (a refused one is sent again), then the run ends, so that
+    two servers are compared on the same sentences; `duration` caps it."""
+    requests = [sentences[i : i + per_request] for i in range(0, len(sentences), per_request)]
+    batches = iter(requests) if once else itertools.cycle(requests)
     samples: list[Sample] = []
     before = await scrape(client)
     start = time.perf_counter()
     end = start + duration
 
     async def worker() -> None:
-        while time.perf_counter() < end:
-            sample = await extract(client, model, next(batches))
+        batch = next(batches, None)
+        while batch is not None and time.perf_counter() < end:
+            sample = await extract(client, model, batch)
             samples.append(sample)
             if sample.status == 429:
                 await asyncio.sleep(min(sample.retry_after or 1.0, max(0.0, end - time.perf_counter())))
+                if once:
+                    continue
+            batch = next(batches, None)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     seconds = time.perf_counter() - start

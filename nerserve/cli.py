@@ -205,6 +205,9 @@ def evaluate_model(
     limit: Annotated[int | None, typer.Option(min=1, help="first N sentences only")] = None,
     threshold: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="override the manifest's δ")] = None,
     device: Annotated[str | None, typer.Option()] = None,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="intra-op threads (torch and each graph; default: every core)")
+    ] = None,
 ) -> None:
     """Strict P/R/F1 of a trained model on a split, with by-type, nested and discontinuous breakdowns."""
     import torch
@@ -224,10 +227,12 @@ def evaluate_model(
         sentences, labels = named_split(data, split.value, limit)
     else:
         sentences = read_split(data, split.value, limit)
+    if threads:
+        torch.set_num_threads(threads)
     if runtime == Runtime.eager:
         program = load_model(name, device).program
     else:
-        program = _exported_program(name, runtime.value, int8, device)
+        program = _exported_program(name, runtime.value, int8, device, threads)
     options = program.config.decode
     if open_labels:
         options = replace(options, labels=labels)
@@ -261,7 +266,7 @@ def evaluate_model(
             typer.echo(f"  {part:>12}  F1 {counts['f1']:.4f}  gold {counts['gold']}")
 
 
-def _exported_program(name: str, fmt: str, int8: bool, device: str | None) -> Any:
+def _exported_program(name: str, fmt: str, int8: bool, device: str | None, threads: int | None) -> Any:
     """The program over a ready graph set of NAME, exporting it first when there is none."""
     from nerserve.ner.graph_format import EXPORT_JSON
     from nerserve.ner.model_store import graph_set_folder
@@ -272,7 +277,7 @@ def _exported_program(name: str, fmt: str, int8: bool, device: str | None) -> An
         from nerserve.export.build import export_model
 
         export_model(name, GraphFormat(fmt), int8, log=lambda m: typer.echo(m, err=True))
-    return load_graph_set(folder, device or "cpu").program
+    return load_graph_set(folder, device or "cpu", threads).program
 
 
 @app.command("export")

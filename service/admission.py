@@ -44,8 +44,9 @@ class EdgeAdmission:
     planning, which this count includes from arrival to answer. It counts its own refusals, which
     the app's response counter never sees.
 
-    `capacity()` is requests/s from the schedulers' measured rates (0 until one is measured:
-    nothing is refused here then). Not the completion rate seen here: below capacity that is the
+    `capacity(requests)` is requests/s from the schedulers' rates measured for the batches that many
+    requests would form (0 until one is measured: nothing is refused here then). Not the completion
+    rate seen here: below capacity that is the
     offered load, and read against a burst it promised waits up to 1.4× too long (measured: 179
     refusals in a 10-minute soak at 70 % of capacity).
 
@@ -61,7 +62,7 @@ class EdgeAdmission:
         self,
         app: ASGIApp,
         bound: float,
-        capacity: Callable[[], float],
+        capacity: Callable[[int], float],
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -77,8 +78,9 @@ class EdgeAdmission:
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") != "/extract":
             await self.app(scope, receive, send)
             return
-        capacity = self.capacity()
-        promised = (self.in_flight + 1) / capacity if capacity > 0 else 0.0  # those ahead, and itself
+        requests = self.in_flight + 1  # those ahead, and itself
+        capacity = self.capacity(requests)
+        promised = requests / capacity if capacity > 0 else 0.0
         # A request with none ahead is always taken: it can never be served sooner, and the next
         # sample of what requests cost comes only from one that is taken.
         if self.in_flight and self.calibration * promised > self.bound:

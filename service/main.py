@@ -208,8 +208,8 @@ def with_admission(app: FastAPI) -> EdgeAdmission:
     """The application as served: the edge admission outside everything else."""
     state: ServiceState = app.state.service
 
-    def capacity() -> float:
-        return sum(model.scheduler.request_rate for model in state.models.values())
+    def capacity(requests: int) -> float:
+        return sum(model.scheduler.request_rate(requests) for model in state.models.values())
 
     return EdgeAdmission(app, EDGE_SHARE * state.settings.max_queue_seconds, capacity, state.metrics)
 

@@ -164,20 +164,20 @@ def test_admission_refuses_what_would_wait_too_long() -> None:
 
     async def checked() -> None:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler._recent_rate = 100.0  # sentences/s, as measured from the last batches
+        scheduler.rates.observe(1, 100.0)  # sentences/s, as measured from the last batches
         scheduler.submit([("a", 1)] * 150)  # empty queue: admitted, though it is 1.5 s of work
         scheduler.submit([("b", 1)] * 45)  # waits on 45 of a's: 0.45 s ≤ 1 s
         with pytest.raises(QueueFull) as full:
             scheduler.submit([("c", 1)] * 60)  # waits on 60 of a's and 45 of b's: 1.05 s > 1 s
         assert full.value.retry_after >= 1 and scheduler.depth == 195
         scheduler.submit([("d", 1)] * 3)  # a small one is still taken: 3 + 3 sentences ahead
-        assert scheduler.request_rate == pytest.approx(100 / 45)  # sentences/s ÷ the median request
+        assert scheduler.request_rate(1) == pytest.approx(100 / 45)  # sentences/s ÷ the median request
         with pytest.raises(QueueFull):  # 20 + 20 + 3 + its own 20: 0.63 s > its 0.5 s deadline
             scheduler.submit([("e", 1)] * 20, deadline=scheduler.clock() + 0.5)
 
     async def long_alone() -> int:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler._recent_rate = 100.0
+        scheduler.rates.observe(1, 100.0)
         scheduler.submit([("x", 1)] * 2)
         scheduler.submit([("long", 1)] * 500)  # 5 s of its own, 0.02 s of others': taken
         return scheduler.depth
@@ -253,7 +253,7 @@ def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
             reached.append("app")
 
         statuses: list[int] = []
-        edge = EdgeAdmission(app, 1.0, lambda: capacity)  # type: ignore[arg-type]  # requests/s
+        edge = EdgeAdmission(app, 1.0, lambda requests: capacity)  # type: ignore[arg-type]  # requests/s
         edge.in_flight = in_flight
         await edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses))  # type: ignore[arg-type]
         return reached, statuses[0] if statuses else 0
@@ -272,8 +272,8 @@ def test_one_huge_request_does_not_size_every_request_at_the_edge() -> None:
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=BatchLimits(max_queue=10_000))
         for size in (1, 1000, 1, 1):
             scheduler.submit([("x", 1)] * size)
-        scheduler._recent_rate = 80.0  # sentences/s
-        return scheduler.request_rate
+        scheduler.rates.observe(1, 80.0)  # sentences/s
+        return scheduler.request_rate(1)
 
     assert asyncio.run(scenario()) == pytest.approx(80.0)
 
@@ -291,7 +291,7 @@ def test_edge_admission_calibrates_its_estimate_by_what_requests_took() -> None:
         now[0] += took[0]
 
     statuses: list[int] = []
-    edge = EdgeAdmission(app, 1.0, lambda: 100.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    edge = EdgeAdmission(app, 1.0, lambda requests: 100.0, clock=lambda: now[0])  # type: ignore[arg-type]
 
     async def call(in_flight: int, seconds: float) -> None:
         edge.in_flight, took[0] = in_flight, seconds
@@ -349,10 +349,43 @@ def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, clock=lambda: now[0])
         item = WorkItem("x", 1, 0.01, None, asyncio.get_running_loop().create_future())
         assert scheduler._cycle_rate([item], finished=0.1, run_seconds=0.05) == pytest.approx(20.0)  # first: run time
-        scheduler._recent_rate = 20.0
+        scheduler.rates.observe(1, 20.0)
         late = WorkItem("y", 1, 5.0, None, asyncio.get_running_loop().create_future())
         assert scheduler._cycle_rate([late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
         waiting = [WorkItem("z", 1, 5.01, None, asyncio.get_running_loop().create_future()) for _ in range(4)]
         return scheduler._cycle_rate(waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
 
     assert asyncio.run(scenario()) == pytest.approx(4 / 0.08)
+
+
+def test_rates_are_kept_by_batch_size() -> None:
+    """A queue is estimated at the rate of the batches it would form: the largest measured size not
+    above them, else the smallest measured; nothing measured gives 0 (nothing is refused)."""
+    from nerserve.service.batching.rates import SMOOTHING, BatchRates
+
+    rates = BatchRates(max_batch_size=32)
+    assert not rates and rates.at(10) == 0.0
+    rates.observe(2, 80.0)
+    rates.observe(32, 140.0)
+    assert rates.at(1) == 80.0  # batches of 1 never measured: not the faster full batches' rate
+    assert rates.at(3) == 80.0 and rates.at(20) == 80.0  # 16-31 not measured: the next smaller size
+    assert rates.at(32) == 140.0 and rates.at(500) == 140.0  # beyond the largest batch: full batches
+    rates.observe(40, 100.0)  # counted as a full batch
+    assert rates.at(64) == pytest.approx((1 - SMOOTHING) * 140.0 + SMOOTHING * 100.0)
+
+
+def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
+    """Below capacity a server runs small batches; a burst's queue forms full ones, which run
+    faster a sentence: 100 sentences ahead wait 100 / 140 s, not 100 / 80 s, and are admitted
+    under a 1-s bound."""
+
+    async def scenario() -> int:
+        scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
+        scheduler.rates.observe(2, 80.0)  # the small batches of a calm spell
+        scheduler.rates.observe(32, 140.0)  # full batches, measured in an earlier burst
+        scheduler.submit([("a", 1)] * 100)
+        scheduler.submit([("b", 1)] * 1)  # 1 of a's ahead in fair order
+        scheduler.submit([("c", 1)] * 100)  # 100 of a's, b's 1: 0.72 s at 140/s (1.26 s at 80/s)
+        return scheduler.depth
+
+    assert asyncio.run(scenario()) == 201

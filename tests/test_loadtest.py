@@ -79,6 +79,15 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
         assert [r["concurrency"] for r in summary["runs"]] == [1, 4]
         assert all(r["ok"] > 0 and r["errors"] == 0 for r in summary["runs"])
         assert (tmp_path / "closed" / "throughput_latency.png").stat().st_size > 1000
+        # --once: every request of the split answered exactly once, then the run ends
+        few = tmp_path / "few"
+        few.mkdir()
+        lines = (data_root / "conll03" / "test.jsonl").read_text(encoding="utf-8").splitlines()[:10]
+        (few / "test.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        once = ["--mode", "closed", "--concurrency", "4", "--once", "--duration", "60", "--out", str(tmp_path / "once")]
+        loadtest("run", "--model", "span-conll03", "--data", str(few), "--url", server.url, *once)
+        (run,) = json.loads((tmp_path / "once" / "summary.json").read_text())["runs"]
+        assert run["ok"] == 10 and run["errors"] == 0
         opened = loadtest(
             "run",
             *common,

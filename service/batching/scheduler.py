@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
+from nerserve.service.batching.rates import BatchRates
 
 REQUEST_SIZE_WINDOW = 101
 
@@ -121,8 +122,8 @@ class Scheduler:
         self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs", initializer=_yield_to_the_door)
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_yield_to_the_door)
         self._tasks: list[asyncio.Task[None]] = []
-        # sentences per second end to end (see _cycle_rate): admission and Retry-After
-        self._recent_rate = 0.0
+        # sentences per second end to end by batch size (see _cycle_rate): admission and Retry-After
+        self.rates = BatchRates(self.limits.max_batch_size)
         self._last_finished = 0.0
         # sentences of the last accepted requests: their median sizes a request at the edge (a mean
         # is moved by one request of a thousand windows: after one, the edge took every request for
@@ -150,7 +151,7 @@ class Scheduler:
         if not self._accepting:
             raise Draining("server is draining")
         if self.depth + len(payloads) > self.limits.max_queue:
-            rate = self._recent_rate or 1.0
+            rate = self.rates.at(self.depth + len(payloads)) or 1.0
             raise QueueFull(self.depth, retry_after=max(1.0, (self.depth + len(payloads)) / rate))
         now = self.clock()
         self._admit(len(payloads), None if deadline is None else deadline - now)
@@ -170,21 +171,27 @@ class Scheduler:
         self._arrived.set()
         return futures
 
-    @property
-    def request_rate(self) -> float:
-        """Requests per second this model answers at its measured rate (0 until one is measured):
-        what the HTTP edge, which sees requests before their sentences, compares its count with."""
-        return self._recent_rate / self._request_size if self._recent_rate and self._request_size else 0.0
-
-    def estimated_wait(self, sentences: int) -> float:
-        """Seconds until a request of `sentences` would have run, at the rate the last batches ran
-        (0 before any batch has run: nothing is known yet): the batch running now, the queued
-        items its last sentence's tag comes after in fair order, and its own sentences."""
-        if not self._recent_rate:
+    def request_rate(self, requests: int) -> float:
+        """Requests per second this model answers with `requests` in flight, at the rate measured
+        for the batches they would form (0 until one is measured): what the HTTP edge, which sees
+        requests before their sentences, compares its count with."""
+        if not self._request_size:
             return 0.0
+        return self.rates.at(round(requests * self._request_size)) / self._request_size
+
+    def _work_until_done(self, sentences: int) -> int:
+        """Sentences that run before a request of `sentences` has run: the batch running now, the
+        queued items its last sentence's tag comes after in fair order, and its own sentences."""
         ahead = bisect.bisect_right(self._queue, self._round + sentences - 1, key=_tag)
         taken = self._in_flight - self.depth  # out of the queue already: being prepared, handed over, running
-        return (ahead + taken + sentences) / self._recent_rate
+        return ahead + taken + sentences
+
+    def estimated_wait(self, sentences: int) -> float:
+        """Seconds until a request of `sentences` would have run (0 before any batch has run:
+        nothing is known yet)."""
+        work = self._work_until_done(sentences)
+        rate = self.rates.at(work)
+        return work / rate if rate else 0.0
 
     def _admit(self, sentences: int, time_left: float | None) -> None:
         """Refuse at the door what could not be answered in time: within the request's deadline
@@ -192,10 +199,11 @@ class Scheduler:
         others it would wait on: a request whose own sentences take longer than that would get
         a 429 that no retry could ever turn into a 200; it is taken, and served a sentence a
         round beside the others). A request alone in an empty queue is always taken."""
-        if self.depth == 0:
+        if self.depth == 0 or not self.rates:
             return
-        wait = self.estimated_wait(sentences)
-        others = wait - sentences / self._recent_rate if self._recent_rate else wait
+        work = self._work_until_done(sentences)
+        rate = self.rates.at(work)
+        wait, others = work / rate, (work - sentences) / rate
         if others > self.limits.max_queue_seconds or (time_left is not None and wait > time_left):
             raise QueueFull(self.depth, retry_after=max(1.0, wait - self.limits.max_queue_seconds))
 
@@ -316,7 +324,7 @@ class Scheduler:
             tokens = [item.cost for item in batch]
             rate = self._cycle_rate(batch, finished, seconds)
             if rate is not None:
-                self._recent_rate = rate if not self._recent_rate else 0.8 * self._recent_rate + 0.2 * rate
+                self.rates.observe(len(batch), rate)
             self.observer.batch_done(
                 BatchRecord(
                     len(batch),
@@ -347,7 +355,7 @@ class Scheduler:
         previous, self._last_finished = self._last_finished, finished
         if min(item.enqueued for item in batch) <= previous:
             return len(batch) / max(finished - previous, 1e-6)
-        return None if self._recent_rate else len(batch) / max(run_seconds, 1e-6)
+        return None if self.rates else len(batch) / max(run_seconds, 1e-6)
 
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
