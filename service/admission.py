@@ -46,9 +46,8 @@ class EdgeAdmission:
 
     `capacity(requests)` is requests/s from the schedulers' rates measured for the batches that many
     requests would form (0 until one is measured: nothing is refused here then). Not the completion
-    rate seen here: below capacity that is the
-    offered load, and read against a burst it promised waits up to 1.4× too long (measured: 179
-    refusals in a 10-minute soak at 70 % of capacity).
+    rate seen here: below capacity that is the offered load, and read against a burst it promised
+    waits up to 1.4× too long (measured: 179 refusals in a 10-minute soak at 70 % of capacity).
 
     `calibration` scales that estimate by how long admitted requests then took against what it
     promised them: the 90th percentile of took ÷ promised (a stochastic quantile estimate), so

@@ -199,11 +199,11 @@ class Scheduler:
         others it would wait on: a request whose own sentences take longer than that would get
         a 429 that no retry could ever turn into a 200; it is taken, and served a sentence a
         round beside the others). A request alone in an empty queue is always taken."""
-        if self.depth == 0 or not self.rates:
+        if self.depth == 0:
             return
         work = self._work_until_done(sentences)
         rate = self.rates.at(work)
-        wait, others = work / rate, (work - sentences) / rate
+        wait, others = (work / rate, (work - sentences) / rate) if rate else (0.0, 0.0)
         if others > self.limits.max_queue_seconds or (time_left is not None and wait > time_left):
             raise QueueFull(self.depth, retry_after=max(1.0, wait - self.limits.max_queue_seconds))
 
