@@ -1,10 +1,11 @@
 """Soak: a running server under a steady open-loop load for minutes, sampled every `--interval`
 seconds: its resident memory (the Prometheus process collector's `process_resident_memory_bytes`
 from /metrics) and the p50 / p99 latency and errors of the requests that finished in each interval.
+One test sentence a request, Poisson arrivals, sentences drawn at random (see sentence_stream).
 Writes soak.json and soak.png (memory and latency against time) to `--out`.
 
     nerserve serve --models span-conll03 --threads 1 --port 8041            # core 0 (taskset -c 0)
-    python benchmarks/soak.py --url http://127.0.0.1:8041 --rate 56 --minutes 10   # core 1
+    python benchmarks/soak.py --url http://127.0.0.1:8041 --rate 72.7 --minutes 10   # core 1: 70 % of capacity
 
 Reported against the reliability bars: errors (any status but 200, and connection failures), RSS
 growth after the warm-up (the first minute), and how flat p99 stays (the last third of the
