@@ -119,10 +119,12 @@ def export_model(
     force: bool = False,
     log: Any = print,
     parity_sentences: int = PARITY_SENTENCES,
+    on_staging: Any = None,
 ) -> dict[str, Any]:
     """INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
     keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise
-    flips them)."""
+    flips them). `on_staging(path)` is told the staging folder as soon as it exists (a service
+    that stops an export removes it when the export could not)."""
     if int8 and fmt != GraphFormat.onnx:
         raise ValueError("--int8 is available for --format onnx only")
     source = model_dir(name)
@@ -144,6 +146,8 @@ def export_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
+        if on_staging is not None:
+            on_staging(staging)
         # example inputs for every graph, from the eager program itself
         values = example_values(model.program)
         check_values = dict(model.program.export_values(model.program.prepare(CHECK_SENTENCES)))
@@ -236,13 +240,20 @@ def export_model(
 def export_for_service(name: str, fmt: str, parity_sentences: int, behind: bool, report: Any) -> None:
     """A service's start-up export, in a process forked from its export server (which has torch,
     transformers and peft imported already: 7 s a model otherwise). → `report` (a Connection):
-    None when the graphs are ready, else why not."""
+    ("staging", its staging folder) once it exists, then ("done", None) when the graphs are ready,
+    else ("done", why not)."""
     if behind:  # another model already answers: keep its cores
         os.nice(10)
         torch.set_num_threads(1)
     try:
-        info = export_model(name, GraphFormat(fmt), parity_sentences=parity_sentences, log=lambda _: None)
+        info = export_model(
+            name,
+            GraphFormat(fmt),
+            parity_sentences=parity_sentences,
+            log=lambda _: None,
+            on_staging=lambda path: report.send(("staging", str(path))),
+        )
         reason = None if info["ready"] else f"parity failed: max |Δ| {info['parity']['max_abs_diff']:.2e}"
     except Exception as error:  # any failure is the service's to report
         reason = f"{type(error).__name__}: {error}"
-    report.send(reason)
+    report.send(("done", reason))

@@ -85,7 +85,7 @@ async def _load_model(state: ServiceState, name: str, behind: bool) -> None:
         return
     try:
         log.info("loading %s (%s)", name, state.settings.runtime.value)
-        model = await asyncio.to_thread(load_served_model, name, state.settings, state.metrics, behind)
+        model = await asyncio.to_thread(load_served_model, name, state.settings, state.metrics, state.exports, behind)
         await asyncio.to_thread(model.program.predict, WARMUP)
         model.scheduler.start()
     except Exception as error:
@@ -183,9 +183,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         state.draining = True
         loader.cancel()
+        # a model still exporting must not hold the process: stopped while the others drain
+        exports_stopped = asyncio.create_task(asyncio.to_thread(state.exports.stop))
         for model in state.models.values():
             await model.scheduler.drain(settings.drain_seconds)
             await model.scheduler.stop()
+        await exports_stopped
 
     app = FastAPI(
         title="nerserve",

@@ -1,18 +1,14 @@
 """The models a server runs: graph set (or eager model) + program + options + scheduler each.
 
-Graphs missing at start-up are exported in processes forked from an export server (what
-`nerserve export` does, with a shorter parity check): the service process never imports the
-export or training code, and a failed export is reported, not half-loaded. Errors here are domain
+Graphs missing at start-up are exported by service.start_up_exports (what `nerserve export` does,
+with a shorter parity check): a failed export is reported, not half-loaded. Errors here are domain
 errors (ModelLoadError, OptionError); the API maps them to HTTP.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import multiprocessing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
@@ -28,15 +24,12 @@ from nerserve.service.metrics import Metrics, ModelObserver
 from nerserve.service.pipeline import Planner
 from nerserve.service.runtime.graph_set import load_graph_set
 from nerserve.service.runtime.memory import release_freed_memory
+from nerserve.service.start_up_exports import ModelLoadError, StartUpExports
 
 log = logging.getLogger("nerserve")
 
 # What the batcher carries per sentence: the tokenised sentence (or window) and its options.
 Payload = tuple[Tokenized, Any]
-
-
-class ModelLoadError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -81,50 +74,9 @@ class ServedModel:
         }
 
 
-# A first start checks parity on 32 dev sentences (the longest 8 together, 6 alone, 18 in batches)
-# rather than export's 200: gner-open's full check alone takes three minutes on two cores.
-START_UP_PARITY_SENTENCES = 32
-# Start-up exports run in processes forked from one export server that imported torch,
-# transformers and peft once (7 s of every export otherwise). It is named, not imported: the
-# service process itself never loads export code.
-EXPORT_MODULES = ["nerserve.export.build"]
-EXPORT_ENTRY = "nerserve.export.build.export_for_service"
-_export_processes = multiprocessing.get_context("forkserver")
-_export_processes.set_forkserver_preload(EXPORT_MODULES)
-
-
-def _run_named(entry: str, *arguments: Any) -> None:
-    module, _, function = entry.rpartition(".")
-    getattr(importlib.import_module(module), function)(*arguments)
-
-
-def _ensure_export(name: str, runtime: str, behind: bool) -> Path:
-    folder = graph_set_folder(name, runtime)
-    if (folder / EXPORT_JSON).is_file():
-        return folder
-    if importlib.util.find_spec("torch") is None:  # the serving-only install (nerserve[cpu] / [gpu])
-        raise ModelLoadError(
-            f"{name}: no {runtime} graphs at {folder}, and exporting them needs torch: pip install 'nerserve[export]', "
-            "or export where it is installed and point --graph-cache at those graphs"
-        )
-    log.info("exporting %s to %s (missing at start-up)", name, runtime)
-    receiving, sending = _export_processes.Pipe(duplex=False)
-    arguments = (EXPORT_ENTRY, name, runtime, START_UP_PARITY_SENTENCES, behind, sending)
-    process = _export_processes.Process(target=_run_named, args=arguments, name=f"export {name}")
-    process.start()
-    sending.close()  # the child holds the only writing end: its exit ends the wait below
-    try:
-        reason = receiving.recv()
-    except EOFError:
-        reason = "the export process ended without a result"
-    process.join()
-    if reason is not None or not (folder / EXPORT_JSON).is_file():
-        log.error("export of %s failed: %s (exit %s)", name, reason, process.exitcode)
-        raise ModelLoadError(f"{name}: export to {runtime} failed (exit {process.exitcode}): {reason}")
-    return folder
-
-
-def _program(name: str, settings: Settings, behind: bool) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
+def _program(
+    name: str, settings: Settings, behind: bool, exports: StartUpExports
+) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
     if settings.runtime == Runtime.eager:
         from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
@@ -134,16 +86,18 @@ def _program(name: str, settings: Settings, behind: bool) -> tuple[Manifest, Pro
     if not (folder / EXPORT_JSON).is_file():
         if not settings.export_missing:
             raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
-        folder = _ensure_export(name, settings.runtime.value, behind)
+        folder = exports.run(name, settings.runtime.value, behind)
     loaded_set = load_graph_set(folder, settings.device, settings.threads)
     return loaded_set.manifest, loaded_set.program
 
 
-def load_served_model(name: str, settings: Settings, metrics: Metrics, behind: bool = False) -> ServedModel:
+def load_served_model(
+    name: str, settings: Settings, metrics: Metrics, exports: StartUpExports, behind: bool = False
+) -> ServedModel:
     """`behind`: another model already answers (a missing export runs at a lower priority)."""
     folder = model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
-    manifest, program = _program(name, settings, behind)
+    manifest, program = _program(name, settings, behind, exports)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
     planner = Planner(program.subwords, window, settings.window_overlap_words)
     observer = ModelObserver(metrics, folder.name)

@@ -4,6 +4,7 @@ Runtime (graphs exported on first use), driven over HTTP with httpx."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import shutil
 import signal
@@ -356,6 +357,28 @@ def test_sigterm_drains_in_flight_then_exits() -> None:
         response = pending.result(timeout=120)
     assert response.status_code == 200 and len(response.json()["results"]) == 120
     assert server.process.wait(60) == 0
+
+
+def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
+    """A model still exporting behind the default must not hold the process after SIGTERM (its
+    export, gner-open's, runs for minutes): the export is stopped, its staging folder removed."""
+    ready = graph_set_folder("span-conll03", "onnx")
+    if ready.is_dir():  # the default model's graphs as they are, so that only gner-open exports
+        shutil.copytree(ready, tmp_path / "span-conll03" / ready.name)
+    server = Server(models="span-conll03,gner-open", graph_cache=tmp_path, threads=1)
+    end = time.monotonic() + 600
+    while time.monotonic() < end and server.process.poll() is None:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{server.url}/health/ready", timeout=2).status_code == 200:
+                break
+        time.sleep(0.5)
+    states = {m["name"]: m["state"] for m in httpx.get(f"{server.url}/models").json()["models"]}
+    assert states == {"span-conll03": "ready", "gner-open": "loading"}
+    time.sleep(3)  # the export process has started
+    stopped = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(30) == 0 and time.monotonic() - stopped < 30
+    assert not list((tmp_path / "gner-open").glob(".staging-*"))
 
 
 def test_default_model_is_span_conll03_when_served_else_the_first() -> None:

@@ -10,6 +10,7 @@ from nerserve.service.api.errors import ApiError
 from nerserve.service.config import Settings
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import ServedModel
+from nerserve.service.start_up_exports import StartUpExports
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ServiceState:
     model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed
     model_errors: dict[str, str] = field(default_factory=dict)
     fatal: str | None = None  # the process cannot serve and is stopping (liveness fails)
+    exports: StartUpExports = field(default_factory=StartUpExports)  # graphs missing at start-up
 
     @property
     def default_model(self) -> str | None:

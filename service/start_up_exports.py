@@ -1,0 +1,132 @@
+"""Graphs missing at start-up, exported in processes forked from one export server.
+
+What `nerserve export` does, with a shorter parity check. The export code is named, not imported:
+the service process itself never loads export or training code. A server stopping (SIGTERM) ends
+the exports still running: the threads waiting on them would otherwise hold the process after the
+server has stopped until each export ended (measured: SIGTERM during a first start, the process
+still alive 60 s later, waiting on gner-open's export), past an orchestrator's grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterable
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from nerserve.ner.graph_format import EXPORT_JSON
+from nerserve.ner.model_store import graph_set_folder
+
+log = logging.getLogger("nerserve")
+
+# A first start checks parity on 32 dev sentences (the longest 8 together, 6 alone, 18 in batches)
+# rather than export's 200: gner-open's full check alone takes three minutes on two cores.
+START_UP_PARITY_SENTENCES = 32
+# The export server imports torch, transformers and peft once (7 s of every export otherwise).
+EXPORT_MODULES = ["nerserve.export.build"]
+EXPORT_ENTRY = "nerserve.export.build.export_for_service"
+_export_processes = multiprocessing.get_context("forkserver")
+_export_processes.set_forkserver_preload(EXPORT_MODULES)
+# How long an export has, once asked to stop, to remove its staging folder before it is killed
+STOP_GRACE_SECONDS = 5.0
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def _run_named(entry: str, *arguments: Any) -> None:
+    module, _, function = entry.rpartition(".")
+    getattr(importlib.import_module(module), function)(*arguments)
+
+
+def _interrupt(processes: Iterable[BaseProcess]) -> None:
+    """SIGINT first, so that an export removes its staging folder; killed if not ended within the
+    grace. Not joined here: the thread that started each one reaps it."""
+    running = [process for process in processes if process.pid is not None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(process.pid, signal.SIGINT)  # type: ignore[arg-type]  # pid checked above
+    multiprocessing.connection.wait([process.sentinel for process in running], timeout=STOP_GRACE_SECONDS)
+    for process in running:
+        if process.is_alive():
+            process.kill()
+
+
+class StartUpExports:
+    """The exports of one server's start-up, and `stop()` for its shutdown."""
+
+    def __init__(self) -> None:
+        self._running: set[BaseProcess] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def run(self, name: str, runtime: str, behind: bool) -> Path:
+        """The graph set folder of NAME, exported now if missing (`behind`: at a lower priority)."""
+        folder = graph_set_folder(name, runtime)
+        if (folder / EXPORT_JSON).is_file():
+            return folder
+        if importlib.util.find_spec("torch") is None:  # the serving-only install (nerserve[cpu] / [gpu])
+            raise ModelLoadError(
+                f"{name}: no {runtime} graphs at {folder}, and exporting them needs torch: "
+                "pip install 'nerserve[export]', or export where it is installed and point --graph-cache at those graphs"
+            )
+        if self._stopped:
+            raise ModelLoadError(f"{name}: not exported: the server is shutting down")
+        log.info("exporting %s to %s (missing at start-up)", name, runtime)
+        reason, exit_code = self._export(name, runtime, behind)
+        if self._stopped:
+            raise ModelLoadError(f"{name}: export to {runtime} stopped: the server is shutting down")
+        if reason is not None or not (folder / EXPORT_JSON).is_file():
+            log.error("export of %s failed: %s (exit %s)", name, reason, exit_code)
+            raise ModelLoadError(f"{name}: export to {runtime} failed (exit {exit_code}): {reason}")
+        return folder
+
+    def _export(self, name: str, runtime: str, behind: bool) -> tuple[str | None, int | None]:
+        """(what went wrong or None, the exit code) of one export process."""
+        receiving, sending = _export_processes.Pipe(duplex=False)
+        arguments = (EXPORT_ENTRY, name, runtime, START_UP_PARITY_SENTENCES, behind, sending)
+        process = _export_processes.Process(target=_run_named, args=arguments, name=f"export {name}")
+        process.start()  # the first one starts the export server: seconds, during which stop() may come
+        with self._lock:
+            self._running.add(process)
+            stopped = self._stopped
+        if stopped:
+            _interrupt([process])
+        sending.close()  # the child holds the only writing end: its exit ends the wait below
+        staging: str | None = None
+        reason: str | None = "the export process ended without a result"
+        try:
+            while True:
+                kind, value = receiving.recv()
+                if kind == "staging":
+                    staging = value
+                    continue
+                reason = value
+                break
+        except EOFError:  # ended (or was stopped) before its result
+            pass
+        finally:
+            process.join()
+            with self._lock:
+                self._running.discard(process)
+        if staging is not None:  # a process killed mid-export could not remove its own
+            shutil.rmtree(staging, ignore_errors=True)
+        return reason, process.exitcode
+
+    def stop(self) -> None:
+        """End the exports running now, and any started from now on."""
+        with self._lock:
+            self._stopped = True
+            running = list(self._running)
+        _interrupt(running)
