@@ -12,7 +12,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,7 @@ def export_model(
     force: bool = False,
     log: Any = print,
     parity_sentences: int = PARITY_SENTENCES,
-    on_staging: Any = None,
+    on_staging: Callable[[Path], None] | None = None,
 ) -> dict[str, Any]:
     """INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
     keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise

@@ -186,13 +186,6 @@ class Scheduler:
         taken = self._in_flight - self.depth  # out of the queue already: being prepared, handed over, running
         return ahead + taken + sentences
 
-    def estimated_wait(self, sentences: int) -> float:
-        """Seconds until a request of `sentences` would have run (0 before any batch has run:
-        nothing is known yet)."""
-        work = self._work_until_done(sentences)
-        rate = self.rates.at(work)
-        return work / rate if rate else 0.0
-
     def _admit(self, sentences: int, time_left: float | None) -> None:
         """Refuse at the door what could not be answered in time: within the request's deadline
         (its whole wait, its own sentences included), and within max_queue_seconds (the work of
