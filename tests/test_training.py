@@ -58,3 +58,18 @@ def test_bf16_budgeted_run_then_whole_model_warm_start(tiny_backbone: Path, smal
     assert before.keys() == after.keys() and all((before[k] == after[k]).all() for k in before)
     assert json.loads((second / "manifest.json").read_text())["training"]["warm_start"]["model"] == first.name
     assert read_manifest(second).scores["dev"]["f1"] == read_manifest(first).scores["dev"]["f1"]
+
+
+def test_gner_draws_a_fresh_balanced_sample_each_epoch_and_the_same_one_on_resume() -> None:
+    from nerserve.ner.data import Sentence
+    from nerserve.ner.training.gner_trainer import SCORED_SHARE, Source, epoch_rng, sample_mixture
+    from nerserve.ner.types import EntitySet
+
+    def source(name: str, count: int) -> Source:
+        return Source(name, [Sentence((f"{name}{i}",), EntitySet([])) for i in range(count)], ("thing",))
+
+    sources = [source("scored", 500), source("a", 500), source("b", 500)]
+    first, second = (sample_mixture(sources, 100, epoch_rng(7, epoch)) for epoch in (0, 1))
+    assert sum(1 for _, index in first if index == 0) == int(100 * SCORED_SHARE)
+    assert {s.tokens for s, _ in first} != {s.tokens for s, _ in second}
+    assert sample_mixture(sources, 100, epoch_rng(7, 1)) == second

@@ -85,6 +85,11 @@ def sample_mixture(sources: list[Source], size: int, rng: random.Random) -> list
     return picked
 
 
+def epoch_rng(seed: int, epoch: int) -> random.Random:
+    """The mixture's generator for one epoch: the same sample again when a run is resumed."""
+    return random.Random(f"{seed}:{epoch}")
+
+
 def sample_labels(source: Source, sources: list[Source], rng: random.Random) -> tuple[str, ...]:
     """The source's labels shuffled; sometimes some dropped, sometimes labels of another domain added."""
     labels = list(source.labels)
@@ -105,9 +110,14 @@ def train_gner(
     torch_device, backbone, lora = run.device, run.backbone, run.lora
     sources = training_sources(data_dir, HELD_OUT)
     scored = load_source(data_dir, "dev", settings.dev_limit or 400)
-    rng = random.Random(settings.seed)
-    mixture = sample_mixture(sources, settings.train_limit or 16000, rng)
+    size = settings.train_limit or 16000
+    mixture = sample_mixture(sources, size, epoch_rng(settings.seed, 0))
     train = [sentence for sentence, _ in mixture]
+
+    def resample(epoch: int) -> None:  # a fresh sample each epoch: 4× more distinct sentences in 4 epochs
+        mixture[:] = sample_mixture(sources, size, epoch_rng(settings.seed, epoch))
+        train[:] = [sentence for sentence, _ in mixture]
+
     from nerserve.ner.encoder import load_backbone
 
     shape = load_backbone(backbone).config
@@ -155,7 +165,7 @@ def train_gner(
     def predict(sentences: list[list[str]]) -> Any:
         return program.predict(sentences, GnerOptions(labels=scored.labels))
 
-    fitted: FitResult = fit(network, predict, loss_of, train, scored.sentences, record, out)
+    fitted: FitResult = fit(network, predict, loss_of, train, scored.sentences, record, out, before_epoch=resample)
     return finish_gner(network, program, record, fitted, data_dir, settings, out)
 
 

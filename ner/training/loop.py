@@ -218,10 +218,12 @@ def fit(
     record: ModelRecord,
     out: Path,
     dev_score: Callable[[], dict[str, Any]] | None = None,
+    before_epoch: Callable[[int], None] | None = None,
 ) -> FitResult:
     """Epochs of `loss_of(batch indices)` steps, dev F1 after each (`dev_score()` instead of scoring
     `predict` when given, e.g. F1 at the threshold tuned on dev); the best weights are written to
-    OUT as they appear and every epoch is checkpointed to OUT/checkpoint/last.pt (resumed from)."""
+    OUT as they appear and every epoch is checkpointed to OUT/checkpoint/last.pt (resumed from).
+    `before_epoch(epoch)` may replace `train`'s sentences in place (same count) before each epoch."""
     settings = record.settings
     lora_params = [p for n, p in network.named_parameters() if p.requires_grad and "lora_" in n]
     head_params = [p for n, p in network.named_parameters() if p.requires_grad and "lora_" not in n]
@@ -256,6 +258,8 @@ def fit(
     epoch = start_epoch
     while epoch < epochs:
         started = time.perf_counter()
+        if before_epoch:
+            before_epoch(epoch)
         network.train()
         bar = tqdm(shuffled_batches(train, settings.batch_size, rng), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
         running = 0.0
