@@ -146,7 +146,9 @@ def test_client_sync_and_async(server: Server) -> None:
     expected = extract(server, texts=documents)
     with Client(server.url, batch_size=4) as client:
         found = client.extract(documents)
-        assert [[e.model_dump() for e in text] for text in found] == [
+        # Scores are compared to 1e-5: the batcher groups the 4-text requests differently from the
+        # 15-text one, and a different padding may move a score's sixth decimal, never an entity.
+        assert [[e.model_dump() | {"score": pytest.approx(e.score, abs=1e-5)} for e in text] for text in found] == [
             [{**e, "spans": [tuple(s) for s in e["spans"]], "token_spans": [tuple(s) for s in e["token_spans"]]} for e in text]
             for text in expected
         ]
