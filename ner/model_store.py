@@ -92,6 +92,14 @@ def read_manifest(folder: Path) -> Manifest:
         raise ModelStoreError(f"{path}: invalid manifest ({first})") from None
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_manifest(folder: Path, manifest: Manifest) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")

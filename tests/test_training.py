@@ -4,6 +4,7 @@ architecture whole and keeps its earlier runs."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from nerserve.ner.data import read_split
-from nerserve.ner.model_store import WEIGHTS, read_manifest
+from nerserve.ner.model_store import WEIGHTS, file_sha256, read_manifest
 from nerserve.ner.training.loop import TrainSettings, WarmupLinearDecay, epochs_within_budget
 from nerserve.ner.training.span_trainer import train_span
 
@@ -58,6 +59,10 @@ def test_bf16_budgeted_run_then_whole_model_warm_start(tiny_backbone: Path, smal
     assert before.keys() == after.keys() and all((before[k] == after[k]).all() for k in before)
     assert json.loads((second / "manifest.json").read_text())["training"]["warm_start"]["model"] == first.name
     assert read_manifest(second).scores["dev"]["f1"] == read_manifest(first).scores["dev"]["f1"]
+    # a version names the weights: the day they were trained and their digest
+    version = read_manifest(first).version
+    assert version == f"{datetime.date.today().isoformat()}.{file_sha256(first / WEIGHTS)[:8]}"
+    assert read_manifest(second).version == version  # the same tensors, the same version
 
 
 def test_gner_draws_a_fresh_balanced_sample_each_epoch_and_the_same_one_on_resume() -> None:

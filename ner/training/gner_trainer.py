@@ -278,6 +278,6 @@ def import_seq2seq(folder: Path, out: Path, labels: Sequence[str], lora_rank: in
     record = ModelRecord(
         out.name, SPEC.name, config.to_dict(), backbone, lora, Path("conll03"), TrainSettings(), {"imported": str(folder)}
     )
-    manifest = record.manifest({"status": "imported: the folder's own weights, not trained here"}, {})
+    manifest = record.manifest({"status": "imported: the folder's own weights, not trained here"}, {}, out / WEIGHTS)
     write_manifest(out, manifest)
     return manifest

@@ -23,7 +23,7 @@ from nerserve.ner.backbone import BackboneInfo, resolve_backbone
 from nerserve.ner.data import Sentence, read_split
 from nerserve.ner.loading import device_name
 from nerserve.ner.lora import LoraSettings, save_weights, trainable_state
-from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, file_sha256, write_manifest
 from nerserve.ner.runner import score
 
 DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
@@ -65,12 +65,14 @@ class ModelRecord:
     settings: TrainSettings
     extra: dict[str, Any] = field(default_factory=dict)  # architecture-specific training facts
 
-    def manifest(self, training: dict[str, Any], scores: dict[str, Any]) -> Manifest:
+    def manifest(self, training: dict[str, Any], scores: dict[str, Any], weights: Path) -> Manifest:
+        """The manifest of the weights just written to `weights`: its version is the day and their
+        digest, so two models trained on one day never share a version (`/models`, KServe v2)."""
         backbone = self.backbone
         return Manifest(
             name=self.name,
             architecture=self.architecture,
-            version=datetime.date.today().isoformat() + ".1",
+            version=f"{datetime.date.today().isoformat()}.{file_sha256(weights)[:8]}",
             labels=list(self.config["labels"]),
             backbone=BackboneRecord(
                 name=backbone.name, package=backbone.package, version=backbone.version, sha256=backbone.sha256
@@ -289,7 +291,7 @@ def fit(
             best_state = {k: v.detach().clone() for k, v in trainable_state(network).items()}
             save_weights(network, out / WEIGHTS)
             progress = {"history": history, "status": "in progress"}
-            write_manifest(out, record.manifest(progress, {"dev": {"f1": best_f1}}))
+            write_manifest(out, record.manifest(progress, {"dev": {"f1": best_f1}}, out / WEIGHTS))
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         torch.save(
             {
@@ -351,7 +353,7 @@ def finish(network: nn.Module, record: ModelRecord, fitted: FitResult, scores: d
         "torch": torch.__version__,
     }
     save_weights(network, out / WEIGHTS)
-    manifest = record.manifest(training, scores)
+    manifest = record.manifest(training, scores, out / WEIGHTS)
     write_manifest(out, manifest)
     return manifest
 
