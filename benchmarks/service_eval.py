@@ -1,6 +1,7 @@
 """Strict F1 of a model *through the service*: a data split's sentences posted as `tokens` to a
 running nerserve (batches of --batch sentences per request), an open-label model asked for the
-data's own label names (labels.json), the answers' `token_spans` scored against the gold.
+data's own label names (labels.json), the answers' `token_spans` scored against the gold. Several
+runs may share one server: a 429 is retried after its Retry-After (nerserve.client).
 
     nerserve serve --models gner-open --port 8031 &
     python benchmarks/service_eval.py --url http://127.0.0.1:8031 --model gner-open --data ../shared/data/conll03
@@ -13,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 
-from nerserve.ner.data import named_split
+from nerserve.client import Client
+from nerserve.ner.data import named_split, read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.types import Entity, EntitySet
 
@@ -33,20 +34,18 @@ def main(
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     open_labels: Annotated[bool, typer.Option(help="send the data's label names as `labels`")] = True,
 ) -> None:
-    sentences, labels = named_split(data, split, limit)
+    # an open-label model is asked for the natural names and answers with them; any other model
+    # answers with the data's own types
+    sentences, labels = named_split(data, split, limit) if open_labels else (read_split(data, split, limit), ())
     predictions: list[EntitySet] = []
     started = time.perf_counter()
-    with httpx.Client(base_url=url, timeout=600) as client:
-        for i in range(0, len(sentences), batch):
-            chunk = sentences[i : i + batch]
-            body: dict[str, object] = {"model": model, "tokens": [list(s.tokens) for s in chunk]}
-            if open_labels:
-                body["labels"] = list(labels)
-            response = client.post("/extract", json=body)
-            response.raise_for_status()
-            for result in response.json()["results"]:
-                found = [Entity(e["type"], tuple(tuple(f) for f in e["token_spans"])) for e in result["entities"]]
-                predictions.append(EntitySet(found))
+    # the client retries a 429 after its Retry-After, so several evaluations may share one server
+    with Client(url, timeout=600, batch_size=batch, max_retries=100, max_wait=3600) as client:
+        answers = client.extract_stream(
+            [list(s.tokens) for s in sentences], model, labels=list(labels) if open_labels else None
+        )
+        for found in answers:
+            predictions.append(EntitySet([Entity(e.type, tuple(e.token_spans)) for e in found]))
     seconds = time.perf_counter() - started
     report = evaluate((s.entities, p) for s, p in zip(sentences, predictions, strict=True))
     summary = {k: report[k] for k in ("precision", "recall", "f1")}

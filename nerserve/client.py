@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -64,10 +64,19 @@ class NerServeError(Exception):
             return cls(response.status_code, "http_error", response.text[:200])
 
 
+Document = str | Sequence[str]  # a raw text, or one sentence's words (sent as `tokens`)
+
+
 def _payload(
-    texts: list[str], model: str | None, labels: list[str] | None, options: dict[str, Any] | None, flat: bool
+    documents: list[Document], model: str | None, labels: list[str] | None, options: dict[str, Any] | None, flat: bool
 ) -> dict[str, Any]:
-    payload: dict[str, Any] = {"texts": texts}
+    payload: dict[str, Any]
+    if all(isinstance(d, str) for d in documents):
+        payload = {"texts": documents}
+    elif not any(isinstance(d, str) for d in documents):
+        payload = {"tokens": [list(d) for d in documents]}
+    else:
+        raise ValueError("one call mixes raw texts and word lists: send each kind in its own call")
     if model:
         payload["model"] = model
     if labels is not None:
@@ -115,10 +124,10 @@ def _entities(response: httpx.Response) -> list[list[Entity]]:
     return [[Entity.model_validate(e) for e in result["entities"]] for result in response.json()["results"]]
 
 
-def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for text in texts:
-        batch.append(text)
+def _batches(documents: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    for document in documents:
+        batch.append(document)
         if len(batch) == size:
             yield batch
             batch = []
@@ -163,19 +172,21 @@ class Client:
 
     def extract(
         self,
-        texts: Iterable[str],
+        texts: Iterable[Document],
         model: str | None = None,
         *,
         labels: list[str] | None = None,
         options: dict[str, Any] | None = None,
         flat: bool = False,
     ) -> list[list[Entity]]:
-        """Entities of each text, in order (sent in batches of `batch_size`)."""
+        """Entities of each text, in order (sent in batches of `batch_size`). A text is a raw string, or
+        a sentence already split into words (sent as `tokens`; offsets then index the words joined
+        by single spaces)."""
         return list(self.extract_stream(texts, model, labels=labels, options=options, flat=flat))
 
     def extract_stream(
         self,
-        texts: Iterable[str],
+        texts: Iterable[Document],
         model: str | None = None,
         *,
         labels: list[str] | None = None,
@@ -239,7 +250,7 @@ class AsyncClient:
 
     async def extract(
         self,
-        texts: Iterable[str],
+        texts: Iterable[Document],
         model: str | None = None,
         *,
         labels: list[str] | None = None,
@@ -250,7 +261,7 @@ class AsyncClient:
 
     async def extract_stream(
         self,
-        texts: Iterable[str],
+        texts: Iterable[Document],
         model: str | None = None,
         *,
         labels: list[str] | None = None,

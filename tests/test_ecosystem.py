@@ -153,6 +153,15 @@ def test_client_sync_and_async(server: Server) -> None:
             for text in expected
         ]
         assert any(m["name"] == "span-genia" for m in client.models()) and client.ready()
+        # sentences already split into words go as `tokens`, and come back as the API answers them
+        words = [["Peter", "went", "to", "Paris", "."], ["EU", "rejects", "German", "call"]]
+        answered = extract(server, tokens=words)
+        assert all(answered)  # Peter, Paris; EU, German
+        assert [[e.token_spans for e in text] for text in client.extract(words)] == [
+            [[tuple(s) for s in e["token_spans"]] for e in text] for text in answered
+        ]
+        with pytest.raises(ValueError, match="mixes raw texts and word lists"):
+            client.extract(["Peter went to Paris.", ["Paris"]])
         with pytest.raises(NerServeError) as refused:
             client.extract(["a"], model="nope")
         assert refused.value.status == 404 and refused.value.field == "model"
