@@ -21,6 +21,7 @@ import onnxruntime
 import torch
 
 from nerserve.export.parity import PARITY_SENTENCES, check_parity, parity_batches
+from nerserve.export.session_tuning import tune_graphs
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
@@ -177,6 +178,12 @@ def export_model(
                 "inputs": _signature(signature.inputs, values, signature.axes),
                 "outputs": _signature(signature.outputs, values, signature.axes),
             }
+        onnx_session: dict[str, Any] = {}
+        if fmt == GraphFormat.onnx:
+            log(f"{name}: timing ONNX Runtime's optimisation levels")
+            paths = {graph_name: graph_file(staging, graph_name, fmt) for graph_name in signatures}
+            feeds = {graph_name: {n: values[n] for n in signature.inputs} for graph_name, signature in signatures.items()}
+            onnx_session = tune_graphs(paths, feeds)
         shutil.copy(source / MANIFEST, staging / MANIFEST)
         model.program.subwords.tokenizer.save(str(staging / TOKENIZER_JSON))
         info: dict[str, Any] = {
@@ -188,6 +195,7 @@ def export_model(
             "opset": OPSET if fmt == GraphFormat.onnx else None,
             "fusions": fusions,
             "exporter": exporters if fmt == GraphFormat.onnx else "torch.jit.trace",
+            "onnx_session": onnx_session,
             "versions": {
                 "torch": torch.__version__,
                 "onnxruntime": onnxruntime.__version__,

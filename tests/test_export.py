@@ -2,7 +2,9 @@
 checked on real dev sentences (with entities to compare), unchanged source skipped, broken graph
 files named in the error."""
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,12 +22,13 @@ from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.data import Sentence
 from nerserve.ner.graph import GraphError
-from nerserve.ner.graph_format import GraphFormat
+from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat
 from nerserve.ner.loading import build_network, load_model
 from nerserve.ner.lora import LoraSettings, save_weights
 from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
 from nerserve.ner.types import EntitySet
 from nerserve.service.runtime.graph_set import load_graph_set
+from nerserve.service.runtime.onnx import OPTIMIZATION_LEVELS
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
 # A tiny config per registered architecture, with loose decoding thresholds so that random
@@ -150,6 +153,8 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     assert any(expected) or info["architecture"] in WRITES_NO_ENTITY
     again = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     assert again["skipped"] and again["folder"] == info["folder"]
+    if fmt == GraphFormat.onnx:
+        check_session_levels(folder, info)
 
     graph = folder / info["graphs"]["encoder"]["file"]
     graph.write_bytes(b"not a graph")
@@ -158,6 +163,26 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     graph.unlink()
     with pytest.raises(GraphError, match=f"{graph}: graph file missing"):
         load_graph_set(folder)
+
+
+def check_session_levels(folder: Path, info: dict[str, Any]) -> None:
+    """Every ONNX graph was timed at every optimisation level, and opens at the one recorded."""
+    tuned = info["onnx_session"]
+    assert set(tuned) == set(info["graphs"])
+    for timings in tuned.values():
+        assert set(timings["level_ms"]) == set(OPTIMIZATION_LEVELS)
+        assert timings["graph_optimization_level"] in OPTIMIZATION_LEVELS
+        assert all(ms > 0 for ms in timings["threads_ms"].values())
+    written = json.loads((folder / EXPORT_JSON).read_text())
+    written["onnx_session"]["encoder"]["graph_optimization_level"] = "basic"
+    (folder / EXPORT_JSON).write_text(json.dumps(written))
+    encoder = load_graph_set(folder).program.graphs["encoder"]
+    assert encoder.session.get_session_options().graph_optimization_level == OPTIMIZATION_LEVELS["basic"]
+    written["onnx_session"]["encoder"]["graph_optimization_level"] = "fastest"
+    (folder / EXPORT_JSON).write_text(json.dumps(written))
+    with pytest.raises(GraphError, match="unknown graph optimisation level 'fastest'"):
+        load_graph_set(folder)
+    (folder / EXPORT_JSON).write_text(json.dumps({**written, "onnx_session": info["onnx_session"]}))
 
 
 def test_int8_needs_onnx(tiny_model: Path) -> None:

@@ -28,6 +28,11 @@ def load_graph_set(folder: Path, device: str = "cpu", threads: int | None = None
     spec = architecture(manifest.architecture)
     config = spec.config_from(manifest.config)
     fmt = GraphFormat(info["format"])
-    graphs = {name: load_graph(graph_file(folder, name, fmt), fmt, device, threads) for name in spec.signatures(config)}
+    # export.json's "onnx_session" (export/session_tuning.py); exports older than it have none
+    levels = {name: tuned.get("graph_optimization_level") for name, tuned in info.get("onnx_session", {}).items()}
+    graphs = {
+        name: load_graph(graph_file(folder, name, fmt), fmt, device, threads, levels.get(name))
+        for name in spec.signatures(config)
+    }
     subwords = SubwordEncoder(load_tokenizer(folder))
     return LoadedGraphSet(folder, manifest, info, spec.build_program(graphs, config, subwords))

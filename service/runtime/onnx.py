@@ -15,11 +15,29 @@ import onnxruntime as ort
 
 from nerserve.ner.graph import GraphError, Value
 
+# The levels an export times each graph at (export/session_tuning.py) and records in export.json.
+OPTIMIZATION_LEVELS = {
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+DEFAULT_OPTIMIZATION_LEVEL = "all"
+
 
 class OnnxGraph:
-    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None, io_binding: bool | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: str = "cpu",
+        threads: int | None = None,
+        io_binding: bool | None = None,
+        optimization_level: str = DEFAULT_OPTIMIZATION_LEVEL,
+    ) -> None:
+        if optimization_level not in OPTIMIZATION_LEVELS:
+            known = sorted(OPTIMIZATION_LEVELS)
+            raise GraphError(f"{path}: unknown graph optimisation level {optimization_level!r} (one of {known})")
         options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.graph_optimization_level = OPTIMIZATION_LEVELS[optimization_level]
         if threads:
             options.intra_op_num_threads = threads
         # ONNX Runtime's intra-op threads busy-wait between operators by default. In a server the

@@ -1,0 +1,61 @@
+"""ONNX Runtime session settings chosen by measurement at export, recorded in export.json.
+
+Each exported graph is timed under every graph optimisation level ONNX Runtime has, on one
+intra-op thread, and the service opens the graph at the fastest (`runtime.onnx.OPTIMIZATION_LEVELS`).
+A level wins only by more than the timing noise; otherwise "all" stays, the level ONNX Runtime's
+own fusions are tested at. The chosen level is also timed on every core, so that export.json shows
+what more intra-op threads buy a graph on the machine that exported it (the thread count itself
+is the operator's: `nerserve serve --threads`, cores per replica).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nerserve.service.runtime.onnx import DEFAULT_OPTIMIZATION_LEVEL, OPTIMIZATION_LEVELS, OnnxGraph
+
+REPEATS = 9
+# a level must beat "all" by more than this share of its time: run-to-run noise on a shared CPU
+NOISE = 0.05
+
+
+def median_milliseconds(graphs: Mapping[str, OnnxGraph], feeds: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Each graph's median ms over REPEATS runs, the graphs taking turns run by run, so that load
+    from elsewhere on the machine (a first start exports two models at once) falls on all alike."""
+    for graph in graphs.values():
+        graph.run(feeds)  # first run: allocations and kernel selection
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(REPEATS):
+        for name, graph in graphs.items():
+            started = time.perf_counter()
+            graph.run(feeds)
+            times[name].append(time.perf_counter() - started)
+    return {name: round(1000 * statistics.median(runs), 3) for name, runs in times.items()}
+
+
+def tune_graph(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The fastest optimisation level for one graph, with every level's median ms and the chosen
+    level's median ms on 1 thread and on every core."""
+    timings = median_milliseconds(
+        {level: OnnxGraph(path, threads=1, optimization_level=level) for level in OPTIMIZATION_LEVELS}, feeds
+    )
+    fastest = min(timings, key=lambda level: timings[level])
+    chosen = fastest if timings[fastest] < (1 - NOISE) * timings[DEFAULT_OPTIMIZATION_LEVEL] else DEFAULT_OPTIMIZATION_LEVEL
+    cores = os.cpu_count() or 1
+    threads_ms = {"1": timings[chosen]}
+    if cores > 1:
+        graph = OnnxGraph(path, threads=cores, optimization_level=chosen)
+        threads_ms[str(cores)] = median_milliseconds({"cores": graph}, feeds)["cores"]
+    return {"graph_optimization_level": chosen, "level_ms": timings, "threads_ms": threads_ms}
+
+
+def tune_graphs(paths: Mapping[str, Path], feeds: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, Any]:
+    """`tune_graph` for every graph of a set, each on its own inputs from the export's example batch."""
+    return {name: tune_graph(path, feeds[name]) for name, path in paths.items()}
