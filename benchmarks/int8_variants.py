@@ -25,12 +25,14 @@ import onnx
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 from nerserve.ner.data import read_split
-from nerserve.ner.graph_format import EXPORT_JSON
+from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat, graph_file
 from nerserve.ner.model_store import graph_set_folder
 from nerserve.ner.runner import score
 from nerserve.service.runtime.graph_set import load_graph_set
 
-ENCODER = "encoder.onnx"
+
+def encoder_file(folder: Path) -> Path:
+    return graph_file(folder, "encoder", GraphFormat.onnx)
 
 
 class EncoderBatches(CalibrationDataReader):
@@ -45,30 +47,30 @@ class EncoderBatches(CalibrationDataReader):
         return next(self.batches, None)
 
 
-def typed_as_float(source: Path, target: Path) -> int:
+def typed_as_float(source: Path, target: Path) -> None:
     """The graph with every node output that shape inference leaves untyped declared float (the
     fused operators' outputs: all float in this encoder), so the quantiser can see every MatMul's
-    input. Returns how many outputs it declared."""
+    input."""
     model = onnx.shape_inference.infer_shapes(onnx.load(str(source)))
     graph = model.graph
     known = {v.name for v in [*graph.value_info, *graph.input, *graph.output]}
     untyped = [out for node in graph.node for out in node.output if out and out not in known]
     graph.value_info.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in untyped)
     onnx.save(model, str(target))
-    return len(untyped)
 
 
 def static_variant(fp32: Path, target: Path, program: Any, calibration: list[list[str]], type_all: bool) -> None:
     """A copy of the fp32 graph set whose encoder is static QDQ INT8."""
     shutil.copytree(fp32, target)
-    source = target / "encoder.fp32.onnx"
+    quantised = encoder_file(target)
+    source = quantised.with_suffix(".fp32.onnx")
     if type_all:
-        typed_as_float(fp32 / ENCODER, source)
+        typed_as_float(encoder_file(fp32), source)
     else:
-        shutil.copy(fp32 / ENCODER, source)
+        shutil.copy(encoder_file(fp32), source)
     quantize_static(
         str(source),
-        str(target / ENCODER),
+        str(quantised),
         EncoderBatches(program, calibration),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
@@ -111,7 +113,7 @@ def main() -> None:
             results["variants"][label] = {
                 "f1": round(report["f1"], 4),
                 "words_per_second": round(report["words_per_second"]),
-                "encoder_bytes": (folder / ENCODER).stat().st_size,
+                "encoder_bytes": encoder_file(folder).stat().st_size,
             }
     if args.json:
         print(json.dumps(results, indent=2))
