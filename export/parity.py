@@ -115,20 +115,37 @@ class ParityReport:
 Program = ProgramBase[Any, Any, Any]
 
 
-def check_parity(
-    reference: Program, exported: Program, batches: list[list[list[str]]], strict_integers: bool = False
-) -> ParityReport:
-    """`reference` and `exported` are programs of one architecture over eager and exported graphs."""
-    report = ParityReport(strict_integers=strict_integers)
+@dataclass
+class ReferenceRun:
+    """One parity batch through the eager program: computed once, compared with every candidate
+    export (an autoregressive model's eager run is most of a parity check's time)."""
+
+    batch: Any
+    outputs: dict[str, np.ndarray]
+    entity_sets: list[Any]
+    sentences: int
+
+
+def reference_runs(reference: Program, batches: list[list[list[str]]]) -> list[ReferenceRun]:
+    runs = []
     for sentences in batches:
         batch = reference.prepare(sentences)
-        expected, got = reference.run(batch), exported.run(batch)
-        report.add_outputs(expected, got)
-        for a, b in zip(reference.decode(batch, expected), exported.decode(batch, got), strict=True):
+        outputs = reference.run(batch)
+        runs.append(ReferenceRun(batch, outputs, list(reference.decode(batch, outputs)), len(sentences)))
+    return runs
+
+
+def check_parity(exported: Program, runs: list[ReferenceRun], strict_integers: bool = False) -> ParityReport:
+    """`exported` runs the architecture's program over exported graphs; `runs` are the eager one's."""
+    report = ParityReport(strict_integers=strict_integers)
+    for run in runs:
+        got = exported.run(run.batch)
+        report.add_outputs(run.outputs, got)
+        for a, b in zip(run.entity_sets, exported.decode(run.batch, got), strict=True):
             report.entities += len(a)
             if a.keys() != b.keys():
                 report.entity_sets_identical = False
                 report.sentences_differing += 1
-        report.sentences += len(sentences)
+        report.sentences += run.sentences
         report.batches += 1
     return report

@@ -60,3 +60,18 @@ def tune_graph(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def tune_graphs(paths: Mapping[str, Path], feeds: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, Any]:
     """`tune_graph` for every graph of a set, each on its own inputs from the export's example batch."""
     return {name: tune_graph(path, feeds[name]) for name, path in paths.items()}
+
+
+def capped_levels(onnx_session: Mapping[str, Any], cap: str) -> dict[str, Any] | None:
+    """The tuned settings with every graph opened at most at `cap` (the levels are ordered: each
+    adds fusions to the one before, and a fusion may reorder floating-point sums), or None when no
+    graph's level changes. Used when the fastest levels miss parity: the export then takes the
+    fastest levels that pass, since their timings differ by little more than noise."""
+    order = list(OPTIMIZATION_LEVELS)
+    limit = order.index(cap)
+    capped = {
+        name: {**tuned, "graph_optimization_level": order[min(order.index(tuned["graph_optimization_level"]), limit)]}
+        for name, tuned in onnx_session.items()
+    }
+    changed = any(capped[name] != onnx_session[name] for name in onnx_session)
+    return capped if changed else None

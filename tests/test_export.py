@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from nerserve.export import parity
 from nerserve.export.build import export_model
 from nerserve.export.parity import parity_batches
+from nerserve.export.session_tuning import capped_levels
 from nerserve.export.writers import DYNAMO, TRACED
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
@@ -183,6 +185,35 @@ def check_session_levels(folder: Path, info: dict[str, Any]) -> None:
     with pytest.raises(GraphError, match="unknown graph optimisation level 'fastest'"):
         load_graph_set(folder)
     (folder / EXPORT_JSON).write_text(json.dumps({**written, "onnx_session": info["onnx_session"]}))
+
+
+def test_a_set_missing_parity_at_its_fastest_levels_is_checked_at_lower_ones(
+    tiny_model: Path, data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parity, "TOLERANCE", -1.0)  # no set can pass: every lower level gets its try
+    logged: list[str] = []
+    info = export_model(
+        str(tiny_model), GraphFormat.onnx, data_root=data_root, build_dir=tmp_path, log=logged.append, parity_sentences=8
+    )
+    assert not info["ready"] and info["parity_at_fastest_levels"]["sentences"] == 8
+    assert {tuned["graph_optimization_level"] for tuned in info["onnx_session"].values()} == {"basic"}
+    written = json.loads((Path(info["folder"]) / EXPORT_JSON).read_text())
+    assert written["onnx_session"] == info["onnx_session"] and not written["ready"]
+    tried = [line for line in logged if "trying graphs at most at" in line]
+    assert len(tried) <= 2 and all("parity missed" in line for line in tried)
+
+
+def test_capped_levels_lower_only_the_graphs_above_the_cap() -> None:
+    tuned = {
+        "encoder": {"graph_optimization_level": "all", "level_ms": {"all": 1.0}},
+        "decoder": {"graph_optimization_level": "basic", "level_ms": {"basic": 1.0}},
+    }
+    extended = capped_levels(tuned, "extended")
+    assert extended is not None
+    assert extended["encoder"] == {"graph_optimization_level": "extended", "level_ms": {"all": 1.0}}
+    assert extended["decoder"] == tuned["decoder"]
+    assert capped_levels(tuned, "all") is None
+    assert capped_levels({"decoder": tuned["decoder"]}, "basic") is None
 
 
 def test_int8_needs_onnx(tiny_model: Path) -> None:
