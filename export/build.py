@@ -261,7 +261,7 @@ def _parity_at_lower_levels(
 ) -> ParityReport:
     """The exported set missed parity at its fastest ONNX Runtime levels: try every graph at most
     at each lower level in turn and keep the first that passes (ONNX Runtime's fusions reorder
-    floating-point sums; the plain graphs are what was checked against torch). What the fastest
+    floating-point sums, so fewer fusions can mean a closer match to torch). What the fastest
     levels gave is kept in export.json ("parity_at_fastest_levels"); with no level passing, the
     last report is returned and the set stays not ready."""
     fastest = report
