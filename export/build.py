@@ -21,7 +21,7 @@ import onnxruntime
 import torch
 
 from nerserve.export.parity import PARITY_SENTENCES, ParityReport, ReferenceRun, check_parity, parity_batches, reference_runs
-from nerserve.export.session_tuning import capped_levels, tune_graphs
+from nerserve.export.session_tuning import LOWER_CAPS, capped_levels, tune_graphs
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
@@ -29,7 +29,6 @@ from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
 from nerserve.ner.text.subword import packed_rows
 from nerserve.service.runtime.graph_set import load_graph_set
-from nerserve.service.runtime.onnx import OPTIMIZATION_LEVELS
 
 DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 # Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters; packed into
@@ -210,7 +209,7 @@ def export_model(
             "graphs": graphs_info,
             "ready": True,  # provisional, so that parity can load the set; rewritten below
         }
-        (staging / EXPORT_JSON).write_text(json.dumps(info, indent=2))
+        _write_info(staging, info)
 
         log(f"{name}: parity against eager torch")
         exported = load_graph_set(staging, device="cpu").program
@@ -237,7 +236,7 @@ def export_model(
             info["ready"] = report.passed()
         info["parity"] = parity
         info["seconds"] = round(time.perf_counter() - started, 1)
-        (staging / EXPORT_JSON).write_text(json.dumps(info, indent=2))
+        _write_info(staging, info)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -248,6 +247,10 @@ def export_model(
     identical = parity["entity_sets_identical"]
     log(f"{name}: {status}; max |Δ| {parity['max_abs_diff']:.2e}, entity sets identical: {identical}")
     return {**info, "skipped": False, "folder": str(target)}
+
+
+def _write_info(folder: Path, info: dict[str, Any]) -> None:
+    (folder / EXPORT_JSON).write_text(json.dumps(info, indent=2))
 
 
 def _parity_at_lower_levels(
@@ -265,13 +268,13 @@ def _parity_at_lower_levels(
     levels gave is kept in export.json ("parity_at_fastest_levels"); with no level passing, the
     last report is returned and the set stays not ready."""
     fastest = report
-    for cap in reversed(list(OPTIMIZATION_LEVELS)[:-1]):
+    for cap in LOWER_CAPS:
         levels = capped_levels(info["onnx_session"], cap)
         if levels is None:
             continue
         log(f"{name}: parity missed (max |Δ| {report.max_abs_diff:.2e}); trying graphs at most at {cap!r}")
         info["onnx_session"] = levels
-        (staging / EXPORT_JSON).write_text(json.dumps(info, indent=2))
+        _write_info(staging, info)
         report = check_parity(load_graph_set(staging, device="cpu").program, runs, strict_integers=strict)
         if report.passed():
             break

@@ -62,6 +62,10 @@ def tune_graphs(paths: Mapping[str, Path], feeds: Mapping[str, Mapping[str, np.n
     return {name: tune_graph(path, feeds[name]) for name, path in paths.items()}
 
 
+# the caps a set that misses parity at its fastest levels is tried at, in turn: fewer fusions each
+LOWER_CAPS = tuple(reversed(list(OPTIMIZATION_LEVELS)[:-1]))
+
+
 def capped_levels(onnx_session: Mapping[str, Any], cap: str) -> dict[str, Any] | None:
     """The tuned settings with every graph opened at most at `cap` (the levels are ordered: each
     adds fusions to the one before, and a fusion may reorder floating-point sums), or None when no
