@@ -21,7 +21,7 @@ import onnxruntime
 import torch
 
 from nerserve.export.parity import PARITY_SENTENCES, ParityReport, ReferenceRun, check_parity, parity_batches, reference_runs
-from nerserve.export.session_tuning import LOWER_CAPS, capped_levels, tune_graphs
+from nerserve.export.session_tuning import lower_level_candidates, tune_graphs
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
@@ -262,17 +262,15 @@ def _parity_at_lower_levels(
     strict: bool,
     log: Any,
 ) -> ParityReport:
-    """The exported set missed parity at its fastest ONNX Runtime levels: try every graph at most
-    at each lower level in turn and keep the first that passes (ONNX Runtime's fusions reorder
-    floating-point sums, so fewer fusions can mean a closer match to torch). What the fastest
-    levels gave is kept in export.json ("parity_at_fastest_levels"); with no level passing, the
-    last report is returned and the set stays not ready."""
+    """The exported set missed parity at its fastest ONNX Runtime levels: re-check it at lower
+    levels (`lower_level_candidates`: the graphs that missed first, then all) and keep the first
+    settings that pass (ONNX Runtime's fusions reorder floating-point sums, so fewer fusions can
+    mean a closer match to torch). What the fastest levels gave is kept in export.json
+    ("parity_at_fastest_levels"); with nothing passing, the last report is returned and the set
+    stays not ready."""
     fastest = report
-    for cap in LOWER_CAPS:
-        levels = capped_levels(info["onnx_session"], cap)
-        if levels is None:
-            continue
-        log(f"{name}: parity missed (max |Δ| {report.max_abs_diff:.2e}); trying graphs at most at {cap!r}")
+    for lowered, levels in lower_level_candidates(info["onnx_session"], _graphs_that_missed(info["graphs"], report)):
+        log(f"{name}: parity missed (max |Δ| {report.max_abs_diff:.2e}); trying {lowered}")
         info["onnx_session"] = levels
         _write_info(staging, info)
         report = check_parity(load_graph_set(staging, device="cpu").program, runs, strict_integers=strict)
@@ -280,6 +278,13 @@ def _parity_at_lower_levels(
             break
     info["parity_at_fastest_levels"] = fastest.to_dict()
     return report
+
+
+def _graphs_that_missed(graphs_info: Mapping[str, Any], report: ParityReport) -> set[str]:
+    """The graphs with an output of their own out of tolerance. Empty when what missed is not any
+    one graph's output (an entity set, a value the program computes from several steps)."""
+    missed = report.outputs_out_of_tolerance()
+    return {graph for graph, graph_info in graphs_info.items() if missed & {o["name"] for o in graph_info["outputs"]}}
 
 
 def export_for_service(name: str, fmt: str, parity_sentences: int, behind: bool, report: Any) -> None:

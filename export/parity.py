@@ -90,6 +90,9 @@ class ParityReport:
             return False
         return True
 
+    def outputs_out_of_tolerance(self) -> set[str]:
+        return {name for name, diff in self.per_output.items() if diff > TOLERANCE}
+
     def passed(self) -> bool:
         integers_ok = not self.strict_integers or (self.integer_mismatches == 0 and not self.shape_mismatches)
         return self.max_abs_diff <= TOLERANCE and self.entity_sets_identical and integers_ok

@@ -12,7 +12,7 @@ import torch
 from nerserve.export import parity
 from nerserve.export.build import export_model
 from nerserve.export.parity import parity_batches
-from nerserve.export.session_tuning import capped_levels
+from nerserve.export.session_tuning import capped_levels, lower_level_candidates
 from nerserve.export.writers import DYNAMO, TRACED
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
@@ -199,7 +199,7 @@ def test_a_set_missing_parity_at_its_fastest_levels_is_checked_at_lower_ones(
     assert {tuned["graph_optimization_level"] for tuned in info["onnx_session"].values()} == {"basic"}
     written = json.loads((Path(info["folder"]) / EXPORT_JSON).read_text())
     assert written["onnx_session"] == info["onnx_session"] and not written["ready"]
-    tried = [line for line in logged if "trying graphs at most at" in line]
+    tried = [line for line in logged if "trying every graph at most at" in line]
     assert len(tried) <= 2 and all("parity missed" in line for line in tried)
 
 
@@ -214,6 +214,26 @@ def test_capped_levels_lower_only_the_graphs_above_the_cap() -> None:
     assert extended["decoder"] == tuned["decoder"]
     assert capped_levels(tuned, "all") is None
     assert capped_levels({"decoder": tuned["decoder"]}, "basic") is None
+    assert capped_levels(tuned, "basic", graphs={"decoder"}) is None
+
+
+def test_lower_levels_are_tried_first_on_the_graphs_that_missed_then_on_all() -> None:
+    tuned = {name: {"graph_optimization_level": "all"} for name in ("encoder", "decoder")}
+
+    def levels(candidate: dict[str, dict[str, str]]) -> tuple[str, str]:
+        return candidate["encoder"]["graph_optimization_level"], candidate["decoder"]["graph_optimization_level"]
+
+    candidates = lower_level_candidates(tuned, {"encoder"})
+    assert [levels(c) for _, c in candidates] == [
+        ("extended", "all"),
+        ("extended", "extended"),
+        ("basic", "all"),
+        ("basic", "basic"),
+    ]
+    assert [lowered for lowered, _ in candidates][:2] == ["encoder at most at 'extended'", "every graph at most at 'extended'"]
+    # nothing to blame, or every graph to blame: each cap once, on every graph
+    for missed in (set(), {"encoder", "decoder"}):
+        assert [levels(c) for _, c in lower_level_candidates(tuned, missed)] == [("extended", "extended"), ("basic", "basic")]
 
 
 def test_int8_needs_onnx(tiny_model: Path) -> None:
