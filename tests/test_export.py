@@ -199,9 +199,11 @@ def test_a_set_missing_parity_at_its_fastest_levels_is_checked_at_lower_ones(
     assert {tuned["graph_optimization_level"] for tuned in info["onnx_session"].values()} == {"basic"}
     written = json.loads((Path(info["folder"]) / EXPORT_JSON).read_text())
     assert written["onnx_session"] == info["onnx_session"] and not written["ready"]
-    # every output misses, so every graph is to blame: each lower cap tried once, on all of them
+    # at each lower cap: the graphs whose own outputs missed (an autoregressive set's encoder: its
+    # decoder step's outputs are not the program's), then every graph; the last try, all at basic
     tried = [line for line in logged if "trying " in line]
-    assert len(tried) <= 2 and all("parity missed" in line and "trying every graph at most at" in line for line in tried)
+    assert len(tried) <= 4 and all("parity missed" in line for line in tried)
+    assert not tried or tried[-1].endswith("trying every graph at most at 'basic'")
 
 
 def test_capped_levels_lower_only_the_graphs_above_the_cap() -> None:
