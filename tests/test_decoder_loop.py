@@ -176,3 +176,18 @@ def test_scores_after_a_differing_decision_are_not_compared() -> None:
     again = ParityReport()
     again.add_outputs({"spans": spans, "class_probs": scores}, {"spans": flipped, "class_probs": other})
     assert again.max_abs_diff > 0.09 and not again.passed()
+
+
+def test_large_outputs_are_held_to_a_relative_bound() -> None:
+    """1.5e-4 off a key of magnitude 20 is float32 noise (7.5e-6 of it) and passes; the same
+    difference on values within ±10 (log-probabilities, scores) is out of tolerance."""
+    keys = np.full((2, 3), 20.0, dtype=np.float32)
+    log_probs = np.full((2, 3), -0.5, dtype=np.float32)
+    report = ParityReport()
+    report.add_outputs({"key": keys, "log_probs": log_probs}, {"key": keys + 1.5e-4, "log_probs": log_probs})
+    assert report.allowed("key") == pytest.approx(2e-4) and report.passed()
+    report.add_outputs({"key": keys, "log_probs": log_probs}, {"key": keys, "log_probs": log_probs + 1.5e-4})
+    assert report.outputs_out_of_tolerance() == {"log_probs"} and not report.passed()
+    too_far = ParityReport()
+    too_far.add_outputs({"key": keys}, {"key": keys + 3e-4})
+    assert not too_far.passed()
