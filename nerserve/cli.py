@@ -137,6 +137,10 @@ def train(
         str | None,
         typer.Option(help="trained model whose encoder starts this one (any architecture; all of it when the same)"),
     ] = None,
+    scored_share: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="gner: share of each epoch drawn from DATA, the rest evenly from open/"),
+    ] = 0.4,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -154,6 +158,7 @@ def train(
         time_budget_minutes=time_budget_minutes,
         precision=precision.value,
         init_from=init_from,
+        scored_share=scored_share,
     )
     from nerserve.ner.loading import lazy
 

@@ -67,14 +67,16 @@ def test_bf16_budgeted_run_then_whole_model_warm_start(tiny_backbone: Path, smal
 
 def test_gner_draws_a_fresh_balanced_sample_each_epoch_and_the_same_one_on_resume() -> None:
     from nerserve.ner.data import Sentence
-    from nerserve.ner.training.gner_trainer import SCORED_SHARE, Source, epoch_rng, sample_mixture
+    from nerserve.ner.training.gner_trainer import Source, epoch_rng, sample_mixture
     from nerserve.ner.types import EntitySet
 
     def source(name: str, count: int) -> Source:
         return Source(name, [Sentence((f"{name}{i}",), EntitySet([])) for i in range(count)], ("thing",))
 
     sources = [source("scored", 500), source("a", 500), source("b", 500)]
-    first, second = (sample_mixture(sources, 100, epoch_rng(7, epoch)) for epoch in (0, 1))
-    assert sum(1 for _, index in first if index == 0) == int(100 * SCORED_SHARE)
+    first, second = (sample_mixture(sources, 100, 0.4, epoch_rng(7, epoch)) for epoch in (0, 1))
+    assert sum(1 for _, index in first if index == 0) == 40
+    assert sum(1 for _, index in first if index == 1) == 30  # the rest split evenly
     assert {s.tokens for s, _ in first} != {s.tokens for s, _ in second}
-    assert sample_mixture(sources, 100, epoch_rng(7, 1)) == second
+    assert sample_mixture(sources, 100, 0.4, epoch_rng(7, 1)) == second
+    assert sum(1 for _, index in sample_mixture(sources, 100, 0.7, epoch_rng(7, 0)) if index == 0) == 70

@@ -33,7 +33,6 @@ from nerserve.ner.types import Entity, EntitySet
 HELD_OUT = ("harveyner", "broad_twitter_corpus")  # unseen domains: never trained on, scored at the end
 BIOMEDICAL = frozenset({"anatem", "bc2gm", "bc5cdr", "ncbi", "genia", "cadec"})
 MAX_WORDS = 40  # longer training sentences are left out (the target grows ~5 tokens a word)
-SCORED_SHARE = 0.4  # of each epoch's sample, from the scored set (its bar is the one to meet)
 DEV_SCORED = 1000  # final scoring: dev sentences (model selection used the first 400)
 HELD_OUT_SCORED = 1000  # and sentences of each held-out test set
 
@@ -74,9 +73,9 @@ def training_sources(data_dir: Path, held_out: tuple[str, ...]) -> list[Source]:
     return sources
 
 
-def sample_mixture(sources: list[Source], size: int, rng: random.Random) -> list[tuple[Sentence, int]]:
-    """`size` examples: SCORED_SHARE from the first (scored) source, the rest evenly over the others."""
-    scored = int(size * SCORED_SHARE)
+def sample_mixture(sources: list[Source], size: int, scored_share: float, rng: random.Random) -> list[tuple[Sentence, int]]:
+    """`size` examples: `scored_share` of them from the first (scored) source, the rest evenly over the others."""
+    scored = int(size * scored_share)
     shares = [scored] + [(size - scored) // (len(sources) - 1)] * (len(sources) - 1)
     picked = []
     for index, (source, share) in enumerate(zip(sources, shares, strict=True)):
@@ -111,11 +110,11 @@ def train_gner(
     sources = training_sources(data_dir, HELD_OUT)
     scored = load_source(data_dir, "dev", settings.dev_limit or 400)
     size = settings.train_limit or 16000
-    mixture = sample_mixture(sources, size, epoch_rng(settings.seed, 0))
+    mixture = sample_mixture(sources, size, settings.scored_share, epoch_rng(settings.seed, 0))
     train = [sentence for sentence, _ in mixture]
 
     def resample(epoch: int) -> None:  # a fresh sample each epoch: 4× more distinct sentences in 4 epochs
-        mixture[:] = sample_mixture(sources, size, epoch_rng(settings.seed, epoch))
+        mixture[:] = sample_mixture(sources, size, settings.scored_share, epoch_rng(settings.seed, epoch))
         train[:] = [sentence for sentence, _ in mixture]
 
     from nerserve.ner.encoder import load_backbone
