@@ -20,7 +20,15 @@ import numpy as np
 import onnxruntime
 import torch
 
-from nerserve.export.parity import PARITY_SENTENCES, ParityReport, ReferenceRun, check_parity, parity_batches, reference_runs
+from nerserve.export.parity import (
+    PARITY_SENTENCES,
+    ParityReport,
+    ReferenceRun,
+    check_parity,
+    misses,
+    parity_batches,
+    reference_runs,
+)
 from nerserve.export.session_tuning import lower_level_candidates, tune_graphs
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
@@ -243,7 +251,7 @@ def export_model(
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    status = "ready" if info["ready"] else "NOT ready (parity failed)"
+    status = "ready" if info["ready"] else f"NOT ready (parity failed: {misses(parity)})"
     identical = parity["entity_sets_identical"]
     log(f"{name}: {status}; max |Δ| {parity['max_abs_diff']:.2e}, entity sets identical: {identical}")
     return {**info, "skipped": False, "folder": str(target)}
@@ -270,7 +278,7 @@ def _parity_at_lower_levels(
     stays not ready."""
     fastest = report
     for lowered, levels in lower_level_candidates(info["onnx_session"], _graphs_that_missed(info["graphs"], report)):
-        log(f"{name}: parity missed (max |Δ| {report.max_abs_diff:.2e}); trying {lowered}")
+        log(f"{name}: parity missed ({misses(report.to_dict())}); trying {lowered}")
         info["onnx_session"] = levels
         _write_info(staging, info)
         report = check_parity(load_graph_set(staging, device="cpu").program, runs, strict_integers=strict)
@@ -303,7 +311,7 @@ def export_for_service(name: str, fmt: str, parity_sentences: int, behind: bool,
             log=lambda _: None,
             on_staging=lambda path: report.send(("staging", str(path))),
         )
-        reason = None if info["ready"] else f"parity failed: max |Δ| {info['parity']['max_abs_diff']:.2e}"
+        reason = None if info["ready"] else f"parity failed: {misses(info['parity'])}"
     except Exception as error:  # any failure is the service's to report
         reason = f"{type(error).__name__}: {error}"
     report.send(("done", reason))

@@ -18,6 +18,7 @@ stay identical.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,20 @@ class ParityReport:
             "entity_sets_identical": self.entity_sets_identical,
             "sentences_differing": self.sentences_differing,
             "tolerance": TOLERANCE,
+            "relative_tolerance": RELATIVE_TOLERANCE,
         }
+
+
+def misses(parity: Mapping[str, Any]) -> str:
+    """What kept an export's parity (its export.json "parity") from passing, for a log line or an
+    error: each output's |Δ| against its own bound, differing generated ids, differing entity sets."""
+    allowed = parity["per_output_allowed"]
+    found = [f"{name} {diff:.2e} > {allowed[name]:.2e}" for name, diff in parity["per_output"].items() if diff > allowed[name]]
+    if parity["strict_integers"] and (parity["integer_mismatches"] or parity["shape_mismatches"]):
+        found.append(f"{parity['integer_mismatches']} of {parity['integer_values']} generated ids differ")
+    if not parity["entity_sets_identical"]:
+        found.append(f"entity sets differ in {parity['sentences_differing']} sentences")
+    return "; ".join(found) or "nothing out of tolerance"
 
 
 Program = ProgramBase[Any, Any, Any]
