@@ -7,6 +7,7 @@ device each run used. Writes docs/learning-curves.png and docs/learning-curves.m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,22 +47,63 @@ def curve(runs: list[dict[str, Any]]) -> list[tuple[int, float, float, str]]:
     return points
 
 
-def table_row(name: str, manifest: Any, runs: list[dict[str, Any]]) -> str:
+def onnx_test_f1(name: str, reference: Path) -> float | None:
+    """Test F1 through ONNX on CPU (what the service delivers), where `nerserve eval --runtime onnx`
+    wrote it to docs/reference-run/eval-NAME-onnx.json."""
+    path = reference / f"eval-{name}-onnx.json"
+    return float(json.loads(path.read_text())["f1"]) if path.is_file() else None
+
+
+def last_run_gain(runs: list[dict[str, Any]]) -> float | None:
+    """Best dev F1 of the last run minus the best before it (its own first epoch for a single run):
+    whether the latest compute still paid."""
+    scores = [[float(row["dev_f1"]) for row in run.get("history") or []] for run in runs]
+    scores = [run for run in scores if run]
+    if not scores:
+        return None
+    earlier = [f for run in scores[:-1] for f in run] or scores[-1][:1]
+    return max(scores[-1]) - max(earlier)
+
+
+def not_promoted(name: str, runs: list[dict[str, Any]], committed_dev: float) -> str:
+    """Later continuations of NAME that were not promoted (docs/reference-run/not-promoted.json):
+    whether the curve still rises past the committed model."""
+    described = [
+        f"{run['run']}: {run['epochs']} ep, {run['device']}, "
+        f"dev {run['dev']:.4f} ({run['dev'] - committed_dev:+.4f}), test {run['test']:.4f}"
+        for run in runs
+        if run["model"] == name
+    ]
+    return "; ".join(described) or "–"
+
+
+def table_row(name: str, manifest: Any, runs: list[dict[str, Any]], reference: Path, later: list[dict[str, Any]]) -> str:
     described = []
     for run in runs:
         history = run.get("history") or []
         best = max((float(r["dev_f1"]) for r in history), default=float("nan"))
         device = str(run.get("device") or "cpu")
         described.append(f"{len(history)} ep, {float(run.get('minutes') or 0):.0f} min, {device}, best dev {best:.4f}")
-    test = manifest.scores.get("test", {}).get("f1", float("nan"))
+    eager = manifest.scores.get("test", {}).get("f1", float("nan"))
+    onnx = onnx_test_f1(name, reference)
+    served = eager if onnx is None else onnx
     bar = BARS.get(name)
-    verdict = "" if bar is None else ("met" if test >= bar else f"short by {bar - test:.4f}")
+    verdict = "" if bar is None else ("met" if served >= bar else f"short by {bar - served:.4f}")
     bar_text = f"{bar:.2f}" if bar is not None else "–"
-    return f"| {name} | {'; '.join(described)} | {test:.4f} | {bar_text} | {verdict} |"
+    onnx_text = "–" if onnx is None else f"{onnx:.4f}"
+    gain = last_run_gain(runs)
+    gain_text = "–" if gain is None else f"{gain:+.4f}"
+    committed_dev = float(manifest.scores.get("dev", {}).get("f1", float("nan")))
+    later_text = not_promoted(name, later, committed_dev)
+    cells = ["; ".join(described), gain_text, later_text, f"{eager:.4f}", onnx_text, bar_text, verdict]
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 @app.command()
-def main(out: Annotated[Path, typer.Option(help="folder for the plot and the table")] = Path("docs")) -> None:
+def main(
+    out: Annotated[Path, typer.Option(help="folder for the plot and the table")] = Path("docs"),
+    reference: Annotated[Path, typer.Option(help="folder of the eval-NAME-onnx.json files")] = Path("docs/reference-run"),
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,6 +112,8 @@ def main(out: Annotated[Path, typer.Option(help="folder for the plot and the tab
     names = list_models()
     figure, (by_epoch, by_minute) = plt.subplots(1, 2, figsize=(14, 6))
     rows = []
+    listed = reference / "not-promoted.json"
+    later = json.loads(listed.read_text())["runs"] if listed.is_file() else []
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]
     for index, name in enumerate(names):
         manifest = read_manifest(model_store_root() / name)
@@ -82,7 +126,7 @@ def main(out: Annotated[Path, typer.Option(help="folder for the plot and the tab
         gpu = [p for p in points if p[3] == "cuda"]
         by_epoch.scatter([p[0] for p in gpu], [p[2] for p in gpu], color=line.get_color(), marker="^", s=18)
         by_minute.scatter([p[1] for p in gpu], [p[2] for p in gpu], color=line.get_color(), marker="^", s=18)
-        rows.append(table_row(name, manifest, runs))
+        rows.append(table_row(name, manifest, runs, reference, later))
     by_epoch.set(xlabel="epoch (all runs)", ylabel="dev F1", title="dev F1 by epoch (▲ = epoch trained on a GPU)")
     by_minute.set(xlabel="training minutes (all runs, CPU and GPU minutes alike)", title="dev F1 by minute")
     by_minute.set_xscale("log")
@@ -94,9 +138,15 @@ def main(out: Annotated[Path, typer.Option(help="folder for the plot and the tab
         "",
         "Written by `python benchmarks/learning_curves.py` from the manifests (each warm-started model keeps",
         "the runs it continued in `training.warm_start.earlier_runs`). ![curves](learning-curves.png)",
+        "Last run's gain: its best dev F1 minus the best before it. Later runs: continuations trained to the end",
+        "but not promoted (docs/reference-run/not-promoted.json), dev F1 against the committed model's (a tie,",
+        "under 0.001, or lower): together, whether more compute of the same recipe would still help.",
+        "Test F1 eager: scored when the run ended (on its device); through ONNX: `nerserve eval --runtime onnx`",
+        "on CPU (docs/reference-run/eval-NAME-onnx.json), what the service delivers; the bar is judged on it.",
         "",
-        "| model | runs (epochs, minutes, device, best dev F1) | test F1 | bar | |",
-        "|---|---|---:|---:|---|",
+        "| model | runs (epochs, minutes, device, best dev F1) | last run's gain | later runs, not promoted "
+        "| test F1 eager | test F1 ONNX | bar | |",
+        "|---|---|---:|---|---:|---:|---:|---|",
     ]
     (out / "learning-curves.md").write_text("\n".join(header + rows) + "\n")
     typer.echo(f"wrote {out / 'learning-curves.png'} and {out / 'learning-curves.md'}")

@@ -2,13 +2,17 @@
 
 An entity is correct only when its type and every fragment match a gold entity exactly.
 Breakdowns: by type; nested (gold entities overlapping another gold entity, and predictions
-overlapping another prediction); discontinuous (more than one fragment).
+overlapping another prediction); discontinuous (more than one fragment). Errors: each gold entity
+not found and each wrong prediction, by what went wrong (the usual taxonomy: type only, boundary
+only, both, or nothing overlapping at all), overall and for nested and discontinuous gold entities:
+what to change next depends on which of these dominates.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from nerserve.ner.types import Entity, EntitySet
 
@@ -44,12 +48,55 @@ def _overlapping(entities: EntitySet) -> set[Entity]:
     return {a for i, a in enumerate(listed) for j, b in enumerate(listed) if i != j and a.overlaps(b)}
 
 
+def error_kind(entity: Entity, others: EntitySet, nothing: str) -> str:
+    """Why ENTITY has no exact match among OTHERS: "type" (same fragments, another type),
+    "boundary" (an overlapping one of the same type), "boundary_and_type" (an overlapping one of
+    another type), else NOTHING ("missed" for a gold entity, "spurious" for a prediction)."""
+    overlapping = [o for o in others if o.overlaps(entity)]
+    if any(o.fragments == entity.fragments for o in overlapping):
+        return "type"
+    if any(o.type == entity.type for o in overlapping):
+        return "boundary"
+    return "boundary_and_type" if overlapping else nothing
+
+
+@dataclass
+class ErrorTally:
+    gold_not_found: Counter[str] = field(default_factory=Counter)
+    predicted_not_gold: Counter[str] = field(default_factory=Counter)
+    nested_gold_not_found: Counter[str] = field(default_factory=Counter)
+    discontinuous_gold_not_found: Counter[str] = field(default_factory=Counter)
+    type_confusions: Counter[str] = field(default_factory=Counter)  # "GOLD as PREDICTED", same fragments
+
+    def add(self, gold: EntitySet, predicted: EntitySet, nested_gold: set[Entity]) -> None:
+        predicted_keys, gold_keys = predicted.keys(), gold.keys()
+        for entity in gold:
+            if entity.key() in predicted_keys:
+                continue
+            kind = error_kind(entity, predicted, "missed")
+            self.gold_not_found[kind] += 1
+            if kind == "type":
+                self.type_confusions.update(f"{entity.type} as {o.type}" for o in predicted if o.fragments == entity.fragments)
+            if entity in nested_gold:
+                self.nested_gold_not_found[kind] += 1
+            if entity.is_discontinuous:
+                self.discontinuous_gold_not_found[kind] += 1
+        for entity in predicted:
+            if entity.key() not in gold_keys:
+                self.predicted_not_gold[error_kind(entity, gold, "spurious")] += 1
+
+    def report(self) -> dict[str, dict[str, int]]:
+        """Each tally, most frequent first (ties by name: the same order on every run)."""
+        return {f.name: dict(sorted(getattr(self, f.name).items(), key=lambda kv: (-kv[1], kv[0]))) for f in fields(self)}
+
+
 @dataclass
 class Evaluator:
     overall: Counts = field(default_factory=Counts)
     by_type: dict[str, Counts] = field(default_factory=dict)
     nested: Counts = field(default_factory=Counts)
     discontinuous: Counts = field(default_factory=Counts)
+    errors: ErrorTally = field(default_factory=ErrorTally)
     sentences: int = 0
 
     def add(self, gold: EntitySet, predicted: EntitySet) -> None:
@@ -61,6 +108,7 @@ class Evaluator:
         nested_gold, nested_pred = _overlapping(gold), _overlapping(predicted)
         self.nested.add(_keys(gold, nested_gold.__contains__), _keys(predicted, nested_pred.__contains__))
         self.discontinuous.add(_keys(gold, lambda e: e.is_discontinuous), _keys(predicted, lambda e: e.is_discontinuous))
+        self.errors.add(gold, predicted, nested_gold)
 
     def report(self) -> dict[str, object]:
         result: dict[str, object] = dict(self.overall.scores())
@@ -68,6 +116,7 @@ class Evaluator:
         result["by_type"] = {label: c.scores() for label, c in sorted(self.by_type.items())}
         result["nested"] = self.nested.scores()
         result["discontinuous"] = self.discontinuous.scores()
+        result["errors"] = self.errors.report()
         return result
 
 

@@ -269,6 +269,9 @@ def evaluate_model(
         counts = report[part]
         if counts["gold"] or counts["predicted"]:
             typer.echo(f"  {part:>12}  F1 {counts['f1']:.4f}  gold {counts['gold']}")
+    for part, errors in report["errors"].items():
+        if errors:
+            typer.echo(f"  {part.replace('_', ' ')}: " + ", ".join(f"{kind} {n}" for kind, n in errors.items()))
 
 
 def _exported_program(name: str, fmt: str, int8: bool, device: str | None, threads: int | None) -> Any:

@@ -27,6 +27,21 @@ def test_strict_micro_scores_and_breakdowns() -> None:
     nested = report["nested"]
     assert (nested["gold"], nested["correct"]) == (2, 1)
     assert report["discontinuous"]["f1"] == 1.0
+    assert report["errors"] == {
+        "gold_not_found": {"boundary": 1, "type": 1},  # inner GPE (0,2 predicted); ORG predicted as LOC
+        "predicted_not_gold": {"boundary": 1, "spurious": 1, "type": 1},  # ORG (2,3) overlaps no gold entity
+        "nested_gold_not_found": {"boundary": 1},
+        "discontinuous_gold_not_found": {},
+        "type_confusions": {"ORG as LOC": 1},
+    }
+
+
+def test_an_error_overlapping_only_another_type_is_boundary_and_type() -> None:
+    gold, predicted = es(Entity("PER", ((0, 2),))), es(Entity("ORG", ((1, 3),)))
+    errors = evaluate([(gold, predicted)])["errors"]
+    assert errors["gold_not_found"] == {"boundary_and_type": 1}
+    assert errors["predicted_not_gold"] == {"boundary_and_type": 1}
+    assert evaluate([(gold, es())])["errors"]["gold_not_found"] == {"missed": 1}
 
 
 def test_score_does_not_count_and_empty_is_zero() -> None:
