@@ -25,7 +25,6 @@ from nerserve.export.parity import (
     ParityReport,
     ReferenceRun,
     check_parity,
-    misses,
     parity_batches,
     reference_runs,
 )
@@ -251,7 +250,7 @@ def export_model(
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    status = "ready" if info["ready"] else f"NOT ready (parity failed: {misses(parity)})"
+    status = "ready" if info["ready"] else f"NOT ready (parity failed: {'; '.join(parity['misses'])})"
     identical = parity["entity_sets_identical"]
     log(f"{name}: {status}; max |Δ| {parity['max_abs_diff']:.2e}, entity sets identical: {identical}")
     return {**info, "skipped": False, "folder": str(target)}
@@ -278,7 +277,7 @@ def _parity_at_lower_levels(
     stays not ready."""
     fastest = report
     for lowered, levels in lower_level_candidates(info["onnx_session"], _graphs_that_missed(info["graphs"], report)):
-        log(f"{name}: parity missed ({misses(report.to_dict())}); trying {lowered}")
+        log(f"{name}: parity missed ({'; '.join(report.misses())}); trying {lowered}")
         info["onnx_session"] = levels
         _write_info(staging, info)
         report = check_parity(load_graph_set(staging, device="cpu").program, runs, strict_integers=strict)
@@ -311,7 +310,7 @@ def export_for_service(name: str, fmt: str, parity_sentences: int, behind: bool,
             log=lambda _: None,
             on_staging=lambda path: report.send(("staging", str(path))),
         )
-        reason = None if info["ready"] else f"parity failed: {misses(info['parity'])}"
+        reason = None if info["ready"] else f"parity failed: {'; '.join(info['parity']['misses'])}"
     except Exception as error:  # any failure is the service's to report
         reason = f"{type(error).__name__}: {error}"
     report.send(("done", reason))

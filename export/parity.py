@@ -18,7 +18,6 @@ stay identical.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,9 +110,23 @@ class ParityReport:
     def outputs_out_of_tolerance(self) -> set[str]:
         return {name for name, diff in self.per_output.items() if diff > self.allowed(name)}
 
+    def integers_differ(self) -> bool:
+        """Generated ids (or shapes) differ where they must be identical."""
+        return self.strict_integers and (self.integer_mismatches > 0 or bool(self.shape_mismatches))
+
     def passed(self) -> bool:
-        integers_ok = not self.strict_integers or (self.integer_mismatches == 0 and not self.shape_mismatches)
-        return not self.outputs_out_of_tolerance() and self.entity_sets_identical and integers_ok
+        return not self.outputs_out_of_tolerance() and self.entity_sets_identical and not self.integers_differ()
+
+    def misses(self) -> list[str]:
+        """What keeps this report from passing, for a log line or an error: each output's |Δ|
+        against its own bound, differing generated ids, differing entity sets."""
+        out = sorted(self.outputs_out_of_tolerance())
+        found = [f"{name} {self.per_output[name]:.2e} > {self.allowed(name):.2e}" for name in out]
+        if self.integers_differ():
+            found.append(f"{self.integer_mismatches} of {self.integer_values} generated ids differ")
+        if not self.entity_sets_identical:
+            found.append(f"entity sets differ in {self.sentences_differing} sentences")
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,19 +145,8 @@ class ParityReport:
             "sentences_differing": self.sentences_differing,
             "tolerance": TOLERANCE,
             "relative_tolerance": RELATIVE_TOLERANCE,
+            "misses": self.misses(),
         }
-
-
-def misses(parity: Mapping[str, Any]) -> str:
-    """What kept an export's parity (its export.json "parity") from passing, for a log line or an
-    error: each output's |Δ| against its own bound, differing generated ids, differing entity sets."""
-    allowed = parity["per_output_allowed"]
-    found = [f"{name} {diff:.2e} > {allowed[name]:.2e}" for name, diff in parity["per_output"].items() if diff > allowed[name]]
-    if parity["strict_integers"] and (parity["integer_mismatches"] or parity["shape_mismatches"]):
-        found.append(f"{parity['integer_mismatches']} of {parity['integer_values']} generated ids differ")
-    if not parity["entity_sets_identical"]:
-        found.append(f"entity sets differ in {parity['sentences_differing']} sentences")
-    return "; ".join(found) or "nothing out of tolerance"
 
 
 Program = ProgramBase[Any, Any, Any]
