@@ -84,6 +84,11 @@ def table_row(name: str, manifest: Any, runs: list[dict[str, Any]], reference: P
         best = max((float(r["dev_f1"]) for r in history), default=float("nan"))
         device = str(run.get("device") or "cpu")
         described.append(f"{len(history)} ep, {float(run.get('minutes') or 0):.0f} min, {device}, best dev {best:.4f}")
+    committed_dev = float(manifest.scores.get("dev", {}).get("f1", float("nan")))
+    gain = last_run_gain(runs)
+    if manifest.training.get("weight_average"):  # the committed weights average the last two runs'
+        described.append(f"their weight average, dev {committed_dev:.4f}")
+        gain = committed_dev - max(point[2] for point in curve(runs))
     eager = manifest.scores.get("test", {}).get("f1", float("nan"))
     onnx = onnx_test_f1(name, reference)
     served = eager if onnx is None else onnx
@@ -91,9 +96,7 @@ def table_row(name: str, manifest: Any, runs: list[dict[str, Any]], reference: P
     verdict = "" if bar is None else ("met" if served >= bar else f"short by {bar - served:.4f}")
     bar_text = f"{bar:.2f}" if bar is not None else "–"
     onnx_text = "–" if onnx is None else f"{onnx:.4f}"
-    gain = last_run_gain(runs)
     gain_text = "–" if gain is None else f"{gain:+.4f}"
-    committed_dev = float(manifest.scores.get("dev", {}).get("f1", float("nan")))
     later_text = not_promoted(name, later, committed_dev)
     cells = ["; ".join(described), gain_text, later_text, f"{eager:.4f}", onnx_text, bar_text, verdict]
     return f"| {name} | " + " | ".join(cells) + " |"
@@ -138,7 +141,8 @@ def main(
         "",
         "Written by `python benchmarks/learning_curves.py` from the manifests (each warm-started model keeps",
         "the runs it continued in `training.warm_start.earlier_runs`). ![curves](learning-curves.png)",
-        "Last run's gain: its best dev F1 minus the best before it. Later runs: continuations trained to the end",
+        "Last run's gain: its best dev F1 minus the best before it (or the weight average's, where the",
+        "committed weights average the last two runs). Later runs: continuations trained to the end",
         "but not promoted (docs/reference-run/not-promoted.json), dev F1 against the committed model's (a tie,",
         "under 0.001, or lower): together, whether more compute of the same recipe would still help.",
         "Test F1 eager: scored when the run ended (on its device); through ONNX: `nerserve eval --runtime onnx`",
