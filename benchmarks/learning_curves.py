@@ -65,12 +65,16 @@ def last_run_gain(runs: list[dict[str, Any]]) -> float | None:
     return max(scores[-1]) - max(earlier)
 
 
+def how(run: dict[str, Any]) -> str:
+    """A later run's epochs and device, or for a weight average (0 epochs) what it averaged."""
+    return f"{run['epochs']} ep, {run['device']}" if run["epochs"] else str(run["device"])
+
+
 def not_promoted(name: str, runs: list[dict[str, Any]], committed_dev: float) -> str:
     """Later continuations of NAME that were not promoted (docs/reference-run/not-promoted.json):
     whether the curve still rises past the committed model."""
     described = [
-        f"{run['run']}: {run['epochs']} ep, {run['device']}, "
-        f"dev {run['dev']:.4f} ({run['dev'] - committed_dev:+.4f}), test {run['test']:.4f}"
+        f"{run['run']}: {how(run)}, dev {run['dev']:.4f} ({run['dev'] - committed_dev:+.4f}), test {run['test']:.4f}"
         for run in runs
         if run["model"] == name
     ]

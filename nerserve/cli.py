@@ -179,6 +179,22 @@ def tune(
     typer.echo(json.dumps(retune_model(name, data), indent=2))
 
 
+@app.command()
+@_user_errors
+def average(
+    first: Annotated[str, typer.Argument(help="the later run: its manifest (config, history) is kept")],
+    second: Annotated[str, typer.Argument(help="the run to average it with (same architecture, labels, adapters)")],
+    out: Annotated[Path, typer.Option("--out", help="model folder to write")],
+    weight: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of FIRST in the average")] = 0.5,
+) -> None:
+    """Average two trained runs of one model (LoRA deltas averaged, cut back to rank by SVD); then
+    `nerserve tune OUT --data SET` chooses its decoding on dev and scores it."""
+    from nerserve.ner.training.weight_average import average_models
+
+    manifest = average_models(first, second, out, weight)
+    typer.echo(json.dumps({"out": str(out), "version": manifest.version, **manifest.training["weight_average"]}))
+
+
 @app.command("import-seq2seq")
 @_user_errors
 def import_seq2seq_command(
