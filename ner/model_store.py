@@ -6,6 +6,7 @@ backbone it adapts, its hyper-parameters and decoding settings, and the scores i
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -98,6 +99,12 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def weights_version(weights: Path) -> str:
+    """A model's version: the day its weights were written and their digest, so two models written on
+    one day never share a version (`/models`, KServe v2)."""
+    return f"{datetime.date.today().isoformat()}.{file_sha256(weights)[:8]}"
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

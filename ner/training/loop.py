@@ -5,7 +5,6 @@ final scoring (dev, regression slice, test) stored in the manifest."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import platform
 import random
 import time
@@ -23,7 +22,7 @@ from nerserve.ner.backbone import BackboneInfo, resolve_backbone
 from nerserve.ner.data import Sentence, read_split
 from nerserve.ner.loading import device_name
 from nerserve.ner.lora import LoraSettings, save_weights, trainable_state
-from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, file_sha256, write_manifest
+from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, weights_version, write_manifest
 from nerserve.ner.runner import score
 
 DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
@@ -67,13 +66,12 @@ class ModelRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # architecture-specific training facts
 
     def manifest(self, training: dict[str, Any], scores: dict[str, Any], weights: Path) -> Manifest:
-        """The manifest of the weights just written to `weights`: its version is the day and their
-        digest, so two models trained on one day never share a version (`/models`, KServe v2)."""
+        """The manifest of the weights just written to `weights` (versioned by day and digest)."""
         backbone = self.backbone
         return Manifest(
             name=self.name,
             architecture=self.architecture,
-            version=f"{datetime.date.today().isoformat()}.{file_sha256(weights)[:8]}",
+            version=weights_version(weights),
             labels=list(self.config["labels"]),
             backbone=BackboneRecord(
                 name=backbone.name, package=backbone.package, version=backbone.version, sha256=backbone.sha256

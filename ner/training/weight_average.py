@@ -4,7 +4,6 @@ is decided on dev, like any promotion (`nerserve tune` re-chooses decoding and r
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,13 +14,14 @@ from nerserve.ner.model_store import (
     WEIGHTS,
     Manifest,
     ModelStoreError,
-    file_sha256,
     model_dir,
     read_manifest,
+    weights_version,
     write_manifest,
 )
 
-LORA_PAIRS = (("lora_A", "lora_B"), ("lora_a", "lora_b"))  # peft's down- and up-projections
+# down- and up-projections: peft's adapters, and the gner decoder's own low-rank deltas
+LORA_PAIRS = (("lora_A", "lora_B"), ("lora_a", "lora_b"))
 
 
 class AverageError(ModelStoreError):
@@ -103,7 +103,7 @@ def average_models(first: str, second: str, out: Path, weight: float = 0.5) -> M
     manifest = first_manifest.model_copy(
         update={
             "name": out.name,
-            "version": f"{datetime.date.today().isoformat()}.{file_sha256(out / WEIGHTS)[:8]}",
+            "version": weights_version(out / WEIGHTS),
             "training": training,
             "scores": {},
         }
