@@ -185,7 +185,8 @@ def average(
     first: Annotated[str, typer.Argument(help="the later run: its manifest (config, history) is kept")],
     second: Annotated[str, typer.Argument(help="the run to average it with (same architecture, labels, adapters)")],
     out: Annotated[Path, typer.Option("--out", help="model folder to write")],
-    weight: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of FIRST in the average")] = 0.5,
+    # the range is checked once, by average_models (strictly between 0 and 1: an end is a copy, not an average)
+    weight: Annotated[float, typer.Option(help="share of FIRST in the average, strictly between 0 and 1")] = 0.5,
 ) -> None:
     """Average two trained runs of one model (LoRA deltas averaged, cut back to rank by SVD); then
     `nerserve tune OUT --data SET` chooses its decoding on dev and scores it."""

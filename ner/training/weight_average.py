@@ -59,6 +59,7 @@ def average_tensors(
     share of a delta's energy dropped by the cut back to the adapters' rank."""
     if first.keys() != second.keys():
         raise AverageError(f"the weights hold different tensors: {sorted(first.keys() ^ second.keys())[:5]}")
+    up_projections = {up for up in map(lora_partner, first) if up is not None}  # written with their A
     averaged: dict[str, np.ndarray] = {}
     worst = 0.0
     for name, value in first.items():
@@ -68,7 +69,7 @@ def average_tensors(
         if up is not None:
             down_avg, up_avg, dropped = average_low_rank((value, first[up]), (second[name], second[up]), weight)
             averaged[name], averaged[up], worst = down_avg, up_avg, max(worst, dropped)
-        elif name not in averaged:  # a B already written with its A
+        elif name not in up_projections:
             mixed = weight * value.astype(np.float32) + (1.0 - weight) * second[name].astype(np.float32)
             averaged[name] = mixed.astype(value.dtype)
     return averaged, worst
