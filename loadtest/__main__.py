@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import platform
 import time
+from collections.abc import Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 os.environ.setdefault("TYPER_USE_RICH", "0")
 
+import aiohttp
 import typer
 
 from nerserve.loadtest.client import make_client, model_info, model_row, read_sentences
@@ -21,6 +24,7 @@ from nerserve.loadtest.report import markdown, slo_throughput, write_outputs
 from nerserve.loadtest.runs import closed_loop, open_loop
 from nerserve.loadtest.schedule import sweep_rates
 
+T = TypeVar("T")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Load tests and paper protocols for nerserve.")
 URL = Annotated[str, typer.Option(help="nerserve base URL (loopback only in tests)")]
 
@@ -31,9 +35,28 @@ class Table(StrEnum):
     gner = "gner"
 
 
+class Route(StrEnum):
+    extract = "extract"
+    v2 = "v2"
+
+
 class Mode(StrEnum):
     closed = "closed"
     open = "open"
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """uvloop where installed: the client then sends several times what asyncio's own loop does on
+    one core, so that an open loop at 3× a server's capacity is what the server gets."""
+    if not _has_uvloop():
+        return asyncio.run(main)
+    import uvloop
+
+    return uvloop.run(main)
+
+
+def _has_uvloop() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
 
 
 def _meta(url: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +64,8 @@ def _meta(url: str, extra: dict[str, Any]) -> dict[str, Any]:
         "url": url,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "client_machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "client_cores": sorted(os.sched_getaffinity(0)),
+        "client_library": "aiohttp " + aiohttp.__version__ + (" + uvloop" if _has_uvloop() else ""),
         **extra,
     }
 
@@ -98,7 +123,7 @@ def protocol(
                 )
         return rows
 
-    rows = asyncio.run(go())
+    rows = run_event_loop(go())
     base = next((r for r in rows if r.get("reference") or r["model"] == reference), rows[0])
     for row in rows:
         row["speedup"] = row["sentences_per_second"] / base["sentences_per_second"] if base["sentences_per_second"] else 0
@@ -135,29 +160,44 @@ def run(
     slo_p99_ms: Annotated[float | None, typer.Option(help="report the highest open-loop rate with p99 under it")] = None,
     url: URL = "http://127.0.0.1:8000",
     out: Annotated[Path, typer.Option(help="folder for summary.json, results.csv, table.md, plot")] = Path("loadtest-results"),
+    route: Annotated[Route, typer.Option(help="extract: POST /extract; v2: the model's KServe v2 infer route")] = (
+        Route.extract
+    ),
+    connections: Annotated[
+        int, typer.Option(min=1, help="keep-alive connections at most (more requests wait in the client)")
+    ] = 2000,
 ) -> None:
     """Closed-loop concurrency sweep or open-loop rate sweep against one model."""
     sentences = read_sentences(data)
 
     async def go() -> list[dict[str, Any]]:
         runs: list[dict[str, Any]] = []
-        async with make_client(url, 1024) as client:
+        async with make_client(url, connections) as client:
             await model_info(client, model)
             if mode == Mode.closed:
                 for level in [int(c) for c in concurrency.split(",")]:
                     length = "the split once" if once else f"{duration:g}s"
                     typer.echo(f"closed loop, concurrency {level}, {length} ...", err=True)
-                    runs.append(await closed_loop(client, model, sentences, level, duration, sentences_per_request, once))
+                    runs.append(
+                        await closed_loop(client, model, sentences, level, duration, sentences_per_request, once, route.value)
+                    )
             else:
                 start, stop, steps = sweep.split(":")
                 rates = sweep_rates(float(start), float(stop), int(steps)) if rate == "sweep" else [float(rate)]
                 for offered in rates:
                     typer.echo(f"open loop, {offered:g} requests/s for {duration:g}s ...", err=True)
-                    runs.append(await open_loop(client, model, sentences, offered, duration, arrivals, sentences_per_request))
+                    runs.append(
+                        await open_loop(
+                            client, model, sentences, offered, duration, arrivals, sentences_per_request, route=route.value
+                        )
+                    )
         return runs
 
-    runs = asyncio.run(go())
-    meta = _meta(url, {"model": model, "data": str(data), "mode": mode.value, "duration": duration, "once": once})
+    runs = run_event_loop(go())
+    meta = _meta(
+        url,
+        {"model": model, "data": str(data), "mode": mode.value, "duration": duration, "once": once, "connections": connections},
+    )
     summary = write_outputs(runs, out, meta, f"{model}: {mode.value} loop")
     if slo_p99_ms is not None:
         summary["slo"] = {"p99_ms": slo_p99_ms, "best": slo_throughput(runs, slo_p99_ms)}

@@ -56,15 +56,14 @@ async def extract(
     sentences: list[list[str]],
     scheduled: float | None = None,
     options: dict[str, Any] | None = None,
+    route: str = "extract",
 ) -> Sample:
+    """`route`: "extract" (POST /extract with pre-tokenised sentences) or "v2" (the KServe v2
+    infer route of `model`, the sentences as BYTES texts)."""
     start = scheduled if scheduled is not None else time.perf_counter()
-    payload: dict[str, Any] = {"tokens": sentences}
-    if model:
-        payload["model"] = model
-    if options:
-        payload["options"] = options
+    path, payload = _request(model, sentences, options, route)
     try:
-        async with client.post("/extract", json=payload) as response:
+        async with client.post(path, json=payload) as response:
             await response.read()
             status = response.status
             queue_ms = _header_ms(response.headers, "x-queue-time")
@@ -74,6 +73,21 @@ async def extract(
         status, queue_ms, inference_ms, retry_after = 0, None, None, None  # connection-level failure
     words = sum(map(len, sentences))
     return Sample(start, time.perf_counter(), status, len(sentences), words, queue_ms, inference_ms, retry_after)
+
+
+def _request(
+    model: str | None, sentences: list[list[str]], options: dict[str, Any] | None, route: str
+) -> tuple[str, dict[str, Any]]:
+    if route == "v2":
+        texts = [" ".join(sentence) for sentence in sentences]
+        tensor = {"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}
+        return f"/v2/models/{model}/infer", {"inputs": [tensor], "parameters": dict(options or {})}
+    payload: dict[str, Any] = {"tokens": sentences}
+    if model:
+        payload["model"] = model
+    if options:
+        payload["options"] = options
+    return "/extract", payload
 
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)$")

@@ -150,6 +150,11 @@ def plot_overload(runs: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def write_outputs(runs: list[dict[str, Any]], out: Path, meta: dict[str, Any], title: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
+    for index, run in enumerate(runs):  # one CSV of per-request samples per run, beside the summary
+        with (out / f"samples-{index}.csv").open("w", newline="") as handle:
+            rows = csv.writer(handle)
+            rows.writerow(["due_s", "latency_s", "status", "server_queue_ms", "server_inference_ms"])
+            rows.writerows(run.pop("samples", []))
     summary = {"meta": meta, "runs": runs, "knee": knee(runs)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out / "results.csv").open("w", newline="") as handle:

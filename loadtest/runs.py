@@ -14,10 +14,14 @@ from nerserve.loadtest.schedule import arrivals
 from nerserve.loadtest.stats import summarize
 
 MAX_OUTSTANDING = 4096  # open loop: beyond this many unanswered requests the client itself is saturated
+GOODPUT_WITHIN_SECONDS = 2.0  # goodput counts the 200s answered within this long of being due
 
 
-def summarize_run(samples: list[Sample], seconds: float, label: dict[str, Any]) -> dict[str, Any]:
+def summarize_run(samples: list[Sample], seconds: float, label: dict[str, Any], window: float | None = None) -> dict[str, Any]:
+    """`window`: the offered window (open loop), which goodput is per second of."""
+    first = min((s.scheduled for s in samples), default=0.0)
     ok = [s for s in samples if s.status == 200]
+    good = [s for s in ok if s.latency <= GOODPUT_WITHIN_SECONDS]
     statuses: dict[str, int] = {}
     for s in samples:
         statuses[str(s.status)] = statuses.get(str(s.status), 0) + 1
@@ -30,10 +34,16 @@ def summarize_run(samples: list[Sample], seconds: float, label: dict[str, Any]) 
         "status_counts": statuses,
         "http_429": statuses.get("429", 0),
         "sentences_per_second": sum(s.sentences for s in ok) / seconds if seconds else 0.0,
+        "goodput_sentences_per_second": sum(s.sentences for s in good) / (window or seconds) if seconds else 0.0,
+        "ok_later_than_goodput_bound": len(ok) - len(good),
         "words_per_second": sum(s.words for s in ok) / seconds if seconds else 0.0,
         "latency_ms": summarize([s.latency for s in ok]),
         # how fast the excess is refused: admission control answers 429 at the door
         "rejected_latency_ms": summarize([s.latency for s in samples if s.status == 429]),
+        # every request (due offset, latency, status, server queue ms): where a tail comes from
+        "samples": [
+            [round(s.scheduled - first, 4), round(s.latency, 4), s.status, s.queue_ms, s.inference_ms] for s in samples
+        ],
     }
 
 
@@ -45,6 +55,7 @@ async def closed_loop(
     duration: float,
     per_request: int = 1,
     once: bool = False,
+    route: str = "extract",
 ) -> dict[str, Any]:
     """`concurrency` workers, each sending its next request when the previous one returns, or,
     refused (429), once the Retry-After it was given has passed, as a well-behaved client does: a
@@ -62,7 +73,7 @@ async def closed_loop(
     async def worker() -> None:
         batch = next(batches, None)
         while batch is not None and time.perf_counter() < end:
-            sample = await extract(client, model, batch)
+            sample = await extract(client, model, batch, route=route)
             samples.append(sample)
             if sample.status == 429:
                 await asyncio.sleep(min(sample.retry_after or 1.0, max(0.0, end - time.perf_counter())))
@@ -73,7 +84,7 @@ async def closed_loop(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     seconds = time.perf_counter() - start
     after = await scrape(client)
-    label = {"mode": "closed", "model": model, "concurrency": concurrency, "sentences_per_request": per_request}
+    label = {"mode": "closed", "model": model, "route": route, "concurrency": concurrency, "sentences_per_request": per_request}
     return {**summarize_run(samples, seconds, label), **server_split(before, after, model, seconds)}
 
 
@@ -86,6 +97,7 @@ async def open_loop(
     kind: str = "poisson",
     per_request: int = 1,
     seed: int = 0,
+    route: str = "extract",
 ) -> dict[str, Any]:
     """Requests fired at pre-computed times; latency counts from the scheduled time, so a server
     that falls behind shows it in latency instead of silently lowering the offered load."""
@@ -98,7 +110,7 @@ async def open_loop(
     start = time.perf_counter()
 
     async def fire(due: float, batch: list[list[str]]) -> None:
-        samples.append(await extract(client, model, batch, scheduled=due))
+        samples.append(await extract(client, model, batch, scheduled=due, route=route))
 
     for offset in schedule:
         due = start + offset
@@ -118,10 +130,11 @@ async def open_loop(
     label = {
         "mode": "open",
         "model": model,
+        "route": route,
         "rate": rate,
         "arrivals": kind,
         "sentences_per_request": per_request,
         "offered": len(schedule),
         "client_overflow": overflow,
     }
-    return {**summarize_run(samples, seconds, label), **server_split(before, after, model, seconds)}
+    return {**summarize_run(samples, seconds, label, duration), **server_split(before, after, model, seconds)}
