@@ -84,6 +84,9 @@ def protocol(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     max_seconds: Annotated[float, typer.Option(min=1.0)] = 120.0,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="NERSERVE_API_KEY", help="sent as a bearer token (default: $NERSERVE_API_KEY)")
+    ] = None,
 ) -> None:
     """One paper's efficiency table: sentences/s end-to-end and model-only, and speed-up."""
     sentences = read_sentences(data)
@@ -91,7 +94,7 @@ def protocol(
 
     async def go() -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        async with make_client(url, 4) as client:
+        async with make_client(url, 4, api_key) as client:
             batches, repeat = protocol_batches(table.value, sentences)
             for row in names:
                 name, options = model_row(row)
@@ -166,13 +169,16 @@ def run(
     connections: Annotated[
         int, typer.Option(min=1, help="keep-alive connections at most (more requests wait in the client)")
     ] = 2000,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="NERSERVE_API_KEY", help="sent as a bearer token (default: $NERSERVE_API_KEY)")
+    ] = None,
 ) -> None:
     """Closed-loop concurrency sweep or open-loop rate sweep against one model."""
     sentences = read_sentences(data)
 
     async def go() -> list[dict[str, Any]]:
         runs: list[dict[str, Any]] = []
-        async with make_client(url, connections) as client:
+        async with make_client(url, connections, api_key) as client:
             await model_info(client, model)
             if mode == Mode.closed:
                 for level in [int(c) for c in concurrency.split(",")]:

@@ -145,11 +145,13 @@ async def model_info(client: aiohttp.ClientSession, model: str | None) -> dict[s
     raise SystemExit(f"model {name!r} is not served at this URL")
 
 
-def make_client(url: str, connections: int) -> aiohttp.ClientSession:
+def make_client(url: str, connections: int, api_key: str | None = None) -> aiohttp.ClientSession:
     """Keep-alive connections, at most `connections` at once (open loop: more requests wait in the
-    client, and their latency, counted from the scheduled time, shows it)."""
+    client, and their latency, counted from the scheduled time, shows it); `api_key` sent as a
+    bearer token on every request."""
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections)
-    return aiohttp.ClientSession(base_url=url, connector=connector, timeout=aiohttp.ClientTimeout(total=120.0))
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+    return aiohttp.ClientSession(base_url=url, connector=connector, timeout=aiohttp.ClientTimeout(total=120.0), headers=headers)
 
 
 async def gather_bounded(coroutines: list[Any]) -> list[Any]:

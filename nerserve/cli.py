@@ -350,8 +350,9 @@ def serve(
     max_queue_seconds: Annotated[
         float | None, typer.Option(min=0.001, help="429 at once when a request's estimated queue wait exceeds it")
     ] = None,
-    max_request_share: Annotated[
-        int | None, typer.Option(min=1, help="most sentences of one request in a batch (default 8 on CPU, none on CUDA)")
+    max_request_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="most sub-words of one request in a batch (default 256 on CPU, none on CUDA)"),
     ] = None,
     runtime: Annotated[Runtime | None, typer.Option()] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda")] = None,
@@ -360,6 +361,12 @@ def serve(
     on_model_error: Annotated[
         str | None, typer.Option(help="exit (default): a model that cannot load stops the server; skip: serve the others")
     ] = None,
+    api_keys_file: Annotated[
+        Path | None,
+        typer.Option(help="JSON of API keys {name: key | {key, weight, max_sentences_per_second}}; or NERSERVE_API_KEYS"),
+    ] = None,
+    protect_metrics: Annotated[bool | None, typer.Option(help="/metrics asks for an API key too")] = None,
+    cors_allow_origins: Annotated[str | None, typer.Option(help="comma-separated origins browsers may call from")] = None,
     model_store: ModelStoreOption = None,
     graph_cache: GraphCacheOption = None,
 ) -> None:
@@ -376,13 +383,16 @@ def serve(
         "max_wait_ms": max_wait_ms,
         "max_queue": max_queue,
         "max_queue_seconds": max_queue_seconds,
-        "max_request_share": max_request_share,
+        "max_request_tokens": max_request_tokens,
         "device": device,
         "threads": threads,
         "default_model": default_model,
         "on_model_error": on_model_error,
         "runtime": runtime.value if runtime else None,
         "models": _names(models),
+        "api_keys_file": api_keys_file,
+        "protect_metrics": protect_metrics,
+        "cors_allow_origins": _names(cors_allow_origins),
     }
     run(Settings(**{k: v for k, v in given.items() if v is not None}))
 

@@ -14,6 +14,7 @@ one request or one list.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
@@ -135,6 +136,14 @@ def _batches(documents: Iterable[Document], size: int) -> Iterator[list[Document
         yield batch
 
 
+API_KEY_VARIABLE = "NERSERVE_API_KEY"
+
+
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    key = api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 class Client:
     def __init__(
         self,
@@ -144,9 +153,12 @@ class Client:
         max_retries: int = 5,
         max_wait: float = 30.0,
         batch_size: int = 64,
+        api_key: str | None = None,
         http: httpx.Client | None = None,
     ) -> None:
-        self.http = http or httpx.Client(base_url=url, timeout=timeout)
+        """`api_key`: sent as `Authorization: Bearer <key>` (default: the NERSERVE_API_KEY
+        environment variable, when set)."""
+        self.http = http or httpx.Client(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
         self.max_retries, self.max_wait, self.batch_size = max_retries, max_wait, batch_size
 
     def __enter__(self) -> Client:
@@ -221,9 +233,11 @@ class AsyncClient:
         max_wait: float = 30.0,
         batch_size: int = 64,
         concurrency: int = 4,
+        api_key: str | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
-        self.http = http or httpx.AsyncClient(base_url=url, timeout=timeout)
+        """`api_key`: as for Client."""
+        self.http = http or httpx.AsyncClient(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
         self.max_retries, self.max_wait, self.batch_size = max_retries, max_wait, batch_size
         self.concurrency = concurrency  # batches in flight at once
 

@@ -13,6 +13,7 @@ the whole token. `nlp.pipe` sends documents in batches.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -35,8 +36,12 @@ class NerServeComponent:
         spans_key: str,
         batch_size: int,
         timeout: float,
+        api_key_env: str | None = None,
     ) -> None:
-        self.client = Client(url, timeout=timeout, batch_size=batch_size)
+        # the key is read from the environment variable the config names, never kept in the
+        # config (nlp.to_disk writes the config out)
+        api_key = os.environ.get(api_key_env) if api_key_env else None
+        self.client = Client(url, timeout=timeout, batch_size=batch_size, api_key=api_key)
         self.model, self.labels, self.options, self.spans_key = model, labels, options, spans_key
         self.batch_size = batch_size
 
@@ -90,6 +95,7 @@ def _non_overlapping(spans: list[Span]) -> list[Span]:
         "spans_key": "nerserve",
         "batch_size": 64,
         "timeout": 60.0,
+        "api_key_env": "NERSERVE_API_KEY",
     },
 )
 def make_nerserve(
@@ -102,5 +108,6 @@ def make_nerserve(
     spans_key: str,
     batch_size: int,
     timeout: float,
+    api_key_env: str | None,
 ) -> NerServeComponent:
-    return NerServeComponent(url, model, labels, options, spans_key, batch_size, timeout)
+    return NerServeComponent(url, model, labels, options, spans_key, batch_size, timeout, api_key_env)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from nerserve.ner.graph_format import Runtime
 
-# On CPU a batch holds at most this many sentences of one request. A batch runs no faster a
-# sentence here than its sentences alone (the encoder: 9.6 ms a sentence alone, 14.7 in unsorted
-# batches of 16), so a large request gains nothing from full batches, and with them it held the
-# graphs for a batch of 32 (~0.4 s) twice over before a small request behind it ran: one-sentence
-# requests beside a 924-sentence one waited p50 0.88 s, p99 3.2 s.
-CPU_MAX_REQUEST_SHARE = 8
+# On CPU a batch holds at most this many sub-words of one request (its first item excepted): fewer
+# than a window of a long text, so a window runs only in a batch it heads. A batch runs hardly
+# faster a sub-word on the CPU than its sentences alone, so a large request gains little from full
+# batches, while a request that arrives beside it waits for the batch running and the one prepared
+# behind it, then its own: a large request's batches must stay short, and a newcomer's batch must
+# not carry a window, for that wait to stay short (docs/decisions/admission.md).
+CPU_MAX_REQUEST_TOKENS = 256
 
 
 class Settings(BaseSettings):
@@ -37,18 +39,18 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(
-        1.25,
+        1.0,
         gt=0,
-        description="429 at once for a request whose estimated queue wait (queued ÷ the rate measured for batches "
-        "of the size they would form, calibrated at the edge by what requests then took) exceeds it; 1.25 s keeps the "
-        "p99 of accepted requests under 2 s at 3× capacity and refused none of 43,719 requests in a 10-minute soak at "
-        "70 % of it (docs/notes.md)",
+        description="429 at once for a request whose estimated wait on others' work (what is ahead of it in fair "
+        "order ÷ the sub-words/s measured for batches of the size they would form) exceeds it; an admitted request "
+        "is answered within about twice this under 3× overload (docs/decisions/admission.md)",
     )
-    max_request_share: int | None = Field(
+    max_request_tokens: int | None = Field(
         None,
         ge=1,
-        description="most sentences of one request in a batch; default 8 on CPU (a batch is no cheaper a sentence "
-        "there, and a large request would hold the graphs for whole batches) and none on CUDA",
+        description="most sub-words of one request in a batch (a batch's first item goes whatever its size); default "
+        "256 on CPU (a batch is hardly cheaper a sub-word there, and a large request's long batches would hold up "
+        "everyone else) and none on CUDA",
     )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
     max_request_sentences: int = Field(
@@ -75,13 +77,23 @@ class Settings(BaseSettings):
         description="load every model before the app starts answering (a Ray Serve replica: the router sends it "
         "requests only once its start-up is over); otherwise the default model answers while the others load",
     )
+    api_keys: SecretStr | None = Field(
+        None,
+        description="API keys as JSON, {name: key} or {name: {key, weight, max_sentences_per_second}} "
+        "(NERSERVE_API_KEYS; never a command-line flag, which `ps` would show); none: every route is open",
+    )
+    api_keys_file: Path | None = Field(None, description="a file holding the API keys' JSON (a mounted secret)")
+    protect_metrics: bool = Field(False, description="/metrics asks for an API key too (health and /info never do)")
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="origins browsers may call from (NERSERVE_CORS_ALLOW_ORIGINS=a,b); none by default"
+    )
     on_model_error: Literal["exit", "skip"] = Field(
         "exit",
         description="a model that cannot load ends the process with a non-zero exit naming it (exit), or is "
         "listed as failed in GET /models while the others serve (skip)",
     )
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "cors_allow_origins", mode="before")
     @classmethod
     def comma_list(cls, value: object) -> object:
         """`a,b` (or a JSON list, as before) from the environment."""
@@ -102,7 +114,7 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def request_share_bound(self) -> int | None:
-        if self.max_request_share is not None:
-            return self.max_request_share
-        return None if self.device.startswith("cuda") else CPU_MAX_REQUEST_SHARE
+    def request_tokens_bound(self) -> int | None:
+        if self.max_request_tokens is not None:
+            return self.max_request_tokens
+        return None if self.device.startswith("cuda") else CPU_MAX_REQUEST_TOKENS

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,10 +19,11 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve import __version__
-from nerserve.service.admission import EDGE_SHARE, EdgeAdmission
+from nerserve.service.admission import EdgeAdmission
 from nerserve.service.api.errors import (
     ApiError,
     api_error_handler,
@@ -32,10 +34,12 @@ from nerserve.service.api.errors import (
 from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
+from nerserve.service.auth import KeyAuth, tenant_of
 from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
+from nerserve.service.tenants import Tenants, read_api_keys
 
 log = logging.getLogger("nerserve")
 WARMUP = [["Warm", "up", "sentence", "for", "the", "graphs", "."]]
@@ -85,7 +89,9 @@ async def _load_model(state: ServiceState, name: str, behind: bool) -> None:
         return
     try:
         log.info("loading %s (%s)", name, state.settings.runtime.value)
-        model = await asyncio.to_thread(load_served_model, name, state.settings, state.metrics, state.exports, behind)
+        model = await asyncio.to_thread(
+            load_served_model, name, state.settings, state.metrics, state.exports, behind, state.tenants.weight
+        )
         await asyncio.to_thread(model.program.predict, WARMUP)
         model.scheduler.start()
     except Exception as error:
@@ -150,6 +156,7 @@ class CountResponses:
             await self.app(scope, receive, send)
             return
         status: int | None = None
+        started = time.perf_counter()
 
         async def watching_send(message: Message) -> None:
             nonlocal status
@@ -169,11 +176,20 @@ class CountResponses:
         finally:
             model = str(scope.get("state", {}).get("model", ""))
             self.metrics.requests.labels(model, str(status or 500)).inc()
+            if "tenant" in scope.get("state", {}):  # a request the API-key door let through
+                tenant = tenant_of(scope)
+                self.metrics.key_requests.labels(tenant, str(status or 500)).inc()
+                self.metrics.key_request_seconds.labels(tenant).observe(time.perf_counter() - started)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    state = ServiceState(settings)
+    state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)))
+    if state.tenants.enabled:
+        names = ", ".join(state.tenants.names())
+        log.info("API keys: %d (%s); /health, /info and the docs stay open", len(state.tenants.keys), names)
+    else:
+        log.info("API keys: none configured: every route is open")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -207,14 +223,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def with_admission(app: FastAPI) -> EdgeAdmission:
-    """The application as served: the edge admission outside everything else."""
+def with_admission(app: FastAPI) -> ASGIApp:
+    """The application as served: CORS (when origins are allowed), the API-key door, then the
+    edge admission, outside everything else."""
     state: ServiceState = app.state.service
 
-    def capacity(requests: int) -> float:
-        return sum(model.scheduler.request_rate(requests) for model in state.models.values())
+    def wait(model: str | None, pending: int, tenant: str) -> float | None:
+        """Others' work a request not yet read would wait on: for the model its route names, or the
+        least loaded model when the name is in the body (the scheduler then decides for the one it
+        names)."""
+        served = state.models if model is None else {model: state.models[model]} if model in state.models else {}
+        return min((m.scheduler.edge_wait(pending, tenant).others for m in served.values()), default=None)
 
-    return EdgeAdmission(app, EDGE_SHARE * state.settings.max_queue_seconds, capacity, state.metrics)
+    def open_requests() -> int:
+        return sum(model.scheduler.open_requests for model in state.models.values())
+
+    admitted = EdgeAdmission(app, state.settings.max_queue_seconds, wait, open_requests, state.metrics)
+    served: ASGIApp = KeyAuth(admitted, state.tenants, state.metrics, state.settings.protect_metrics)
+    if state.settings.cors_allow_origins:
+        served = CORSMiddleware(
+            served,
+            allow_origins=state.settings.cors_allow_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=["retry-after", "x-queue-time", "x-inference-time"],
+        )
+    return served
 
 
 class DrainingServer(uvicorn.Server):

@@ -71,6 +71,43 @@ class Metrics:
         self.sentences = Counter("nerserve_sentences", "Sentences processed", ["model"], registry=r)
         self.tokens = Counter("nerserve_tokens", "Sub-word tokens processed (unpadded)", ["model"], registry=r)
         self.dropped = Counter("nerserve_dropped", "Sentences dropped before running", ["model", "reason"], registry=r)
+        # by API key name (configured names, and "unknown" for a missing or wrong key): never a key
+        self.key_requests = Counter(
+            "nerserve_key_requests", "Requests by API key name and HTTP status", ["key", "status"], registry=r
+        )
+        self.key_sentences = Counter("nerserve_key_sentences", "Sentences answered by API key name", ["key"], registry=r)
+        self.key_request_seconds = Histogram(
+            "nerserve_key_request_seconds", "End-to-end latency by API key name", ["key"], buckets=LATENCY_BUCKETS, registry=r
+        )
+
+    def by_key(self) -> dict[str, dict[str, Any]]:
+        """Per API key name since start: requests by status, refusals (429), sentences answered,
+        mean latency (for /stats; /metrics has the histograms)."""
+        keys: dict[str, dict[str, Any]] = {}
+
+        def entry(name: str) -> dict[str, Any]:
+            return keys.setdefault(name, {"requests": {}, "refused": 0, "sentences": 0, "latency_ms_mean": None})
+
+        for sample in next(iter(self.key_requests.collect())).samples:
+            if sample.name.endswith("_total"):
+                found = entry(sample.labels["key"])
+                found["requests"][sample.labels["status"]] = int(sample.value)
+                if sample.labels["status"] == "429":
+                    found["refused"] += int(sample.value)
+        for sample in next(iter(self.key_sentences.collect())).samples:
+            if sample.name.endswith("_total"):
+                entry(sample.labels["key"])["sentences"] = int(sample.value)
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        for sample in next(iter(self.key_request_seconds.collect())).samples:
+            if sample.name.endswith("_sum"):
+                sums[sample.labels["key"]] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[sample.labels["key"]] = sample.value
+        for name, count in counts.items():
+            if count:
+                entry(name)["latency_ms_mean"] = round(1000 * sums.get(name, 0.0) / count, 3)
+        return keys
 
 
 @dataclass

@@ -8,6 +8,7 @@ errors (ModelLoadError, OptionError); the API maps them to HTTP.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,12 @@ def _program(
 
 
 def load_served_model(
-    name: str, settings: Settings, metrics: Metrics, exports: StartUpExports, behind: bool = False
+    name: str,
+    settings: Settings,
+    metrics: Metrics,
+    exports: StartUpExports,
+    behind: bool = False,
+    tenant_weight: Callable[[str], float] = lambda tenant: 1.0,
 ) -> ServedModel:
     """`behind`: another model already answers (a missing export runs at a lower priority)."""
     folder = model_dir(name)
@@ -114,7 +120,7 @@ def load_served_model(
         settings.max_batch_tokens,
         settings.max_wait_ms,
         settings.max_queue,
-        max_request_share=settings.request_share_bound,
+        max_request_tokens=settings.request_tokens_bound,
         max_queue_seconds=settings.max_queue_seconds,
     )
     scheduler = Scheduler(
@@ -124,6 +130,7 @@ def load_served_model(
         observer=observer,
         on_idle=release_freed_memory,
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
+        tenant_weight=tenant_weight,
     )
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
 

@@ -31,23 +31,32 @@ def test_token_budget_bounds_the_batch() -> None:
 
 
 def test_one_request_takes_at_most_its_share_of_a_batch() -> None:
-    """A large request's sentences fill at most max_request_share places of a batch, so the batch
-    it holds the graphs for stays short; other requests' sentences still join."""
+    """A large request's sentences fill at most max_request_tokens sub-words of a batch, so the
+    batch it holds the graphs for stays short; other requests' sentences still join."""
     queue = [Item(10, request=1) for _ in range(10)] + [Item(10, request=2), Item(10, request=2)]
-    chosen = select_batch(queue, BatchLimits(max_request_share=4))
+    chosen = select_batch(queue, BatchLimits(max_request_tokens=40))
     assert chosen == [0, 1, 2, 3, 10, 11]
     assert len(select_batch(queue, BatchLimits())) == 12  # no share: everything that fits
-    from nerserve.service.config import CPU_MAX_REQUEST_SHARE, Settings
+    from nerserve.service.config import CPU_MAX_REQUEST_TOKENS, Settings
 
-    assert Settings(device="cpu").request_share_bound == CPU_MAX_REQUEST_SHARE
-    assert Settings(device="cuda").request_share_bound is None  # a GPU batch's cost is mostly fixed
+    assert Settings(device="cpu").request_tokens_bound == CPU_MAX_REQUEST_TOKENS
+    assert Settings(device="cuda").request_tokens_bound is None  # a GPU batch's cost is mostly fixed
+
+
+def test_a_long_window_runs_only_in_a_batch_it_heads() -> None:
+    """A window over the share does not join a newcomer's batch (that batch would then take the
+    window's time); it heads the next one, alone or with short sentences."""
+    newcomer, window, next_window = Item(15, request=2), Item(380, request=1), Item(380, request=1)
+    limits = BatchLimits(max_request_tokens=256)
+    assert select_batch([newcomer, window, next_window], limits) == [0]
+    assert select_batch([window, next_window, Item(15, request=3)], limits) == [0, 2]
 
 
 def test_lookahead_limits_the_search() -> None:
     queue = [Item(5, request=1)] * 3 + [Item(5, request=2)]
-    chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_request_share=1, lookahead=1))
+    chosen = select_batch(queue, BatchLimits(max_batch_size=2, max_request_tokens=5, lookahead=1))
     assert chosen == [0]  # request 2's item is outside the 2-item window
-    assert select_batch(queue, BatchLimits(max_batch_size=2, max_request_share=1, lookahead=2)) == [0, 3]
+    assert select_batch(queue, BatchLimits(max_batch_size=2, max_request_tokens=5, lookahead=2)) == [0, 3]
 
 
 def make_scheduler(limits: BatchLimits, batches: list[list[str]] | None = None) -> Scheduler:
@@ -164,14 +173,13 @@ def test_admission_refuses_what_would_wait_too_long() -> None:
 
     async def checked() -> None:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler.rates.observe(1, 100.0)  # sentences/s, as measured from the last batches
+        scheduler.rates.observe(1, 100.0)  # sub-words/s, as measured from the last batches
         scheduler.submit([("a", 1)] * 150)  # empty queue: admitted, though it is 1.5 s of work
         scheduler.submit([("b", 1)] * 45)  # waits on 45 of a's: 0.45 s ≤ 1 s
         with pytest.raises(QueueFull) as full:
             scheduler.submit([("c", 1)] * 60)  # waits on 60 of a's and 45 of b's: 1.05 s > 1 s
         assert full.value.retry_after >= 1 and scheduler.depth == 195
         scheduler.submit([("d", 1)] * 3)  # a small one is still taken: 3 + 3 sentences ahead
-        assert scheduler.request_rate(1) == pytest.approx(100 / 45)  # sentences/s ÷ the median request
         with pytest.raises(QueueFull):  # 20 + 20 + 3 + its own 20: 0.63 s > its 0.5 s deadline
             scheduler.submit([("e", 1)] * 20, deadline=scheduler.clock() + 0.5)
 
@@ -184,6 +192,51 @@ def test_admission_refuses_what_would_wait_too_long() -> None:
 
     asyncio.run(checked())
     assert asyncio.run(long_alone()) == 502
+
+
+def test_the_wait_is_counted_in_sub_words() -> None:
+    """Ten windows of 380 sub-words ahead are 3,800 sub-words of work, not ten sentences': at
+    1,900 sub-words/s a request behind all of them would wait 2 s; behind one round of them (fair
+    order), 0.2 s."""
+
+    async def scenario() -> tuple[float, float]:
+        scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
+        scheduler.rates.observe(512, 1900.0)
+        scheduler.rates.observe(16, 1900.0)
+        scheduler.submit([("window", 380)] * 10)
+        one_sentence = scheduler.wait([20]).others
+        scheduler.submit([("short", 20)])  # admitted: 0.2 s of others' work
+        return one_sentence, scheduler.wait([20] * 10).others
+
+    one_sentence, ten_sentences = asyncio.run(scenario())
+    assert one_sentence == pytest.approx(380 / 1900)
+    assert ten_sentences == pytest.approx((3800 + 20) / 1900)
+
+
+def test_an_overdue_request_goes_first_a_sentence_a_batch() -> None:
+    """No admitted request left behind: once its promised time has passed, a request's next
+    sentence goes before newer requests' (one a batch, so they still wait a sentence of it, not
+    all of it)."""
+
+    async def scenario() -> list[list[str]]:
+        now = [0.0]
+        batches: list[list[str]] = []
+        scheduler = make_scheduler(BatchLimits(max_batch_size=2, max_wait_ms=0, max_queue=10_000), batches)
+        scheduler.clock = lambda: now[0]
+        scheduler.rates.observe(2, 100.0)
+        scheduler.submit([("old", 1)])  # an empty queue: taken, due within the 1-s bound
+        scheduler.submit([(f"L{i}", 1) for i in range(3)])  # promised an answer by t = 1 s
+        now[0] = 0.9
+        for index in range(4):  # newer requests ahead of L1, L2 in fair order, promised by 1.9 s
+            scheduler.submit([(f"n{index}", 1)])
+        now[0] = 1.5  # L's promise has passed, theirs not
+        scheduler.start()
+        await asyncio.sleep(0.2)
+        await scheduler.stop()
+        return batches
+
+    order = [item for batch in asyncio.run(scenario()) for item in batch]
+    assert order.index("L1") < order.index("n2") and order.index("L2") < order.index("n3"), order
 
 
 def test_a_large_request_does_not_hold_the_queue() -> None:
@@ -241,78 +294,78 @@ def _recording(statuses: list[int]) -> Callable[[dict[str, object]], Awaitable[N
     return send
 
 
-def test_edge_admission_refuses_at_arrival_from_requests_in_flight() -> None:
-    """Before the body is read: in flight ÷ the measured capacity over the bound → 429; nothing is
-    refused while no capacity has been measured."""
+def test_edge_admission_refuses_at_arrival_on_every_model_route() -> None:
+    """Before the body is read, on /extract and the KServe v2 infer route alike: a wait over the
+    bound → 429; none measured (None) or within it → the app. Other routes are not counted."""
     from nerserve.service.admission import EdgeAdmission
 
-    async def scenario(in_flight: int, capacity: float = 100.0) -> tuple[list[str], int]:
+    async def scenario(path: str, waited: float | None, method: str = "POST") -> tuple[list[str], int, list[object]]:
         reached: list[str] = []
+        asked: list[object] = []
 
         async def app(scope: dict[str, object], receive: object, send: object) -> None:
             reached.append("app")
 
+        def wait(model: str | None, pending: int, tenant: str) -> float | None:
+            asked.append((model, pending))
+            return waited
+
         statuses: list[int] = []
-        edge = EdgeAdmission(app, 1.0, lambda requests: capacity)  # type: ignore[arg-type]  # requests/s
-        edge.in_flight = in_flight
-        await edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses))  # type: ignore[arg-type]
-        return reached, statuses[0] if statuses else 0
+        edge = EdgeAdmission(app, 1.0, wait, lambda: 0)  # type: ignore[arg-type]
+        scope = {**EXTRACT_SCOPE, "path": path, "method": method}
+        await edge(scope, _empty_body, _recording(statuses))  # type: ignore[arg-type]
+        return reached, statuses[0] if statuses else 0, asked
 
-    assert asyncio.run(scenario(50)) == (["app"], 0)  # 0.5 s of work ahead: admitted
-    assert asyncio.run(scenario(150, capacity=0.0)) == (["app"], 0)  # nothing measured yet: admitted
-    assert asyncio.run(scenario(150)) == ([], 429)  # 1.5 s ahead: refused before the app
-    assert asyncio.run(scenario(0, capacity=0.01)) == (["app"], 0)  # none ahead: always taken
-
-
-def test_one_huge_request_does_not_size_every_request_at_the_edge() -> None:
-    """The edge sizes a request by the median of the last accepted ones: after one of a thousand
-    sentences among one-sentence requests, it still counts one sentence a request."""
-
-    async def scenario() -> float:
-        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=BatchLimits(max_queue=10_000))
-        for size in (1, 1000, 1, 1):
-            scheduler.submit([("x", 1)] * size)
-        scheduler.rates.observe(1, 80.0)  # sentences/s
-        return scheduler.request_rate(1)
-
-    assert asyncio.run(scenario()) == pytest.approx(80.0)
+    assert asyncio.run(scenario("/extract", 0.5)) == (["app"], 0, [(None, 0)])
+    assert asyncio.run(scenario("/extract", 1.5))[:2] == ([], 429)
+    assert asyncio.run(scenario("/v2/models/span-conll03/infer", 1.5)) == ([], 429, [("span-conll03", 0)])
+    assert asyncio.run(scenario("/v2/models/m/versions/1/infer", 1.5))[:2] == ([], 429)
+    assert asyncio.run(scenario("/v2/models/span-conll03/infer", None))[:2] == (["app"], 0)
+    assert asyncio.run(scenario("/models", 9.0, method="GET")) == (["app"], 0, [])
 
 
-def test_edge_admission_calibrates_its_estimate_by_what_requests_took() -> None:
-    """Requests that take twice what in flight ÷ capacity promised them teach the edge to count
-    its estimate double (the bound then holds for the wait itself); a calm spell, with no queue
-    to learn from, relaxes it back to the raw estimate."""
+def test_edge_counts_requests_let_through_and_not_yet_queued() -> None:
+    """Requests the edge let through that no scheduler holds yet (being read, parsed, planned)
+    count as a sentence each of queued work: a burst is refused at the edge before it is parsed."""
     from nerserve.service.admission import EdgeAdmission
 
-    now = [0.0]
-    took = [0.0]
+    seen: list[int] = []
 
-    async def app(scope: object, receive: object, send: object) -> None:
-        now[0] += took[0]
+    async def slow_app(scope: object, receive: object, send: object) -> None:
+        await asyncio.sleep(0.01)
 
-    statuses: list[int] = []
-    edge = EdgeAdmission(app, 1.0, lambda requests: 100.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    def wait(model: str | None, pending: int, tenant: str) -> float:
+        seen.append(pending)
+        return pending * 0.3
 
-    async def call(in_flight: int, seconds: float) -> None:
-        edge.in_flight, took[0] = in_flight, seconds
-        await edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses))  # type: ignore[arg-type]
+    async def scenario() -> list[int]:
+        statuses: list[int] = []
+        edge = EdgeAdmission(slow_app, 1.0, wait, lambda: 1)  # type: ignore[arg-type]  # one request queued
+        calls = [edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses)) for _ in range(6)]  # type: ignore[arg-type]
+        await asyncio.gather(*calls)
+        return statuses
 
-    async def scenario() -> None:
-        await call(20, 0.6)  # 0.21 s promised, took 0.6 s: too far below the bound to learn from
-        assert statuses == [] and edge.calibration == 1.0
-        for _ in range(100):
-            await call(49, 1.5)  # 0.5 s promised (half the bound), took three times that
-        assert 1.9 < edge.calibration < 2.2  # learnt until its promise reached the bound
-        refused = len(statuses)
-        await call(60, 0.0)  # 0.61 s promised now counts as about 1.2 s: refused
-        assert len(statuses) == refused + 1 and statuses[-1] == 429
-        for _ in range(2000):
-            await call(0, 0.01)  # no queue
-        assert edge.calibration == 1.0
-        await call(60, 0.0)  # 0.61 s promised: admitted again at the raw estimate
-        assert len(statuses) == refused + 1
+    statuses = asyncio.run(scenario())
+    assert seen == [0, 0, 1, 2, 3, 4] and statuses == [429]  # the sixth: 4 × 0.3 s > 1 s
 
-    asyncio.run(scenario())
+
+def test_the_edge_sizes_a_request_as_one_median_sentence() -> None:
+    """The edge weighs a request it has not read as one sentence of the median size: after one
+    request of a thousand long windows among short ones, it does not take every newcomer for a
+    thousand windows (nor count that request's backlog as their wait)."""
+
+    async def scenario() -> tuple[float, float]:
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=BatchLimits(max_queue=10_000))
+        scheduler.rates.observe(512, 2000.0)
+        scheduler.rates.observe(16, 2000.0)
+        scheduler.submit([("short", 20)])
+        scheduler.submit([("window", 380)] * 1000)
+        scheduler.submit([("short", 20)])
+        return scheduler.edge_wait(0).others, scheduler.edge_wait(10).others
+
+    alone, with_pending = asyncio.run(scenario())
+    assert alone == pytest.approx((20 + 380 + 20) / 2000)  # this round: a window and two sentences
+    assert with_pending == pytest.approx((20 + 380 + 20 + 10 * 20) / 2000)
 
 
 def test_idle_housekeeping_runs_in_the_graph_thread_when_idle_and_not_too_often() -> None:
@@ -363,7 +416,7 @@ def test_rates_are_kept_by_batch_size() -> None:
     above them, else the smallest measured; nothing measured gives 0 (nothing is refused)."""
     from nerserve.service.batching.rates import SMOOTHING, BatchRates
 
-    rates = BatchRates(max_batch_size=32)
+    rates = BatchRates(max_batch_tokens=32)
     assert not rates and rates.at(10) == 0.0
     rates.observe(2, 80.0)
     rates.observe(32, 140.0)

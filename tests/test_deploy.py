@@ -83,6 +83,11 @@ CHART_VALUES: list[dict[str, object]] = [
         "extraEnv": {"NERSERVE_MAX_BATCH_SIZE": "64"},
     },
     {"graphCache": {"existingClaim": "graphs"}, "podDisruptionBudget": {"enabled": False}, "service": {"type": "NodePort"}},
+    {
+        "apiKeys": {"keys": {"team-a": "a" * 24, "team-b": {"key": "b" * 24, "weight": 2}}},
+        "cors": {"allowOrigins": ["https://x.example"]},
+    },
+    {"apiKeys": {"existingSecret": "nerserve-keys", "protectMetrics": True}},
 ]
 
 
@@ -114,6 +119,26 @@ def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(values:
     assert ("nvidia.com/gpu" in container["resources"]["limits"]) == gpu
     assert ("HorizontalPodAutoscaler" in kinds) == bool(values.get("autoscaling"))
     assert ("PodDisruptionBudget" in kinds) == (values.get("podDisruptionBudget") is None)
+
+
+def test_helm_chart_passes_api_keys_from_a_secret() -> None:
+    """Keys in values become a Secret the Deployment reads into NERSERVE_API_KEYS (an existing
+    Secret is referenced instead, and nothing is rendered); tests/test_tenants.py serves with it."""
+    documents = rendered({"apiKeys": {"keys": {"team-a": "a" * 24}}})
+    (secret,) = [d for d in documents if d["kind"] == "Secret"]
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # type: ignore[index]
+    reference = env["NERSERVE_API_KEYS"]["valueFrom"]["secretKeyRef"]
+    assert reference["name"] == secret["metadata"]["name"]  # type: ignore[index]
+    assert json.loads(secret["stringData"][reference["key"]]) == {"team-a": "a" * 24}  # type: ignore[index]
+    existing = rendered({"apiKeys": {"existingSecret": "mine"}})
+    assert not [d for d in existing if d["kind"] == "Secret"]
+    (deployment,) = [d for d in existing if d["kind"] == "Deployment"]
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # type: ignore[index]
+    assert env["NERSERVE_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+    (open_deployment,) = [d for d in rendered({}) if d["kind"] == "Deployment"]
+    open_env = open_deployment["spec"]["template"]["spec"]["containers"][0]["env"]  # type: ignore[index]
+    assert "NERSERVE_API_KEYS" not in {e["name"] for e in open_env}  # no keys: open, as before
 
 
 def test_helm_chart_lints_clean() -> None:

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 ERROR_STATUS: dict[str, int] = {
     "malformed_json": 400,
+    "unauthorized": 401,
     "unknown_model": 404,
     "not_found": 404,
     "method_not_allowed": 405,
@@ -23,6 +24,7 @@ ERROR_STATUS: dict[str, int] = {
     "invalid_option": 422,
     "unknown_label": 422,
     "queue_full": 429,
+    "key_over_ceiling": 429,
     "not_ready": 503,
     "model_failed": 503,
     "draining": 503,

@@ -13,9 +13,11 @@ from fastapi import Request
 from nerserve.ner.archs.base import OptionError
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.state import ServiceState
+from nerserve.service.auth import tenant_of
 from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
 from nerserve.service.models import ServedModel
 from nerserve.service.pipeline import PlannedText, assemble, flatten, keep_labels
+from nerserve.service.tenants import retry_after
 
 
 @dataclass
@@ -99,7 +101,7 @@ async def _run_units(
     request: Request, model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None
 ) -> list[ItemResult]:
     try:
-        futures = model.scheduler.submit(payloads, deadline)
+        futures = model.scheduler.submit(payloads, deadline, tenant_of(request.scope))
     except QueueFull as full:
         raise ApiError(
             "queue_full",
@@ -154,8 +156,19 @@ async def extract(state: ServiceState, request: Request, model: ServedModel, ask
             where,
         )
     results: list[ItemResult] = []
+    tenant = tenant_of(request.scope)
+    over = state.tenants.charge(tenant, len(units))
+    if over:
+        raise ApiError(
+            "key_over_ceiling",
+            f"API key {tenant!r} is over its ceiling of {state.tenants.keys[tenant].max_sentences_per_second:g} "
+            "sentences a second",
+            headers={"Retry-After": retry_after(over)},
+        )
     if units:
         results = await _run_units(request, model, [((u.sentence, options), u.cost) for u in units], deadline)
+        if state.tenants.enabled:
+            state.metrics.key_sentences.labels(tenant).inc(len(units))
     by_text: list[list[Any]] = [[] for _ in planned]
     for unit, result in zip(units, results, strict=True):
         by_text[unit.text_index].append(result.value)

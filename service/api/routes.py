@@ -116,10 +116,13 @@ async def stats(request: Request) -> dict[str, Any]:
     """The papers' efficiency table, live: sentences/s and tokens/s per model over 10 s, 1 min
     and since start, mean batch size and padding ratio."""
     state = service_state(request)
-    return {
+    table: dict[str, Any] = {
         name: {**model.observer.stats.table(), "runtime": model.runtime, "queue_depth": model.scheduler.depth}
         for name, model in state.models.items()
     }
+    if state.tenants.enabled:  # requests (by status), sentences and latency by API key name
+        table["keys"] = state.metrics.by_key()
+    return table
 
 
 @router.get("/info", response_model=InfoResponse)

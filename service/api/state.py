@@ -11,6 +11,7 @@ from nerserve.service.config import Settings
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import ServedModel
 from nerserve.service.start_up_exports import StartUpExports
+from nerserve.service.tenants import Tenants
 
 
 @dataclass
@@ -24,6 +25,7 @@ class ServiceState:
     model_errors: dict[str, str] = field(default_factory=dict)
     fatal: str | None = None  # the process cannot serve and is stopping (liveness fails)
     exports: StartUpExports = field(default_factory=StartUpExports)  # graphs missing at start-up
+    tenants: Tenants = field(default_factory=Tenants)  # API keys (none: every route open)
 
     @property
     def default_model(self) -> str | None:

@@ -19,11 +19,12 @@ class BatchLimits:
     max_wait_ms: float = 5.0  # a batch closes this long after its oldest item arrived
     max_queue: int = 2048  # sentences waiting; beyond it requests are refused (429)
     lookahead: int = 4  # a batch is chosen among the max_batch_size × lookahead oldest items
-    # admission: a request whose sentences would wait longer than this (queued sentences ÷ the
-    # measured rate) is refused at once with 429, so accepted ones keep their latency
+    # admission: a request whose wait on others' work (in fair order, at the measured sub-words/s)
+    # would exceed this is refused at once with 429, so admitted ones keep their latency
     max_queue_seconds: float = 1.0
-    # most sentences of one request in a batch (None: no limit); see Settings.request_share_bound
-    max_request_share: int | None = None
+    # most sub-words of one request in a batch (None: no limit; the batch's first item goes whatever
+    # its size); see Settings.request_tokens_bound
+    max_request_tokens: int | None = None
 
 
 class Sized(Protocol):
@@ -37,25 +38,27 @@ T = TypeVar("T", bound=Sized)
 def select_batch(queue: list[T], limits: BatchLimits) -> list[int]:
     """Indices (into `queue`, oldest first) of the next batch.
 
-    Oldest first (FIFO fairness): the oldest item always goes (alone if it is over the token
-    budget by itself), then every later one among the next max_batch_size × lookahead that fits
-    the token budget and its request's share (max_request_share), so one large request does not
-    fill a batch while the look-ahead lets other requests' sentences past it.
+    In queue order (the scheduler's fair order): the first item always goes (alone if it is over
+    the token budget by itself), then every later one among the next max_batch_size × lookahead
+    that fits the token budget and its request's share (max_request_tokens), so that a large
+    request, or a long window, does not make a batch long that it does not head, while the
+    look-ahead lets other requests' sentences past it.
     """
     if not queue:
         return []
     window = queue[: limits.max_batch_size * limits.lookahead]
-    share = limits.max_request_share or limits.max_batch_size
+    share = limits.max_request_tokens
     chosen = [0]
     total = window[0].cost
-    taken = Counter([window[0].request])
+    taken = Counter({window[0].request: window[0].cost})
     for i in range(1, len(window)):
         if len(chosen) >= limits.max_batch_size:
             break
         item = window[i]
-        if taken[item.request] >= share or total + item.cost > limits.max_batch_tokens:
+        over_share = share is not None and taken[item.request] + item.cost > share
+        if over_share or total + item.cost > limits.max_batch_tokens:
             continue
         chosen.append(i)
-        taken[item.request] += 1
+        taken[item.request] += item.cost
         total += item.cost
     return chosen

@@ -1,10 +1,13 @@
 """The per-model scheduler: a bounded queue of sentences, a collect+prepare stage and a run stage.
 
-The queue is in fair order across requests (start-time fair queueing with a sentence as the
-unit): a request's i-th sentence is tagged with the round being served when it arrived plus i, and
-the queue is served by tag, then by arrival. A request of 500 sentences therefore takes one
-sentence a round beside the others instead of holding the graphs for its whole length, and a
-small request that arrives behind it waits for a few rounds, not for all of it.
+The queue (service.batching.fair_queue) is in fair order: across tenants by weight, across
+requests within a tenant a sentence a round, and a request kept past the wait it was admitted for
+goes first. A small request that arrives behind a large one waits for a few rounds, not for all
+of it.
+
+It is also the one estimator admission uses (`wait`): what a newcomer would wait under that
+sharing, counted in sub-words (a window of 384 sub-words costs what 20 short sentences cost) at the
+sub-words per second measured for back-to-back batches.
 
 Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item),
 drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
@@ -15,18 +18,19 @@ them lets the next batch be prepared while the current one runs.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
+import math
 import os
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nerserve.service.batching.fair_queue import FairQueue
 from nerserve.service.batching.packing import BatchLimits, select_batch
 from nerserve.service.batching.rates import BatchRates
 
@@ -61,13 +65,24 @@ class ItemResult:
 @dataclass
 class WorkItem:
     payload: Any
-    cost: int
+    cost: int  # sub-words
     enqueued: float
     deadline: float | None
     future: asyncio.Future[Any]
-    tag: int = 0  # fair-queueing round (see the module's docstring)
-    request: int = 0  # which submit() it came from (a batch takes at most max_request_share of one)
+    tag: int = 0  # fair-queueing round within its tenant (service.batching.fair_queue)
+    request: int = 0  # which submit() it came from (a batch takes at most max_request_tokens of one)
     started: float | None = None
+    due: float = math.inf  # when its request was promised an answer: past it, it goes first
+    tenant: str = ""  # the API key's name ("" without keys)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a newcomer would wait, in seconds: on others' work ahead of its last sentence in fair
+    order (what admission bounds), and until its last sentence is done (what a deadline bounds)."""
+
+    others: float
+    total: float
 
 
 @dataclass
@@ -112,27 +127,30 @@ class Scheduler:
     # the positions the graphs computed for a prepared batch, padding included (the padding ratio
     # of /stats and the metrics); None: its items' costs, as if nothing were padded
     padded_tokens: Callable[[Any], int] | None = None
-    _queue: list[WorkItem] = field(default_factory=list)
+    # a tenant's weight in the fair order (the API key's share; 1 without keys)
+    tenant_weight: Callable[[str], float] = field(default=lambda tenant: 1.0)
     _in_flight: int = 0
     _accepting: bool = True
+    _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
 
     def __post_init__(self) -> None:
+        self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight)
         self._arrived = asyncio.Event()
         self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
         self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs", initializer=_yield_to_the_door)
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_yield_to_the_door)
         self._tasks: list[asyncio.Task[None]] = []
-        # sentences per second end to end by batch size (see _cycle_rate): admission and Retry-After
-        self.rates = BatchRates(self.limits.max_batch_size)
+        # sub-words per second end to end by batch sub-words (see _cycle_rate): admission, Retry-After
+        self.rates = BatchRates(self.limits.max_batch_tokens)
         self._last_finished = 0.0
-        # sentences of the last accepted requests: their median sizes a request at the edge (a mean
-        # is moved by one request of a thousand windows: after one, the edge took every request for
-        # one of its size and refused all of them)
-        self._request_sizes: deque[int] = deque(maxlen=REQUEST_SIZE_WINDOW)
-        self._request_size = 0.0  # their median, kept at submit: the edge reads it for every arrival
+        # sub-words a sentence of the last accepted requests (each request's mean): their median
+        # sizes a sentence at the edge, before a body is read (a mean of all sentences would be
+        # moved by one request of a thousand windows)
+        self._sentence_sizes: deque[int] = deque(maxlen=REQUEST_SIZE_WINDOW)
+        self._typical_sentence = 0  # their median, kept at submit: the edge reads it for every arrival
+        self._open: dict[int, int] = {}  # request number → its sentences not yet answered
         self._batches = 0
         self._last_idle = 0.0
-        self._round = 0  # the fair-queueing tag of the last batch's oldest item
         self._requests = 0  # submit() calls so far: each one's items carry its number
 
     @property
@@ -143,62 +161,79 @@ class Scheduler:
     def in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def open_requests(self) -> int:
+        """Requests submitted and not yet answered in full."""
+        return len(self._open)
+
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._collect_loop()), asyncio.create_task(self._run_loop())]
 
-    def submit(self, payloads: list[tuple[Any, int]], deadline: float | None = None) -> list[asyncio.Future[ItemResult]]:
-        """Queue sentences (payload, cost) as one unit: all accepted, or QueueFull for all."""
+    def submit(
+        self, payloads: list[tuple[Any, int]], deadline: float | None = None, tenant: str = ""
+    ) -> list[asyncio.Future[ItemResult]]:
+        """Queue sentences (payload, sub-words) as one unit: all accepted, or QueueFull for all."""
         if not self._accepting:
             raise Draining("server is draining")
         if self.depth + len(payloads) > self.limits.max_queue:
-            rate = self.rates.at(self.depth + len(payloads)) or 1.0
-            raise QueueFull(self.depth, retry_after=max(1.0, (self.depth + len(payloads)) / rate))
+            rate = self.rates.at(self._queue.tokens) or 1.0
+            raise QueueFull(self.depth, retry_after=max(1.0, self._queue.tokens / rate))
         now = self.clock()
-        self._admit(len(payloads), None if deadline is None else deadline - now)
-        size = len(payloads)
-        if size:  # a request of empty texts queues nothing
-            self._request_sizes.append(size)
-            self._request_size = statistics.median(self._request_sizes)
+        costs = [cost for _, cost in payloads]
+        wait = self.wait(costs, tenant=tenant)
+        self._admit(wait, None if deadline is None else deadline - now)
+        if costs:  # a request of empty texts queues nothing
+            self._sentence_sizes.append(round(sum(costs) / len(costs)))
+            self._typical_sentence = round(statistics.median(self._sentence_sizes))
+        # the age bound: promised its wait, at least the admission bound (an estimate is not exact);
+        # nothing promised before a rate is measured
+        due = now + max(wait.total, self.limits.max_queue_seconds) if self.rates else math.inf
         loop = asyncio.get_running_loop()
-        futures = []
         self._requests += 1
-        for index, (payload, cost) in enumerate(payloads):
-            future: asyncio.Future[Any] = loop.create_future()
-            item = WorkItem(payload, cost, now, deadline, future, tag=self._round + index, request=self._requests)
-            bisect.insort_right(self._queue, item, key=_tag)  # after the items of its round already queued
-            futures.append(future)
+        first = self._queue.next_tag(tenant)
+        items = [
+            WorkItem(payload, cost, now, deadline, loop.create_future(), first + index, self._requests, due=due, tenant=tenant)
+            for index, (payload, cost) in enumerate(payloads)
+        ]
+        self._queue.push(items)
+        if payloads:
+            self._open[self._requests] = len(payloads)
         self._in_flight += len(payloads)
         self._arrived.set()
-        return futures
+        return [item.future for item in items]
 
-    def request_rate(self, requests: int) -> float:
-        """Requests per second this model answers with `requests` in flight, at the rate measured
-        for the batches they would form (0 until one is measured): what the HTTP edge, which sees
-        requests before their sentences, compares its count with."""
-        if not self._request_size:
-            return 0.0
-        return self.rates.at(round(requests * self._request_size)) / self._request_size
+    def wait(self, costs: Sequence[int], pending: int = 0, tenant: str = "") -> Wait:
+        """The estimate admission uses, for a newcomer of `costs` (sub-words per sentence). Under
+        fair sharing its last sentence runs once the work ahead of it is done: what is out of the
+        queue already, the queued sentences that fair order puts before its last one (a round of
+        every request of its tenant per sentence of its own, and the other tenants' share of that
+        time), the first sentence of each of `pending` requests (let through at the edge, not yet
+        queued: they will join the current round) and its own. Nothing measured yet: no wait
+        (nothing is refused)."""
+        sentences, own = len(costs), sum(costs)
+        pending_tokens = pending * self._typical_sentence
+        others = self._taken_tokens + self._queue.ahead_of(tenant, sentences) + pending_tokens
+        rate = self.rates.at(others + own)
+        if not rate:
+            return Wait(0.0, 0.0)
+        return Wait(others / rate, (others + own) / rate)
 
-    def _work_until_done(self, sentences: int) -> int:
-        """Sentences that run before a request of `sentences` has run: the batch running now, the
-        queued items its last sentence's tag comes after in fair order, and its own sentences."""
-        ahead = bisect.bisect_right(self._queue, self._round + sentences - 1, key=_tag)
-        taken = self._in_flight - self.depth  # out of the queue already: being prepared, handed over, running
-        return ahead + taken + sentences
+    def edge_wait(self, pending: int, tenant: str = "") -> Wait:
+        """`wait` for a request whose body is not read yet, as one sentence of the median size: the
+        least it can wait, so the edge never refuses what the queue would take (a request of many
+        sentences is weighed again, whole, at submit)."""
+        return self.wait([self._typical_sentence], pending, tenant)
 
-    def _admit(self, sentences: int, time_left: float | None) -> None:
+    def _admit(self, wait: Wait, time_left: float | None) -> None:
         """Refuse at the door what could not be answered in time: within the request's deadline
         (its whole wait, its own sentences included), and within max_queue_seconds (the work of
         others it would wait on: a request whose own sentences take longer than that would get
         a 429 that no retry could ever turn into a 200; it is taken, and served a sentence a
-        round beside the others). A request alone in an empty queue is always taken."""
+        round beside the others). A request to an empty queue is always taken."""
         if self.depth == 0:
             return
-        work = self._work_until_done(sentences)
-        rate = self.rates.at(work)
-        wait, others = (work / rate, (work - sentences) / rate) if rate else (0.0, 0.0)
-        if others > self.limits.max_queue_seconds or (time_left is not None and wait > time_left):
-            raise QueueFull(self.depth, retry_after=max(1.0, wait - self.limits.max_queue_seconds))
+        if wait.others > self.limits.max_queue_seconds or (time_left is not None and wait.total > time_left):
+            raise QueueFull(self.depth, retry_after=max(1.0, wait.others - self.limits.max_queue_seconds))
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, then wait until everything accepted has been answered."""
@@ -212,36 +247,42 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for item in self._queue:
+        for item in self._queue.clear():
             if not item.future.done():
                 item.future.set_exception(Draining("server stopped"))
-        self._queue.clear()
         self._runner.shutdown(wait=False, cancel_futures=True)
         self._preparer.shutdown(wait=False, cancel_futures=True)
 
-    def _finish(self, items: list[WorkItem]) -> None:
+    def _finish(self, items: list[WorkItem], taken: bool = True) -> None:
+        """`items` answered or dropped; `taken`: they had left the queue (prepared, handed over, run)."""
         self._in_flight -= len(items)
+        if taken:
+            self._taken_tokens -= sum(item.cost for item in items)
+        for item in items:
+            left = self._open.get(item.request, 0) - 1
+            if left > 0:
+                self._open[item.request] = left
+            else:
+                self._open.pop(item.request, None)
 
     def _drop_stale(self) -> None:
         now = self.clock()
-        kept: list[WorkItem] = []
-        gone: list[WorkItem] = []
-        late: list[WorkItem] = []
-        for item in self._queue:
-            if item.future.done():
-                gone.append(item)
-            elif item.deadline is not None and now > item.deadline:
-                item.future.set_exception(DeadlineExceeded("deadline passed before the request ran"))
-                late.append(item)
-            else:
-                kept.append(item)
-        if gone or late:
-            self._queue = kept
-            self._finish(gone + late)
-            if gone:
-                self.observer.dropped("client_gone", len(gone))
-            if late:
-                self.observer.dropped("deadline", len(late))
+
+        def stale(item: WorkItem) -> bool:
+            return item.future.done() or (item.deadline is not None and now > item.deadline)
+
+        removed = self._queue.remove_if(stale)
+        if not removed:
+            return
+        gone = [item for item in removed if item.future.done()]
+        late = [item for item in removed if not item.future.done()]
+        for item in late:
+            item.future.set_exception(DeadlineExceeded("deadline passed before the request ran"))
+        self._finish(gone + late, taken=False)
+        if gone:
+            self.observer.dropped("client_gone", len(gone))
+        if late:
+            self.observer.dropped("deadline", len(late))
 
     async def _wait_for_batch(self) -> list[WorkItem]:
         while True:
@@ -251,28 +292,26 @@ class Scheduler:
             self._arrived.clear()
             await self._arrived.wait()
         limits = self.limits
-        close_at = self._queue[0].enqueued + limits.max_wait_ms / 1000
+        close_at = self._queue.oldest_arrival() + limits.max_wait_ms / 1000
         while True:
             self._drop_stale()
             if not self._queue:
                 return []
-            queued_tokens = sum(item.cost for item in self._queue[: limits.max_batch_size])
-            full = len(self._queue) >= limits.max_batch_size or queued_tokens >= limits.max_batch_tokens
+            full = len(self._queue) >= limits.max_batch_size or self._queue.tokens >= limits.max_batch_tokens
             remaining = close_at - self.clock()
             # Double buffering: while a prepared batch already waits for the graphs, this one keeps
             # growing (it could not run sooner anyway). Otherwise it closes at max_wait, or at once
             # when full, and is prepared while the graphs still run the current batch, so the graph
-            # thread never idles through a prepare (measured: busy 82 % at c=64 when every batch
-            # waited for the graphs to be free before it was even closed).
+            # thread never idles through a prepare.
             if full or (remaining <= 0 and self._handoff.empty()):
                 break
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
-        chosen = set(select_batch(self._queue, limits))
-        self._round = max(self._round, self._queue[0].tag)
-        batch = [item for i, item in enumerate(self._queue) if i in chosen]
-        self._queue = [item for i, item in enumerate(self._queue) if i not in chosen]
+        window = self._queue.order(limits.max_batch_size * limits.lookahead, self.clock())
+        batch = [window[i] for i in sorted(select_batch(window, limits))]
+        self._queue.take(batch)
+        self._taken_tokens += sum(item.cost for item in batch)
         return batch
 
     async def _collect_loop(self) -> None:
@@ -317,7 +356,7 @@ class Scheduler:
             tokens = [item.cost for item in batch]
             rate = self._cycle_rate(batch, finished, seconds)
             if rate is not None:
-                self.rates.observe(len(batch), rate)
+                self.rates.observe(sum(tokens), rate)
             self.observer.batch_done(
                 BatchRecord(
                     len(batch),
@@ -338,7 +377,7 @@ class Scheduler:
             await asyncio.get_running_loop().run_in_executor(self._runner, self.on_idle)
 
     def _cycle_rate(self, batch: list[WorkItem], finished: float, run_seconds: float) -> float | None:
-        """Sentences per second over a batch's whole cycle, from the previous batch's end to its own,
+        """Sub-words per second over a batch's whole cycle, from the previous batch's end to its own,
         when it was waiting as that one ended (back to back: the capacity). The graphs' run time
         alone over-states the rate: preparing the next batch, the event loop and the decoding
         share the cores with it (measured at 3× load: 75 sentences/s by run time, 62 delivered,
@@ -346,9 +385,10 @@ class Scheduler:
         busy the service was, not how fast it is (at 70 % load such samples refused bursts it
         could serve): none is taken from it, except the first estimate from its run time."""
         previous, self._last_finished = self._last_finished, finished
+        tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:
-            return len(batch) / max(finished - previous, 1e-6)
-        return None if self.rates else len(batch) / max(run_seconds, 1e-6)
+            return tokens / max(finished - previous, 1e-6)
+        return None if self.rates else tokens / max(run_seconds, 1e-6)
 
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
@@ -378,10 +418,6 @@ class Scheduler:
             if not item.future.done():
                 item.future.set_exception(error)
         self._finish(batch)
-
-
-def _tag(item: WorkItem) -> int:
-    return item.tag
 
 
 # The batch threads run at a lower OS priority than the event loop (nice +10, this thread only:

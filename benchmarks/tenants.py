@@ -1,0 +1,131 @@
+"""Tenants under load, against a server started with two API keys: team-a (no ceiling) and team-b
+(a ceiling of CEILING sentences a second), span-conll03 on core 0 with one graph thread:
+
+    NERSERVE_API_KEYS='{"team-a": "<key a>", "team-b": {"key": "<key b>", "max_sentences_per_second": 20}}' \\
+      taskset -c 0 nerserve serve --models span-conll03 --threads 1 --port 8047 &
+    taskset -c 1 python benchmarks/tenants.py --url http://127.0.0.1:8047 --key-a <key a> --key-b <key b>
+
+1. the door at capacity: team-a keeps the server at capacity (closed loop, 32 connections) while
+   requests without a key and with a wrong one arrive (open loop, 50/s each): their 401s' p99
+   (bar ≤ 5 ms), and that /metrics counted every one of them;
+2. fair share by key: team-a sends one request of 200,000 words; team-b one sentence every 0.5 s
+   for 5 s (bar: all 200, each within 1 s);
+3. the ceiling: team-b offers twice its ceiling in one-sentence requests while team-a offers the
+   same rate: team-b is refused above its ceiling, team-a is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from fair_share import measure as fair_share  # beside this script
+
+from nerserve.loadtest.client import make_client, read_sentences, scrape
+from nerserve.loadtest.runs import closed_loop, open_loop
+from nerserve.loadtest.stats import percentile
+
+app = typer.Typer(add_completion=False)
+
+
+def _statuses(run: dict[str, Any]) -> dict[str, int]:
+    return dict(run["status_counts"])
+
+
+def _latencies_ms(run: dict[str, Any], status: int) -> list[float]:
+    return [1000 * latency for _, latency, code, _, _ in run["samples"] if code == status]
+
+
+async def door_at_capacity(url: str, key_a: str, sentences: list[list[str]], seconds: float) -> dict[str, Any]:
+    async with (
+        make_client(url, 64, key_a) as team_a,
+        make_client(url, 256) as nobody,
+        make_client(url, 256, "wrong-" + "x" * 30) as wrong,
+    ):
+        before = await scrape(nobody)
+        load, missing, wrong_key = await asyncio.gather(
+            closed_loop(team_a, "span-conll03", sentences, 32, seconds),
+            open_loop(nobody, "span-conll03", sentences, 50.0, seconds, seed=1),
+            open_loop(wrong, "span-conll03", sentences, 50.0, seconds, seed=2),
+        )
+        after = await scrape(nobody)
+    refused = _latencies_ms(missing, 401) + _latencies_ms(wrong_key, 401)
+    key = 'nerserve_key_requests_total{key="unknown",status="401"}'
+    counted = after.get(key, 0.0) - before.get(key, 0.0)
+    sent = len(refused)
+    return {
+        "team_a_sentences_per_second": load["sentences_per_second"],
+        "team_a_statuses": _statuses(load),
+        "refused_401": sent,
+        "other_statuses": {"missing": _statuses(missing), "wrong": _statuses(wrong_key)},
+        "p50_401_ms": percentile(refused, 50),
+        "p99_401_ms": percentile(refused, 99),
+        "counted_in_metrics": counted,
+        "passed": bool(sent) and percentile(refused, 99) <= 5.0 and counted == sent,
+    }
+
+
+async def ceiling(url: str, key_a: str, key_b: str, sentences: list[list[str]], limit: float, seconds: float) -> dict[str, Any]:
+    rate = 2 * limit
+    async with make_client(url, 256, key_a) as team_a, make_client(url, 256, key_b) as team_b:
+        run_a, run_b = await asyncio.gather(
+            open_loop(team_a, "span-conll03", sentences, rate, seconds, seed=3),
+            open_loop(team_b, "span-conll03", sentences, rate, seconds, seed=4),
+        )
+    answered_b = _statuses(run_b).get("200", 0) / seconds
+    return {
+        "offered_each_per_second": rate,
+        "ceiling_b": limit,
+        "team_a_statuses": _statuses(run_a),
+        "team_b_statuses": _statuses(run_b),
+        "team_b_answered_per_second": answered_b,
+        # within its ceiling (plus the one second's worth a full bucket holds at the start)
+        "passed": _statuses(run_a) == {"200": run_a["requests"]} and answered_b <= limit * (1 + 1 / seconds) + 1e-9,
+    }
+
+
+@app.command()
+def main(
+    url: Annotated[str, typer.Option()] = "http://127.0.0.1:8047",
+    key_a: Annotated[str, typer.Option(envvar="KEY_A")] = "",
+    key_b: Annotated[str, typer.Option(envvar="KEY_B")] = "",
+    ceiling_b: Annotated[float, typer.Option(help="team-b's configured sentences/s")] = 20.0,
+    data: Annotated[Path, typer.Option()] = Path("../shared/data/conll03"),
+    seconds: Annotated[float, typer.Option()] = 20.0,
+    out: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    sentences = read_sentences(data)
+
+    async def everything() -> dict[str, Any]:
+        door = await door_at_capacity(url, key_a, sentences, seconds)
+        shared = await fair_share(url, sentences, 2.0, big_key=key_a, small_key=key_b)
+        capped = await ceiling(url, key_a, key_b, sentences, ceiling_b, seconds / 2)
+        return {"door_at_capacity": door, "fair_share_by_key": shared, "ceiling": capped}
+
+    result = asyncio.run(everything())
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    door, shared, capped = result["door_at_capacity"], result["fair_share_by_key"], result["ceiling"]
+    typer.echo(
+        f"1. door at capacity: team-a {door['team_a_sentences_per_second']:.1f} sentences/s; {door['refused_401']} 401s, "
+        f"p50 {door['p50_401_ms']:.2f} ms, p99 {door['p99_401_ms']:.2f} ms (≤ 5), counted {door['counted_in_metrics']:.0f}: "
+        + ("pass" if door["passed"] else "FAIL")
+    )
+    typer.echo(
+        f"2. fair share by key: team-b's one-sentence requests {[s['status'] for s in shared['small']]}, "
+        f"max {shared['small_max_seconds']:.2f} s (≤ 1) beside team-a's 200,000 words: "
+        + ("pass" if shared["passed"] else "FAIL")
+    )
+    typer.echo(
+        f"3. ceiling {capped['ceiling_b']:g}/s on team-b, each offering {capped['offered_each_per_second']:g}/s: team-a "
+        f"{capped['team_a_statuses']}, team-b {capped['team_b_statuses']} "
+        f"({capped['team_b_answered_per_second']:.1f} answered/s): " + ("pass" if capped["passed"] else "FAIL")
+    )
+
+
+if __name__ == "__main__":
+    app()
