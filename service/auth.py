@@ -2,7 +2,12 @@
 or wrong `Authorization: Bearer <key>` on a protected route is answered 401 (JSON, counted in
 /metrics as every response is); a right one puts the key's name in the request's scope, where
 admission, the fair order and the metrics read it. Health, /info, the docs and (unless configured)
-/metrics stay open, for probes and scrapers."""
+/metrics stay open, for probes and scrapers.
+
+`Door` decides; `KeyAuth` applies it to the ASGI app (wherever the app runs, Ray Serve included),
+and the HTTP protocol (service.http_protocol) applies it as soon as a request's headers are parsed,
+answering a refusal in the same callback, so that under load a 401 does not wait its turn behind
+the answers the event loop is writing."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from nerserve.service.tenants import UNKNOWN, Tenants
 
 PROTECTED = ("/extract", "/models", "/stats", "/v2")
 OPEN_UNDER_V2 = ("/v2/health/",)
+CHALLENGE = (b"www-authenticate", b'Bearer realm="nerserve"')
 
 
 def tenant_of(scope: Scope) -> str:
@@ -22,45 +28,52 @@ def tenant_of(scope: Scope) -> str:
     return str(scope.get("state", {}).get("tenant", ""))
 
 
-class KeyAuth:
-    def __init__(self, app: ASGIApp, tenants: Tenants, metrics: Metrics, protect_metrics: bool = False) -> None:
-        self.app = app
+class Door:
+    def __init__(self, tenants: Tenants, metrics: Metrics, protect_metrics: bool = False) -> None:
         self.tenants = tenants
         self.metrics = metrics
         self.protected = PROTECTED + (("/metrics",) if protect_metrics else ())
 
-    def _protects(self, path: str) -> bool:
+    def _protects(self, scope: Scope) -> bool:
+        # a CORS preflight (OPTIONS) runs nothing and carries no credentials: never refused here
+        if not self.tenants.enabled or scope.get("method") == "OPTIONS":
+            return False
+        path = scope.get("path", "")
         if path.startswith(OPEN_UNDER_V2):
             return False
         return any(path == prefix or path.startswith(prefix + "/") for prefix in self.protected)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # a CORS preflight (OPTIONS) runs nothing and carries no credentials: never refused here
-        if (
-            scope["type"] != "http"
-            or not self.tenants.enabled
-            or scope.get("method") == "OPTIONS"
-            or not self._protects(scope.get("path", ""))
-        ):
-            await self.app(scope, receive, send)
-            return
+    def check(self, scope: Scope) -> str | None:
+        """None: let through (with the key's name in the scope where a key was asked for); else
+        why it is refused."""
+        if not self._protects(scope):
+            return None
         authorization = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
         tenant = self.tenants.identify(authorization)
         if tenant is None:
-            await self._refuse(send, "missing API key" if authorization is None else "wrong API key")
-            return
+            return "missing API key" if authorization is None else "wrong API key"
         scope.setdefault("state", {})["tenant"] = tenant
-        await self.app(scope, receive, send)
+        return None
 
-    async def _refuse(self, send: Send, why: str) -> None:
-        message = f"{why}: send 'Authorization: Bearer <key>'"
-        body = json.dumps({"error": {"code": "unauthorized", "message": message, "field": "authorization"}}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b'Bearer realm="nerserve"'),
-        ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    def refusal(self, why: str) -> bytes:
+        """The 401's body; counted as it is made (every refusal is sent)."""
         self.metrics.requests.labels("", "401").inc()
         self.metrics.key_requests.labels(UNKNOWN, "401").inc()
+        message = f"{why}: send 'Authorization: Bearer <key>'"
+        return json.dumps({"error": {"code": "unauthorized", "message": message, "field": "authorization"}}).encode()
+
+
+class KeyAuth:
+    def __init__(self, app: ASGIApp, door: Door) -> None:
+        self.app = app
+        self.door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        why = self.door.check(scope) if scope["type"] == "http" else None
+        if why is None:
+            await self.app(scope, receive, send)
+            return
+        body = self.door.refusal(why)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), CHALLENGE]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

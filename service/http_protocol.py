@@ -1,8 +1,10 @@
-"""uvicorn's HTTP protocol with a deadline on the request line and headers. uvicorn times out an
-idle keep-alive connection but not one that sends its headers a byte at a time: such "slow
-header" clients would each hold a connection forever. A request whose headers have not all
-arrived within `header_timeout` seconds of its first byte (or of the connection) is answered
-408 in JSON and the connection closed."""
+"""uvicorn's HTTP protocol with a deadline on the request line and headers, and the API-key door
+applied as soon as the headers are parsed. uvicorn times out an idle keep-alive connection but
+not one that sends its headers a byte at a time: such "slow header" clients would each hold a
+connection forever. A request whose headers have not all arrived within `header_timeout` seconds
+of its first byte (or of the connection) is answered 408 in JSON and the connection closed. A
+request the door refuses is answered 401 in the same callback, before its body is read and
+without an ASGI task (which would wait its turn behind the answers the event loop is writing)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ import asyncio
 import json
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from nerserve.service.auth import CHALLENGE, Door
 from nerserve.service.metrics import Metrics
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     header_timeout = 10.0  # set from Settings.header_timeout_seconds by service.main.run
     metrics: Metrics | None = None  # the app's, set by service.main.run: a 408 is counted like any response
+    door: Door | None = None  # the app's API-key door, set by service.main.run
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -39,6 +43,22 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.headers_since = None
         super().on_headers_complete()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        why = self.door.check(cycle.scope) if self.door is not None else None  # type: ignore[arg-type]
+        if why is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        body = self.door.refusal(why)  # type: ignore[union-attr]
+        head = [b"HTTP/1.1 401 Unauthorized", b"content-type: application/json", b"content-length: %d" % len(body)]
+        head.append(b"%s: %s" % CHALLENGE)
+        if not cycle.keep_alive:
+            head.append(b"connection: close")
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        cycle.response_complete = True  # the body, if any, is read and dropped
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -34,7 +34,7 @@ from nerserve.service.api.errors import (
 from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
-from nerserve.service.auth import KeyAuth, tenant_of
+from nerserve.service.auth import Door, KeyAuth, tenant_of
 from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
@@ -223,6 +223,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+def door(state: ServiceState) -> Door:
+    return Door(state.tenants, state.metrics, state.settings.protect_metrics)
+
+
 def with_admission(app: FastAPI) -> ASGIApp:
     """The application as served: CORS (when origins are allowed), the API-key door, then the
     edge admission, outside everything else."""
@@ -239,7 +243,7 @@ def with_admission(app: FastAPI) -> ASGIApp:
         return sum(model.scheduler.open_requests for model in state.models.values())
 
     admitted = EdgeAdmission(app, state.settings.max_queue_seconds, wait, open_requests, state.metrics)
-    served: ASGIApp = KeyAuth(admitted, state.tenants, state.metrics, state.settings.protect_metrics)
+    served: ASGIApp = KeyAuth(admitted, door(state))
     if state.settings.cors_allow_origins:
         served = CORSMiddleware(
             served,
@@ -280,6 +284,7 @@ def run(settings: Settings) -> None:
     app = create_app(settings)
     HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
     HeaderDeadlineProtocol.metrics = app.state.service.metrics
+    HeaderDeadlineProtocol.door = door(app.state.service)
     config = uvicorn.Config(
         with_admission(app),
         host=settings.host,

@@ -25,6 +25,7 @@ ERROR_STATUS: dict[str, int] = {
     "unknown_label": 422,
     "queue_full": 429,
     "key_over_ceiling": 429,
+    "client_gone": 499,  # the client closed the connection first (nginx's convention); nobody reads it
     "not_ready": 503,
     "model_failed": 503,
     "draining": 503,

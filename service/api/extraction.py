@@ -94,7 +94,15 @@ async def _await_all(request: Request, futures: list[asyncio.Future[ItemResult]]
     for future in futures:
         future.cancel()
     gathered.cancel()
-    raise asyncio.CancelledError
+    gathered.add_done_callback(_retrieved)
+    # answered to nobody, but counted in /metrics under its own status rather than as a failure
+    raise ApiError("client_gone", "the client closed the connection before the answer")
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A cancelled gather's outcome, taken so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _run_units(

@@ -8,8 +8,9 @@ Two levels of fair queueing, a sentence the unit:
   its whole length.
 - **tenants** (weighted fair queueing over the tenants that wait): each tenant's virtual time
   advances by 1 ÷ its weight for every sentence of it that runs, and the next sentence comes from
-  the tenant with the least virtual time; a tenant that starts waiting starts level with the least
-  served of those already waiting. Without API keys every request is of one tenant ("").
+  the tenant with the least virtual time; a tenant that starts waiting starts at the system's
+  virtual time (where the last batch's sentences started), so it is not charged for the time it
+  did not wait, nor can it claim that time back. Without API keys every request is of one tenant ("").
 
 A request whose promised time (`WorkItem.due`) has passed has its next sentence put before every
 other, one a batch.
@@ -53,7 +54,7 @@ class FairQueue(Generic[T]):
     def __init__(self, weight: Callable[[str], float] = lambda tenant: 1.0) -> None:
         self.weight = weight
         self._flows: dict[str, TenantFlow[T]] = {}
-        self._virtual = 0.0  # the least virtual time among waiting tenants at the last batch
+        self._virtual = 0.0  # where the last batch's sentences started, in virtual time
         self._count = 0
         self.tokens = 0  # sub-words queued
 
@@ -68,7 +69,7 @@ class FairQueue(Generic[T]):
         flow = self._flows.get(tenant)
         if flow is None:
             flow = self._flows[tenant] = TenantFlow[T](weight=self.weight(tenant), virtual=self._virtual)
-        elif not flow.items:  # starts waiting: level with the least served of those waiting
+        elif not flow.items:  # starts waiting: at the system's virtual time, not before
             flow.virtual = max(flow.virtual, self._virtual)
         return flow
 
@@ -139,19 +140,23 @@ class FairQueue(Generic[T]):
         virtual time by what it ran."""
         chosen = {id(item) for item in batch}
         touched = {item.tenant for item in batch}
+        started: list[float] = []  # where each tenant's run in this batch started, in virtual time
         for tenant in touched:
             flow = self._flows[tenant]
             mine = [item for item in flow.items if id(item) in chosen]
             flow.round = max(flow.round, flow.items[0].tag)
+            started.append(flow.virtual)
             flow.virtual += len(mine) / flow.weight
             flow.items = [item for item in flow.items if id(item) not in chosen]
             flow.tokens -= sum(item.cost for item in mine)
         taken = sum(item.cost for item in batch)
         self.tokens -= taken
         self._count -= len(batch)
-        waiting = [flow.virtual for flow in self._flows.values() if flow.items]
-        if waiting:
-            self._virtual = max(self._virtual, min(waiting))
+        # the system's virtual time is the start of what ran last (start-time fair queueing): a
+        # tenant that starts waiting now starts there, before a backlogged tenant's next sentence
+        # (which starts where its last one ended), and so is in the next batch
+        if started:
+            self._virtual = max(self._virtual, min(started))
 
     def remove_if(self, gone: Callable[[T], bool]) -> list[T]:
         """Drop the sentences `gone` picks (a client that went away, a deadline passed)."""
