@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -22,6 +23,21 @@ def free_port() -> int:
 
 # What `python -c` runs to serve with some packages made unimportable (as if not installed)
 BLOCKING = "import sys\nfor name in sys.argv[1:]: sys.modules[name] = None\nfrom nerserve.cli import app\napp(['serve'])"
+
+
+def poll_ready(url: str, still_running: Callable[[], None], timeout: float, every: float = 0.5) -> bool:
+    """GET {url}/health/ready until it answers 200 (True) or `timeout` passes (False);
+    `still_running` raises when the server has died meanwhile."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        still_running()
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(every)
+    return False
 
 
 class Server:

@@ -19,7 +19,7 @@ import pytest
 
 from nerserve.client import Client
 from nerserve.ner.data import read_split
-from tests.serving import Server, assert_same_results, free_port
+from tests.serving import Server, assert_same_results, free_port, poll_ready
 
 pytest.importorskip("ray.serve")
 REPLICA = "ServeReplica:nerserve"  # the replicas' process titles
@@ -39,15 +39,11 @@ def ray_url() -> Iterator[str]:
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+
+        def still_running() -> None:
             assert process.poll() is None, process.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
+
+        poll_ready(url, still_running, timeout=300, every=1)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)

@@ -12,13 +12,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.serving import poll_ready
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -102,15 +102,10 @@ def container(image: str, *args: str, name: str) -> Iterator[str]:
 
 
 def wait_ready(url: str, name: str, timeout: float = 180) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    def still_running() -> None:
         state = json.loads(podman("inspect", "--format", "{{json .State}}", name).stdout)
         if not state.get("Running"):
             raise AssertionError(f"container exited {state.get('ExitCode')}:\n{podman('logs', name).stderr[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{name} not ready in {timeout} s:\n{podman('logs', name).stderr[-3000:]}")
+
+    if not poll_ready(url, still_running, timeout):
+        raise AssertionError(f"{name} not ready in {timeout} s:\n{podman('logs', name).stderr[-3000:]}")
