@@ -355,7 +355,7 @@ def serve(
         typer.Option(min=1, help="most sub-words of one request in a batch (default 256 on CPU, none on CUDA)"),
     ] = None,
     runtime: Annotated[Runtime | None, typer.Option()] = None,
-    device: Annotated[str | None, typer.Option(help="cpu or cuda")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda[:N] (exits at once where CUDA cannot be used) or auto")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph")] = None,
     default_model: Annotated[str | None, typer.Option(help="model for requests that name none")] = None,
     on_model_error: Annotated[

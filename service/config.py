@@ -32,7 +32,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     runtime: Runtime = Runtime.onnx
-    device: str = "cpu"
+    device: str = Field(
+        "cpu",
+        description="cpu, cuda[:N] (the process exits at once, saying why, where CUDA cannot be used) or auto "
+        "(CUDA where it works, else the CPU)",
+    )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
     max_batch_size: int = Field(32, ge=1)
     max_batch_tokens: int = Field(8192, ge=16)

@@ -39,6 +39,7 @@ from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
+from nerserve.service.runtime import DeviceUnavailable, resolve_device
 from nerserve.service.tenants import Tenants, read_api_keys
 
 log = logging.getLogger("nerserve")
@@ -281,6 +282,13 @@ GIL_SWITCH_SECONDS = 0.001
 def run(settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
+        device = resolve_device(settings.device, settings.runtime.value)
+    except DeviceUnavailable as error:
+        raise SystemExit(f"nerserve: {error}") from None
+    if device != settings.device:
+        log.info("--device %s: running on %s", settings.device, device)
+        settings = settings.model_copy(update={"device": device})
     app = create_app(settings)
     HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
     HeaderDeadlineProtocol.metrics = app.state.service.metrics

@@ -10,6 +10,45 @@ from nerserve.ner.graph import Graph, GraphError
 from nerserve.ner.graph_format import GraphFormat
 
 
+class DeviceUnavailable(RuntimeError):
+    """A device that was asked for cannot be used: an error, never a silent fall-back to the CPU."""
+
+
+def resolve_device(device: str, runtime: str) -> str:
+    """The device the graphs will run on: `cpu`, `cuda[:N]` when that runtime can use CUDA here
+    (else DeviceUnavailable, saying why), or `auto`: CUDA when it can, the CPU otherwise."""
+    if device == "cpu":
+        return device
+    reason = _cuda_missing(runtime)
+    if device == "auto":
+        return "cpu" if reason else "cuda"
+    if not device.startswith("cuda"):
+        raise DeviceUnavailable(f"--device {device!r}: cpu, cuda, cuda:N or auto")
+    if reason:
+        raise DeviceUnavailable(f"--device {device}: CUDA cannot be used here: {reason}")
+    return device
+
+
+def _cuda_missing(runtime: str) -> str | None:
+    """Why the runtime cannot run on CUDA here, or None."""
+    if runtime == "onnx":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return (
+                f"this onnxruntime ({ort.__version__}) has no CUDA execution provider "
+                "(install onnxruntime-gpu: pip install 'nerserve[gpu]', or use the GPU image)"
+            )
+        return None
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device (built for CUDA: {torch.version.cuda or 'no'})"
+    return None
+
+
 def load_graph(
     path: Path, fmt: GraphFormat, device: str = "cpu", threads: int | None = None, optimization_level: str | None = None
 ) -> Graph:

@@ -55,6 +55,13 @@ class OnnxGraph:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as error:  # onnxruntime raises its own Fail/InvalidProtobuf types
             raise GraphError(f"{path}: cannot load ONNX graph ({str(error).splitlines()[0][:200]})") from None
+        if device.startswith("cuda") and self.session.get_providers()[0] != "CUDAExecutionProvider":
+            # ONNX Runtime falls back to the CPU when its CUDA provider cannot load (a missing
+            # driver or library): asked for CUDA, that is an error, not a quieter CPU service
+            raise GraphError(
+                f"{path}: asked for {device}, but ONNX Runtime runs it on {self.session.get_providers()} "
+                "(its CUDA execution provider could not load: see its log above for the missing library or driver)"
+            )
         self.path = path
         self.device = "cuda" if on_cuda else "cpu"
         # I/O binding is what keeps outputs on a GPU; `io_binding=True` takes that path on CPU too

@@ -16,7 +16,9 @@ from nerserve.ner.torch_graph import from_tensors, to_tensor
 
 class TorchScriptGraph:
     def __init__(self, path: Path, device: str = "cpu") -> None:
-        self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise GraphError(f"{path}: asked for {device}, but torch sees no CUDA device")
+        self.device = torch.device(device)
         extra = {TORCHSCRIPT_IO: ""}
         try:
             self.module = torch.jit.load(str(path), map_location=self.device, _extra_files=extra)

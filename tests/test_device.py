@@ -1,0 +1,53 @@
+"""A truthful device: a device that cannot be used is an error at start-up, never a silent CPU
+service; `auto` takes CUDA only where it works (this machine has no GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nerserve.ner.graph import GraphError
+from nerserve.service.runtime import DeviceUnavailable, resolve_device
+
+
+def test_devices_resolve_to_what_can_run_here() -> None:
+    assert resolve_device("cpu", "onnx") == "cpu"
+    assert resolve_device("auto", "onnx") == "cpu"  # no CUDA provider in the CPU wheel
+    with pytest.raises(DeviceUnavailable, match="CUDA execution provider"):
+        resolve_device("cuda", "onnx")
+    with pytest.raises(DeviceUnavailable, match=r"torch .* sees no CUDA device"):
+        resolve_device("cuda:0", "torchscript")
+    with pytest.raises(DeviceUnavailable, match="cpu, cuda, cuda:N or auto"):
+        resolve_device("tpu", "onnx")
+
+
+def test_an_onnx_graph_asked_for_cuda_does_not_fall_back_to_the_cpu(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from nerserve.service.runtime.onnx import OnnxGraph
+
+    value = helper.make_tensor_value_info
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([relu], "tiny", [value("x", TensorProto.FLOAT, [2])], [value("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "tiny.onnx")
+    assert OnnxGraph(tmp_path / "tiny.onnx").device == "cpu"
+    with pytest.raises(GraphError, match="asked for cuda"):
+        OnnxGraph(tmp_path / "tiny.onnx", device="cuda")
+
+
+def test_serve_on_cuda_without_cuda_exits_non_zero_at_once_naming_cuda() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "nerserve", "serve", "--device", "cuda", "--models", "span-conll03", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and time.monotonic() - started < 60
+    assert "--device cuda: CUDA cannot be used here" in done.stderr, done.stderr[-2000:]
