@@ -12,14 +12,13 @@ the two, so that a flood is refused here, before it is parsed, rather than after
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from nerserve.service.api.errors import ERROR_STATUS
+from nerserve.service.api.errors import ERROR_STATUS, error_body
 from nerserve.service.auth import tenant_of
 from nerserve.service.metrics import Metrics
 
@@ -76,7 +75,7 @@ class EdgeAdmission:
 
     async def _refuse(self, send: Send, wait: float, scope: Scope) -> None:
         message = f"overloaded: {self.in_flight} requests in flight, about {wait:.1f} s of work ahead"
-        body = json.dumps({"error": {"code": "queue_full", "message": message, "field": None}}).encode()
+        body = error_body("queue_full", message)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

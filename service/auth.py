@@ -11,10 +11,9 @@ the answers the event loop is writing."""
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from nerserve.service.api.errors import error_body
 from nerserve.service.metrics import Metrics
 from nerserve.service.tenants import UNKNOWN, Tenants
 
@@ -45,8 +44,8 @@ class Door:
 
     def check(self, scope: Scope) -> str | None:
         """None: let through (with the key's name in the scope where a key was asked for); else
-        why it is refused."""
-        if not self._protects(scope):
+        why it is refused. A request the protocol's door let through is not weighed again."""
+        if "tenant" in scope.get("state", {}) or not self._protects(scope):
             return None
         authorization = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), None)
         tenant = self.tenants.identify(authorization)
@@ -59,8 +58,7 @@ class Door:
         """The 401's body; counted as it is made (every refusal is sent)."""
         self.metrics.requests.labels("", "401").inc()
         self.metrics.key_requests.labels(UNKNOWN, "401").inc()
-        message = f"{why}: send 'Authorization: Bearer <key>'"
-        return json.dumps({"error": {"code": "unauthorized", "message": message, "field": "authorization"}}).encode()
+        return error_body("unauthorized", f"{why}: send 'Authorization: Bearer <key>'", "authorization")
 
 
 class KeyAuth:

@@ -9,11 +9,11 @@ without an ASGI task (which would wait its turn behind the answers the event loo
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from nerserve.service.api.errors import error_body
 from nerserve.service.auth import CHALLENGE, Door
 from nerserve.service.metrics import Metrics
 
@@ -82,15 +82,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def _headers_too_slow(self) -> None:
         if self.transport.is_closing():
             return
-        body = json.dumps(
-            {
-                "error": {
-                    "code": "request_timeout",
-                    "message": f"headers not received within {self.header_timeout:g} s",
-                    "field": None,
-                }
-            }
-        ).encode()
+        body = error_body("request_timeout", f"headers not received within {self.header_timeout:g} s")
         head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         self.transport.close()

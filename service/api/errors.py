@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import Request
@@ -45,6 +46,12 @@ class ApiError(Exception):
     @property
     def status(self) -> int:
         return ERROR_STATUS[self.code]
+
+
+def error_body(code: str, message: str, field: str | None = None) -> bytes:
+    """The error envelope as bytes, for the answers written below FastAPI (the edge's 429, the door's
+    401, the protocol's 408)."""
+    return json.dumps({"error": {"code": code, "message": message, "field": field}}).encode()
 
 
 def error_response(code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -162,9 +162,12 @@ class FairQueue(Generic[T]):
         """Drop the sentences `gone` picks (a client that went away, a deadline passed)."""
         removed: list[T] = []
         for flow in self._flows.values():
-            out = [item for item in flow.items if gone(item)]
+            kept: list[T] = []
+            out: list[T] = []
+            for item in flow.items:
+                (out if gone(item) else kept).append(item)
             if out:
-                flow.items = [item for item in flow.items if not gone(item)]
+                flow.items = kept
                 flow.tokens -= sum(item.cost for item in out)
                 removed.extend(out)
         self.tokens -= sum(item.cost for item in removed)
