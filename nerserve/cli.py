@@ -141,6 +141,9 @@ def train(
         float,
         typer.Option(min=0.0, max=1.0, help="gner: share of each epoch drawn from DATA, the rest evenly from open/"),
     ] = 0.4,
+    held_out: Annotated[
+        str | None, typer.Option(help="gliner: comma-separated sets beside DATA (or in open/) left out of training")
+    ] = None,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -159,6 +162,7 @@ def train(
         precision=precision.value,
         init_from=init_from,
         scored_share=scored_share,
+        held_out=held_out,
     )
     from nerserve.ner.loading import lazy
 

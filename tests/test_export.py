@@ -16,6 +16,7 @@ from nerserve.export.session_tuning import capped_levels, lower_level_candidates
 from nerserve.export.writers import DYNAMO, TRACED
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
+from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
 from nerserve.ner.archs.nag.config import NagConfig, NagDecodeOptions
 from nerserve.ner.archs.registry import ARCHITECTURES
@@ -90,6 +91,14 @@ CONFIGS = {
         decoder_rank=2,
         cross_rank=2,
         decode=GnerOptions(),
+    ),
+    # open labels, one graph; a random network scores every pair near its starting bias
+    "gliner": GlinerConfig(
+        labels=("person", "location", "organization", "miscellaneous"),
+        max_width=4,
+        encoder=TINY_ENCODER,
+        hidden=16,
+        decode=GlinerOptions(threshold=0.01),
     ),
 }
 # A random generative decoder writes sequences that name no word of the sentence: no entity, so

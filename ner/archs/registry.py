@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nerserve.ner.archs import bartner, diffusion, gner, nag, setgen, span
+from nerserve.ner.archs import bartner, diffusion, gliner, gner, nag, setgen, span
 from nerserve.ner.archs.base import ArchitectureSpec
 
-REGISTERED = (span.SPEC, nag.SPEC, diffusion.SPEC, setgen.SPEC, bartner.SPEC, gner.SPEC)
+REGISTERED = (span.SPEC, nag.SPEC, diffusion.SPEC, setgen.SPEC, bartner.SPEC, gner.SPEC, gliner.SPEC)
 ARCHITECTURES: dict[str, ArchitectureSpec[Any, Any]] = {spec.name: spec for spec in REGISTERED}
 
 

@@ -50,6 +50,7 @@ class TrainSettings:
     lora_rank: int = 16
     init_from: str | None = None  # a trained model that starts this one: its encoder, or all of it (same architecture)
     scored_share: float = 0.4  # gner: share of each epoch's open-label mixture drawn from the scored set
+    held_out: str | None = None  # gliner: comma-separated sets of the data root left out of training
 
 
 @dataclass

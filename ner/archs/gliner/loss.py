@@ -1,0 +1,55 @@
+"""Training objective of the label-matching network: binary cross-entropy over every (span,
+label) pair of each pass, summed per sentence (GLiNER's objective; positives are rare, and a sum
+keeps their gradient from being averaged away over ~S·L pairs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nerserve.ner.archs.gliner.network import GlinerNetwork
+from nerserve.ner.types import EntitySet
+
+
+def targets_of(spans: np.ndarray, gold: list[EntitySet], labels: list[tuple[str, ...]]) -> np.ndarray:
+    """[R, S, L] float32: 1 where span s of row r is an entity of label l of that row's prompt."""
+    targets = np.zeros((len(gold), spans.shape[1], max(len(x) for x in labels)), dtype=np.float32)
+    for r, (entities, names) in enumerate(zip(gold, labels, strict=True)):
+        column = {name: c for c, name in enumerate(names)}
+        where = {(int(s), int(e)): k for k, (s, e) in enumerate(spans[r].tolist())}
+        for entity in entities:
+            k = where.get((entity.start, entity.end))
+            if entity.type in column and k is not None and not entity.is_discontinuous:
+                targets[r, k, column[entity.type]] = 1.0
+    return targets
+
+
+def pair_mask(span_mask: np.ndarray, labels: list[tuple[str, ...]]) -> np.ndarray:
+    counts = np.array([len(x) for x in labels])
+    label_mask = np.arange(max(counts)) < counts[:, None]
+    return (span_mask[:, :, None] & label_mask[:, None, :]).astype(np.float32)
+
+
+def gliner_loss(
+    network: GlinerNetwork, feeds: dict[str, torch.Tensor], targets: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    logits = network.logits(*(feeds[name] for name in MATCH_ORDER))
+    losses = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none") * mask
+    return losses.sum() / targets.shape[0]
+
+
+MATCH_ORDER = (
+    "input_ids",
+    "segment_ids",
+    "position_ids",
+    "token_index",
+    "subword_index",
+    "subword_mask",
+    "char_ids",
+    "shape_ids",
+    "word_mask",
+    "text_index",
+    "label_index",
+    "spans",
+)

@@ -1,0 +1,185 @@
+"""Runs the label-matching graph for a batch of sentences (numpy in, numpy out).
+
+Each sentence is read with its request's label names in front of it: `[CLS] m name₁ m name₂ …
+[SEP] words [SEP]` (m: the marker token), packed into encoder rows like any sentence. A label
+list longer than one pass takes (`labels_per_pass` names, or the prompt's sub-word room) is split
+over several passes of the same sentence, never truncated; their scores are joined per sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+import numpy as np
+
+from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
+from nerserve.ner.archs.gliner.decode import decode_sentence
+from nerserve.ner.text.chars import encode_chars
+from nerserve.ner.text.subword import Tokenized, Words
+from nerserve.ner.types import EntitySet
+
+
+@dataclass
+class GlinerBatch:
+    sentences: list[Tokenized]
+    lengths: list[int]
+    padded_tokens: int  # the sentences' sub-words padded (the prompt comes with the request's labels, in `run`)
+    spans: np.ndarray  # [B, S, 2] int64: every span of 1..max_width words; padding is [0, 1)
+    span_mask: np.ndarray  # [B, S] bool
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One encoder row: a sentence and a slice of its label list."""
+
+    sentence: int
+    first_label: int
+    labels: tuple[str, ...]
+
+
+def enumerate_spans(n_words: int, max_width: int) -> list[tuple[int, int]]:
+    return [(i, i + w) for i in range(n_words) for w in range(1, max_width + 1) if i + w <= n_words]
+
+
+class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
+    # a sentence window leaves the prompt at least the rest of the backbone's 512 positions
+    window_subwords = 256
+
+    @cached_property
+    def prompt_room(self) -> int:
+        """Sub-words a pass's prompt may take: what a full window leaves (separator included)."""
+        return self.subwords.max_subwords - self.subwords.special_count - self.window_subwords - 1
+
+    @cached_property
+    def marker_id(self) -> int:
+        return self.token_id(self.config.marker)
+
+    @cached_property
+    def separator_id(self) -> int:
+        return self.token_id(self.config.separator)
+
+    def token_id(self, token: str) -> int:
+        found = self.subwords.tokenizer.token_to_id(token)
+        if found is None:
+            raise ValueError(f"the backbone's tokenizer has no {token!r} token for the prompt")
+        return int(found)
+
+    @lru_cache(maxsize=4096)  # noqa: B019 - one program per model, label names repeat across requests
+    def name_pieces(self, name: str) -> tuple[int, ...]:
+        ids = self.subwords.tokenizer.encode(name, add_special_tokens=False).ids
+        return tuple(ids[: self.prompt_room - 2]) or (self.subwords.unk_id,)
+
+    def labels_of(self, options: GlinerOptions) -> tuple[str, ...]:
+        return options.labels or self.config.labels
+
+    def passes(self, sentence: int, labels: tuple[str, ...], subwords: int) -> list[Pass]:
+        """The label list cut into passes of at most `labels_per_pass` names and the sub-words the
+        sentence (of `subwords`) leaves the prompt."""
+        room = self.subwords.max_subwords - self.subwords.special_count - 1 - subwords
+        found: list[Pass] = []
+        first, used = 0, 0
+        for index, name in enumerate(labels):
+            cost = 1 + len(self.name_pieces(name))
+            if index > first and (index - first >= self.config.labels_per_pass or used + cost > room):
+                found.append(Pass(sentence, first, labels[first:index]))
+                first, used = index, 0
+            used += cost
+        found.append(Pass(sentence, first, labels[first:]))
+        return found
+
+    def prepare(self, sentences: Sequence[Words]) -> GlinerBatch:
+        plain = [list(s) for s in sentences if not isinstance(s, Tokenized)]
+        fresh = iter(self.subwords.tokenize(plain) if plain else [])
+        ready = [s if isinstance(s, Tokenized) else next(fresh) for s in sentences]
+        lengths = [len(s.words) for s in ready]
+        listed = [enumerate_spans(n, self.config.max_width) for n in lengths]
+        width = max(1, max(len(x) for x in listed))
+        spans = np.zeros((len(ready), width, 2), dtype=np.int64)
+        spans[..., 1] = 1
+        span_mask = np.zeros((len(ready), width), dtype=bool)
+        for b, found in enumerate(listed):
+            spans[b, : len(found)] = found
+            span_mask[b, : len(found)] = True
+        longest = max((s.subwords for s in ready), default=0)
+        return GlinerBatch(ready, lengths, len(ready) * (longest + self.subwords.special_count), spans, span_mask)
+
+    def row(self, sentence: Tokenized, labels: tuple[str, ...]) -> Tokenized:
+        """The prompt's words (marker, name, …, separator) and then the sentence's, as one sentence."""
+        words: list[str] = []
+        pieces: list[tuple[int, ...]] = []
+        for name in labels:
+            words += [self.config.marker, name]
+            pieces += [(self.marker_id,), self.name_pieces(name)]
+        words.append(self.config.separator)
+        pieces.append((self.separator_id,))
+        return Tokenized((*words, *sentence.words), (*pieces, *sentence.pieces))
+
+    def feeds(self, batch: GlinerBatch, passes: Sequence[Pass]) -> dict[str, np.ndarray]:
+        """The graph's inputs for these passes (one encoder row each)."""
+        sentences = [batch.sentences[p.sentence] for p in passes]
+        encoded = self.subwords.encode([self.row(s, p.labels) for s, p in zip(sentences, passes, strict=True)])
+        n_words = max(len(s.words) for s in sentences)
+        char_ids, shape_ids = encode_chars([list(s.words) for s in sentences], n_words)
+        word_mask = np.zeros((len(passes), n_words), dtype=np.float32)
+        text_index = np.zeros((len(passes), n_words), dtype=np.int64)
+        label_index = np.ones((len(passes), max(len(p.labels) for p in passes)), dtype=np.int64)
+        for r, (sentence, one) in enumerate(zip(sentences, passes, strict=True)):
+            count = len(sentence.words)
+            word_mask[r, :count] = 1.0
+            text_index[r, :count] = np.arange(count) + 2 * len(one.labels) + 1
+            label_index[r, : len(one.labels)] = np.arange(len(one.labels)) * 2 + 1
+        spans = batch.spans[[p.sentence for p in passes]]
+        return {
+            "input_ids": encoded.input_ids,
+            "segment_ids": encoded.segment_ids,
+            "position_ids": encoded.position_ids,
+            "token_index": encoded.token_index,
+            "subword_index": encoded.subword_index,
+            "subword_mask": encoded.subword_mask,
+            "char_ids": char_ids,
+            "shape_ids": shape_ids,
+            "word_mask": word_mask,
+            "text_index": text_index,
+            "label_index": label_index,
+            "spans": spans,
+        }
+
+    def run(self, batch: GlinerBatch, options: GlinerOptions | Sequence[GlinerOptions] | None = None) -> dict[str, np.ndarray]:
+        """scores [B, S, L]: every span of each sentence against every label of its request (L: the
+        longest list of the batch; a shorter list's columns past its end are 0)."""
+        chosen = self.per_sentence(options, len(batch.lengths))
+        labels = [self.labels_of(o) for o in chosen]
+        passes = [p for b, names in enumerate(labels) for p in self.passes(b, names, batch.sentences[b].subwords)]
+        outputs = self.graphs["encoder"].run(self.feeds(batch, passes))
+        scores = np.zeros((len(batch.lengths), batch.spans.shape[1], max(len(n) for n in labels)), dtype=np.float32)
+        for r, one in enumerate(passes):
+            scores[one.sentence, :, one.first_label : one.first_label + len(one.labels)] = outputs["scores"][
+                r, :, : len(one.labels)
+            ]
+        return {"scores": scores}
+
+    def export_values(self, batch: GlinerBatch) -> dict[str, np.ndarray]:
+        passes = [Pass(b, 0, self.config.labels[: self.config.labels_per_pass]) for b in range(len(batch.lengths))]
+        feeds = self.feeds(batch, passes)
+        return {**feeds, **self.graphs["encoder"].run(feeds)}
+
+    def decode(
+        self,
+        batch: GlinerBatch,
+        outputs: Mapping[str, np.ndarray],
+        options: GlinerOptions | Sequence[GlinerOptions] | None = None,
+    ) -> list[EntitySet]:
+        chosen = self.per_sentence(options, len(batch.lengths))
+        return [
+            decode_sentence(
+                outputs["scores"][b, :, : len(self.labels_of(chosen[b]))],
+                batch.spans[b],
+                batch.span_mask[b],
+                self.labels_of(chosen[b]),
+                chosen[b],
+            )
+            for b in range(len(batch.lengths))
+        ]

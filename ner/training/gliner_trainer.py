@@ -1,0 +1,253 @@
+"""Train the label-matching architecture on every set of the data folder with its natural label
+names (open-label training).
+
+Each epoch draws a fresh sample balanced across the sets. Each example asks for its set's label
+names (all of them: a name of the set absent from the sentence is a true negative), some dropped
+(their entities are then not asked for), some replaced by a synonym or paraphrase (the entity
+follows the new name), and names of the other domain's sets added as negatives, in random order:
+so that a name is read, not memorised. Negatives come from the other domain only, since a
+same-domain name may be an unannotated type of the sentence's set ("date" in CoNLL-2003).
+Model selection on the dev splits of the selection sets (`SELECTION`), scored zero-shot when they
+are held out of training.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nerserve.ner.archs.gliner import SPEC, THRESHOLDS
+from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
+from nerserve.ner.archs.gliner.loss import gliner_loss, pair_mask, targets_of
+from nerserve.ner.archs.gliner.program import GlinerProgram, Pass
+from nerserve.ner.data import Sentence, named_split
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.model_store import Manifest
+from nerserve.ner.runner import score
+from nerserve.ner.training.label_synonyms import SYNONYMS
+from nerserve.ner.training.loop import ModelRecord, finish, fit, start_run, warm_start
+from nerserve.ner.types import EntitySet
+
+BIOMEDICAL = frozenset({"anatem", "bc2gm", "bc5cdr", "ncbi", "genia", "cadec"})
+EVALUATION_HELD_OUT = ("harveyner", "broad_twitter_corpus", "fabner")  # unseen domains of the recipe run
+SELECTION = ("tweetner7", "anatem")  # model selection: their dev splits
+MAX_WORDS = 64  # longer training sentences are left out (spans grow with words × max_width)
+MAX_SUBWORDS = 192  # and those of more sub-words (the prompt needs its room beside them)
+MAX_LABELS = 25
+SELECTION_DEV = 400  # dev sentences of each selection set scored after every epoch
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    sentences: list[Sentence]  # entity types already the natural label names
+    labels: tuple[str, ...]
+
+
+def continuous(sentences: list[Sentence]) -> list[Sentence]:
+    """Sentences with a discontinuous entity left out: its words would teach a false negative."""
+    return [s for s in sentences if not any(e.is_discontinuous for e in s.entities)]
+
+
+def data_folders(data_root: Path) -> list[Path]:
+    named = [data_root / name for name in ("conll03", "genia", "cadec")]
+    return [*named, *sorted(p for p in (data_root / "open").iterdir() if (p / "train.jsonl").is_file())]
+
+
+def training_sources(data_root: Path, held_out: Sequence[str]) -> list[Source]:
+    sources = []
+    for folder in data_folders(data_root):
+        if folder.name in held_out:
+            continue
+        sentences, labels = named_split(folder, "train")
+        usable = [s for s in continuous(sentences) if 0 < len(s.tokens) <= MAX_WORDS]
+        sources.append(Source(folder.name, usable, labels))
+    return sources
+
+
+def fitting(sources: list[Source], program: GlinerProgram) -> list[Source]:
+    """Each source's sentences of at most MAX_SUBWORDS sub-words."""
+    kept = []
+    for source in sources:
+        tokenized = program.subwords.tokenize([list(s.tokens) for s in source.sentences])
+        usable = [s for s, t in zip(source.sentences, tokenized, strict=True) if t.subwords <= MAX_SUBWORDS]
+        kept.append(Source(source.name, usable, source.labels))
+    return kept
+
+
+def sample_mixture(sources: list[Source], size: int, rng: random.Random) -> list[tuple[Sentence, int]]:
+    """`size` examples evenly over the sources (a small source gives all it has)."""
+    share = size // len(sources)
+    picked = []
+    for index, source in enumerate(sources):
+        picked += [(s, index) for s in rng.sample(source.sentences, min(share, len(source.sentences)))]
+    rng.shuffle(picked)
+    return picked
+
+
+def domain_negatives(sources: list[Source]) -> dict[str, list[str]]:
+    """Per source: the label names of the other domain's sets that are not its own."""
+    negatives = {}
+    for source in sources:
+        medical = source.name in BIOMEDICAL
+        names = {n for s in sources if (s.name in BIOMEDICAL) != medical for n in s.labels}
+        negatives[source.name] = sorted(names - set(source.labels))
+    return negatives
+
+
+def ask(sentence: Sentence, source: Source, negatives: list[str], rng: random.Random) -> tuple[Sentence, tuple[str, ...]]:
+    """One training example: the label names asked (dropped, renamed, negatives added, shuffled)
+    and the sentence's entities under those names."""
+    kept = list(source.labels)
+    if len(kept) > 1 and rng.random() < 0.5:
+        kept = [name for name in kept if rng.random() > 0.3] or [rng.choice(kept)]
+    renamed = {name: rng.choice(SYNONYMS[name]) if name in SYNONYMS and rng.random() < 0.3 else name for name in kept}
+    asked = list(renamed.values())
+    room = MAX_LABELS - len(asked)
+    if room > 0 and rng.random() < 0.8:
+        asked += rng.sample(negatives, min(len(negatives), room, rng.randint(1, 8)))
+    rng.shuffle(asked)
+    entities = [replace(e, type=renamed[e.type]) for e in sentence.entities if e.type in renamed]
+    return Sentence(sentence.tokens, EntitySet(entities)), tuple(asked)
+
+
+def selection_sets(data_root: Path) -> list[Source]:
+    sets = []
+    for name in SELECTION:
+        sentences, labels = named_split(data_root / "open" / name, "dev", SELECTION_DEV)
+        sets.append(Source(name, sentences, labels))
+    return sets
+
+
+def within_window(sentences: list[Sentence], program: GlinerProgram) -> list[Sentence]:
+    """Sentences a pass takes whole (the service windows longer ones; training-time scoring does not)."""
+    tokenized = program.subwords.tokenize([list(s.tokens) for s in sentences])
+    return [s for s, t in zip(sentences, tokenized, strict=True) if t.subwords <= program.window_subwords]
+
+
+def asking(program: GlinerProgram, options: GlinerOptions) -> Callable[[list[list[str]]], list[EntitySet]]:
+    return lambda sentences: program.predict(sentences, options)
+
+
+def macro_f1(program: GlinerProgram, sets: list[Source], options: GlinerOptions, batch_size: int) -> dict[str, Any]:
+    reports = {}
+    for source in sets:
+        asked = replace(options, labels=source.labels)
+        reports[source.name] = score(asking(program, asked), source.sentences, batch_size)
+    f1 = float(np.mean([r["f1"] for r in reports.values()]))
+    return {
+        "f1": f1,
+        "precision": float(np.mean([r["precision"] for r in reports.values()])),
+        "recall": float(np.mean([r["recall"] for r in reports.values()])),
+        "sets": {k: round(float(r["f1"]), 4) for k, r in reports.items()},
+    }
+
+
+def train_gliner(
+    data_dir: Path, out: Path, settings: Any, backbone_spec: str | None = None, device: str | None = None
+) -> Manifest:
+    """`data_dir` is any set folder of the data root (conll03): every set beside it is used, but
+    `settings.held_out` (comma-separated set names, e.g. the evaluation run's)."""
+    data_root = data_dir.parent
+    held_out = tuple(x for x in (settings.held_out or "").split(",") if x)
+    run = start_run(data_dir, settings, backbone_spec, device)
+    torch_device, backbone, lora = run.device, run.backbone, run.lora
+    sources = training_sources(data_root, held_out)
+    seen = sorted({name for s in sources for name in s.labels})
+    config = GlinerConfig(labels=tuple(seen), max_width=settings.max_width or 12)
+    network = build_network(SPEC, config, backbone, lora).to(torch_device)
+    program: GlinerProgram = eager_program(SPEC, network, backbone, torch_device)
+    sources = fitting(sources, program)
+    negatives = domain_negatives(sources)
+    selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
+    size = settings.train_limit or 20000
+    mixture = sample_mixture(sources, size, random.Random(f"{settings.seed}:0"))
+    train = [sentence for sentence, _ in mixture]
+
+    def resample(epoch: int) -> None:  # a fresh sample each epoch
+        mixture[:] = sample_mixture(sources, size, random.Random(f"{settings.seed}:{epoch}"))
+        train[:] = [sentence for sentence, _ in mixture]
+
+    extra: dict[str, Any] = {
+        "sources": {s.name: {"sentences": len(s.sentences), "labels": list(s.labels)} for s in sources},
+        "held_out": list(held_out),
+        "selection": list(SELECTION),
+        "mixture": len(train),
+    }
+    if settings.init_from:
+        extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
+    print(f"gliner: {len(sources)} sources, {len(train)} examples an epoch, {trainable:,} trainable parameters", flush=True)
+    label_rng = random.Random(settings.seed + 1)
+
+    def loss_of(indices: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        examples = [
+            ask(mixture[i][0], sources[mixture[i][1]], negatives[sources[mixture[i][1]].name], label_rng) for i in indices
+        ]
+        batch = program.prepare([list(sentence.tokens) for sentence, _ in examples])
+        labels = [names for _, names in examples]
+        feeds = program.feeds(batch, [Pass(b, 0, names) for b, names in enumerate(labels)])
+        inputs = {k: torch.from_numpy(v).to(torch_device) for k, v in feeds.items()}
+        targets = torch.from_numpy(targets_of(batch.spans, [s.entities for s, _ in examples], labels)).to(torch_device)
+        mask = torch.from_numpy(pair_mask(batch.span_mask, labels)).to(torch_device)
+        return gliner_loss(network, inputs, targets, mask), {}
+
+    def dev_score() -> dict[str, Any]:
+        return macro_f1(program, selection, config.decode, settings.eval_batch_size)
+
+    fitted = fit(network, program.predict, loss_of, train, [], record, out, dev_score=dev_score, before_epoch=resample)
+    return finish_gliner(network, program, record, fitted, data_root, selection, held_out, settings, out)
+
+
+def finish_gliner(
+    network: torch.nn.Module,
+    program: GlinerProgram,
+    record: ModelRecord,
+    fitted: Any,
+    data_root: Path,
+    selection: list[Source],
+    held_out: tuple[str, ...],
+    settings: Any,
+    out: Path,
+) -> Manifest:
+    """The threshold chosen on the selection sets' dev, then scores: selection dev, CoNLL-2003 and
+    GENIA test (nested), and each held-out set's test (sentences a pass takes whole: the official
+    figures are measured through the service, benchmarks/open_labels.py)."""
+    best_f1, best = -1.0, program.config.decode
+    for threshold in THRESHOLDS:
+        options = replace(program.config.decode, threshold=threshold)
+        f1 = macro_f1(program, selection, options, settings.eval_batch_size)["f1"]
+        if f1 > best_f1:
+            best_f1, best = f1, options
+    config: GlinerConfig = replace(program.config, decode=best)
+    network.config = config  # type: ignore[assignment]
+    program.config = config
+    record.config = config.to_dict()
+    print(f"threshold {best.threshold}: selection dev macro F1 {best_f1:.4f}", flush=True)
+    scores: dict[str, Any] = {"dev": macro_f1(program, selection, best, settings.eval_batch_size)}
+    for name, nested in (("conll03", False), ("genia", True)):
+        sentences, labels = named_split(data_root / name, "test")
+        sentences = within_window(sentences, program)
+        asked = replace(best, labels=labels, nested=nested)
+        report = score(asking(program, asked), sentences, settings.eval_batch_size)
+        scores[f"test_{name}"] = {k: report[k] for k in ("precision", "recall", "f1", "sentences")}
+        print(f"{name} test F1 {report['f1']:.4f}", flush=True)
+    unseen = {}
+    for name in held_out:
+        sentences, labels = named_split(data_root / "open" / name, "test")
+        sentences = within_window(sentences, program)
+        asked = replace(best, labels=labels)
+        report = score(asking(program, asked), sentences, settings.eval_batch_size)
+        unseen[name] = {k: report[k] for k in ("precision", "recall", "f1", "sentences")}
+        print(f"held out {name}: F1 {report['f1']:.4f}", flush=True)
+    if unseen:
+        scores["held_out"] = unseen
+        scores["held_out_macro_f1"] = float(np.mean([r["f1"] for r in unseen.values()]))
+    return finish(network, record, fitted, scores, out)
