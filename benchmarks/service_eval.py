@@ -33,6 +33,8 @@ def main(
     batch: Annotated[int, typer.Option(min=1)] = 32,
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     open_labels: Annotated[bool, typer.Option(help="send the data's label names as `labels`")] = True,
+    options: Annotated[str, typer.Option(help="the request's `options` as JSON, e.g. '{\"nested\": true}'")] = "{}",
+    json_out: Annotated[Path | None, typer.Option(help="also write the result here")] = None,
 ) -> None:
     # an open-label model is asked for the natural names and answers with them; any other model
     # answers with the data's own types
@@ -42,26 +44,29 @@ def main(
     # the client retries a 429 after its Retry-After, so several evaluations may share one server
     with Client(url, timeout=600, batch_size=batch, max_retries=100, max_wait=3600) as client:
         answers = client.extract_stream(
-            [list(s.tokens) for s in sentences], model, labels=list(labels) if open_labels else None
+            [list(s.tokens) for s in sentences],
+            model,
+            labels=list(labels) if open_labels else None,
+            options=json.loads(options),
         )
         for found in answers:
             predictions.append(EntitySet([Entity(e.type, tuple(e.token_spans)) for e in found]))
     seconds = time.perf_counter() - started
     report = evaluate((s.entities, p) for s, p in zip(sentences, predictions, strict=True))
     summary = {k: report[k] for k in ("precision", "recall", "f1")}
-    typer.echo(
-        json.dumps(
-            {
-                "model": model,
-                "data": str(data),
-                "split": split,
-                "sentences": len(sentences),
-                "labels": list(labels) if open_labels else None,
-                "seconds": seconds,
-                **summary,
-            }
-        )
-    )
+    result = {
+        "model": model,
+        "data": str(data),
+        "split": split,
+        "sentences": len(sentences),
+        "labels": list(labels) if open_labels else None,
+        "options": json.loads(options),
+        "seconds": seconds,
+        **summary,
+    }
+    typer.echo(json.dumps(result))
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+"""The label-matching architecture's pieces without a trained model: label lists cut into passes
+and joined back, training targets, decoding (flat, nested, threshold), and the training examples'
+label lists (dropped, renamed, negatives of the other domain only)."""
+
+import dataclasses
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nerserve.ner.archs.gliner import SPEC
+from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
+from nerserve.ner.archs.gliner.decode import decode_sentence
+from nerserve.ner.archs.gliner.loss import pair_mask, targets_of
+from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.data import Sentence
+from nerserve.ner.loading import build_network, eager_program
+from nerserve.ner.lora import LoraSettings
+from nerserve.ner.training.gliner_trainer import Source, ask, domain_negatives
+from nerserve.ner.training.label_synonyms import SYNONYMS
+from nerserve.ner.types import Entity, EntitySet
+
+SENTENCES = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"]]
+NAMES = ("person", "location", "organization", "miscellaneous", "city")
+
+
+@pytest.fixture(scope="module")
+def program(tiny_backbone: Path) -> GlinerProgram:
+    config = GlinerConfig(labels=NAMES, max_width=3, labels_per_pass=2, encoder={"lstm_hidden": 8}, hidden=8)
+    backbone = resolve_backbone(str(tiny_backbone))
+    network = build_network(SPEC, config, backbone, LoraSettings(rank=2, alpha=4)).eval()
+    return eager_program(SPEC, network, backbone, "cpu")  # type: ignore[no-any-return]
+
+
+def test_a_long_label_list_runs_in_passes_whose_scores_are_each_passes_own(program: GlinerProgram) -> None:
+    batch = program.prepare(SENTENCES)
+    assert [len(p.labels) for p in program.passes(0, NAMES, batch.sentences[0].subwords)] == [2, 2, 1]
+    scores = program.run(batch, GlinerOptions(labels=NAMES))["scores"]
+    assert scores.shape == (2, batch.spans.shape[1], len(NAMES))
+    for first in (0, 2, 4):
+        names = NAMES[first : first + 2]
+        alone = program.graphs["encoder"].run(program.feeds(batch, [Pass(b, 0, names) for b in range(2)]))["scores"]
+        np.testing.assert_allclose(scores[:, :, first : first + len(names)], alone[:, :, : len(names)], atol=1e-6)
+
+
+def test_a_sentence_that_leaves_little_room_gets_more_passes(program: GlinerProgram) -> None:
+    room = program.subwords.max_subwords - program.subwords.special_count - 1
+    assert len(program.passes(0, NAMES, room - 2)) == 5  # each name (marker + pieces) fills the rest alone
+
+
+def test_requests_with_different_label_lists_share_a_batch(program: GlinerProgram) -> None:
+    batch = program.prepare(SENTENCES)
+    options = [GlinerOptions(labels=("person",), threshold=0.0), GlinerOptions(labels=NAMES, threshold=0.0)]
+    found = program.decode(batch, program.run(batch, options), options)
+    assert {e.type for e in found[0]} == {"person"}
+    assert {e.type for e in found[1]} <= set(NAMES)
+    assert all(e.end <= len(SENTENCES[b]) for b, entities in enumerate(found) for e in entities)
+
+
+def test_spans_cover_every_width_up_to_the_bound() -> None:
+    assert enumerate_spans(3, 2) == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3)]
+
+
+def test_targets_mark_the_asked_names_only() -> None:
+    spans = np.array([[[0, 1], [0, 2], [1, 2]]])
+    gold = [EntitySet([Entity("person", ((0, 2),)), Entity("location", ((1, 2),))])]
+    targets = targets_of(spans, gold, [("person", "city")])
+    assert targets[0].tolist() == [[0, 0], [1, 0], [0, 0]]
+    mask = pair_mask(np.array([[True, True, False]]), [("person",)])
+    assert mask.shape == (1, 3, 1) and mask[0, :, 0].tolist() == [1, 1, 0]
+
+
+def test_decoding_flat_nested_and_threshold() -> None:
+    spans = np.array([[0, 1], [0, 2], [1, 2], [2, 3]])
+    scores = np.array([[0.9, 0.1], [0.8, 0.7], [0.2, 0.6], [0.1, 0.4]], dtype=np.float32)
+    mask = np.array([True, True, True, False])
+    labels = ("person", "organization")
+    flat = decode_sentence(scores, spans, mask, labels, GlinerOptions(threshold=0.5))
+    assert flat.keys() == {("person", ((0, 1),)), ("organization", ((1, 2),))}
+    nested = decode_sentence(scores, spans, mask, labels, GlinerOptions(threshold=0.5, nested=True))
+    # one label a span (the best), nesting kept; the masked span never appears
+    assert nested.keys() == {("person", ((0, 1),)), ("person", ((0, 2),)), ("organization", ((1, 2),))}
+    assert not decode_sentence(scores, spans, mask, labels, GlinerOptions(threshold=0.95))
+
+
+def test_request_labels_are_required_and_bounded_by_the_options() -> None:
+    with pytest.raises(ValueError, match="labels"):
+        SPEC.request_options(GlinerOptions(), {}, None)
+    options = SPEC.request_options(GlinerOptions(), {"threshold": 0.3, "nested": True}, ["drug"])
+    assert options == GlinerOptions(threshold=0.3, nested=True, labels=("drug",))
+    with pytest.raises(ValueError, match="options.threshold"):
+        SPEC.request_options(GlinerOptions(), {"threshold": 2.0}, ["drug"])
+
+
+def test_training_examples_read_names_not_sets() -> None:
+    sources = [
+        Source("conll03", [], ("location", "miscellaneous", "organization", "person")),
+        Source("ontonotes", [], ("date", "person")),
+        Source("bc5cdr", [], ("chemical", "disease")),
+    ]
+    negatives = domain_negatives(sources)
+    assert negatives["conll03"] == ["chemical", "disease"]  # never "date": an unannotated type of CoNLL
+    assert negatives["bc5cdr"] == ["date", "location", "miscellaneous", "organization", "person"]
+    sentence = Sentence(("Aspirin", "eased", "the", "pain"), EntitySet([Entity("chemical", ((0, 1),))]))
+    rng = random.Random(3)
+    seen_names: set[str] = set()
+    for _ in range(200):
+        example, asked = ask(sentence, sources[2], negatives["bc5cdr"], rng)
+        assert len(set(asked)) == len(asked) and all(e.type in asked for e in example.entities)
+        seen_names.update(asked)
+        if not any(name in asked for name in ("chemical", *SYNONYMS["chemical"])):
+            assert not example.entities  # a name dropped: its entity is not asked for
+    assert seen_names & set(SYNONYMS["chemical"]) and "person" in seen_names
+
+
+def test_every_training_name_has_other_names() -> None:
+    assert all(len(names) == len(set(names)) and key not in names for key, names in SYNONYMS.items())
+    assert dataclasses.asdict(GlinerOptions())["overlap"] == "nested"
