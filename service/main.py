@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -207,7 +208,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await model.scheduler.stop()
         await exports_stopped
 
-    app = FastAPI(
+    app = FastAPIOffline(
         title="nerserve",
         version=__version__,
         summary="Flat, nested and discontinuous named entity recognition",

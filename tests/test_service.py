@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import re
 import shutil
 import signal
 import time
@@ -321,6 +322,18 @@ def test_models_metrics_stats(server: Server) -> None:
     assert "nerserve_batch_sentences_bucket" in metrics
     stats = httpx.get(f"{server.url}/stats").json()
     assert stats["span-conll03"]["sentences"] > 0 and stats["span-conll03"]["mean_batch_size"] >= 1
+
+
+def test_docs_pages_load_nothing_from_outside(server: Server) -> None:
+    """An air-gapped node gets working /docs and /redoc: every script and stylesheet they load is
+    served by nerserve itself."""
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(f"{server.url}{page}").text
+        assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+        assert assets and all(url.startswith("/") for url in assets), (page, assets)
+        for url in assets:
+            assert httpx.get(f"{server.url}{url}").status_code == 200, url
+        assert "openapi.json" in html
 
 
 def test_overload_429_and_every_accepted_answered() -> None:

@@ -31,7 +31,7 @@ from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.model_store import Manifest
 from nerserve.ner.runner import score
 from nerserve.ner.training.label_synonyms import SYNONYMS
-from nerserve.ner.training.loop import ModelRecord, finish, fit, start_run, warm_start
+from nerserve.ner.training.loop import DEV_SLICE, ModelRecord, finish, fit, start_run, warm_start
 from nerserve.ner.types import EntitySet
 
 BIOMEDICAL = frozenset({"anatem", "bc2gm", "bc5cdr", "ncbi", "genia", "cadec"})
@@ -206,6 +206,14 @@ def train_gliner(
     return finish_gliner(network, program, record, fitted, data_root, selection, held_out, settings, out)
 
 
+def dev_slice(program: GlinerProgram, data_root: Path, batch_size: int) -> dict[str, Any]:
+    """F1 on the first DEV_SLICE CoNLL-2003 dev sentences asked for its four names (what
+    tests/test_regression.py re-scores)."""
+    sentences, labels = named_split(data_root / "conll03", "dev", DEV_SLICE)
+    report = score(asking(program, replace(program.config.decode, labels=labels)), sentences, batch_size)
+    return {"f1": report["f1"], "sentences": len(sentences)}
+
+
 def finish_gliner(
     network: torch.nn.Module,
     program: GlinerProgram,
@@ -232,6 +240,7 @@ def finish_gliner(
     record.config = config.to_dict()
     print(f"threshold {best.threshold}: selection dev macro F1 {best_f1:.4f}", flush=True)
     scores: dict[str, Any] = {"dev": macro_f1(program, selection, best, settings.eval_batch_size)}
+    scores["dev_slice"] = dev_slice(program, data_root, settings.eval_batch_size)
     for name, nested in (("conll03", False), ("genia", True)):
         sentences, labels = named_split(data_root / name, "test")
         sentences = within_window(sentences, program)
