@@ -5,7 +5,7 @@ words/s on the CoNLL-2003 test split in one run, batches of 32 as in cpu_peer.py
     python benchmarks/int8_variants.py --model span-conll03 --data ../shared/data/conll03 [--json]
 
 Static quantisation is measured here rather than offered by the export: on the machines we have
-it was no faster than dynamic (docs/notes.md, eighteenth session). Two static variants:
+it was no faster than dynamic (docs/reference-run/int8-variants.json). Two static variants:
 `static` quantises the MatMuls whose input types ONNX shape inference knows (it cannot type the
 outputs of the fused BiasGelu, so each layer's FFN output MatMul stays fp32), `static-all` types
 those outputs as float first, so that every MatMul is quantised.
