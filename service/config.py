@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     access_log: bool = Field(
         False,
         description="a log line per request (uvicorn's access log); off by default: /metrics counts every response "
-        "by model and status, and the line per request cost the event loop ~5 % of its time at 250 requests/s",
+        "by model and status, and a line per request costs the event loop time under load",
     )
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a request whose line and headers take longer to arrive gets a 408 and is closed"

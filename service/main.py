@@ -107,7 +107,7 @@ async def _load_model(state: ServiceState, name: str, behind: bool) -> None:
     state.models[model.name] = model
     state.model_states[name] = "ready"
     # What loading made (graphs, tokenizers, configs) lives as long as the process: kept out of
-    # the collector's full passes, which otherwise walked it all (gen-2 pauses of 40–100 ms under load).
+    # the collector's full passes, which otherwise walk it all (long gen-2 pauses under load).
     gc.freeze()
     state.ready = True  # readiness: at least one model (the default first) answers
     log.info("ready: %s", name)

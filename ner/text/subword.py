@@ -9,11 +9,10 @@ into rows of the length that costs least, packed_rows), each row position carrie
 (`segment_ids`, 0 for padding) and its position within that sentence (`position_ids`). The
 encoder lets a position attend only within its own segment, so a sentence's vectors are those it
 would get alone in a row; on CPU a padded batch of CoNLL sentences costs more a sentence than
-sentences run one at a time, a packed one less than half (MiniLM-L6, 1 thread: 15.5 / 13.1 /
-6.5 ms). `token_index` [B, T] takes the packed rows back to one row per sentence (position t of
-sentence b sits at flat position token_index[b, t] of the rows), in which the word map is
-expressed: word i of sentence b is made of sentence positions
-subword_index[b, i, :subword_mask[b, i].sum()].
+sentences run one at a time, a packed one less than half (docs/decisions/packing.md).
+`token_index` [B, T] takes the packed rows back to one row per sentence (position t of sentence b
+sits at flat position token_index[b, t] of the rows), in which the word map is expressed: word i
+of sentence b is made of sentence positions subword_index[b, i, :subword_mask[b, i].sum()].
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ MAX_SUBWORDS = 512
 # batch takes the row length up to it that costs least (packed_rows): attention's work grows with
 # a row's length, the rest does not, so long rows cost more a position and short ones pad more.
 ROW_SUBWORDS = 256
-# Attention's extra cost a position per position of its row, relative to a position's other work:
-# MiniLM-L6 on one CPU thread ran packed batches 15 % slower a sentence in rows of 256 than of 128
-# (7.0 / 6.1 ms), i.e. 1 + 256k = 1.15 (1 + 128k).
+# Attention's extra cost a position per position of its row, relative to a position's other work
+# (measured on MiniLM-L6: docs/decisions/packing.md).
 ATTENTION_COST_PER_POSITION = 1 / 700
 
 

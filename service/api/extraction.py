@@ -124,9 +124,9 @@ async def _run_units(
         raise ApiError("deadline_exceeded", "the request's deadline passed before it ran") from None
 
 
-# Planning a few sentences takes less time than handing it to a thread and back (measured under
-# load at 250 requests/s: thread hand-offs were a sixth of the event loop's samples); a large
-# request is planned in a thread so that the loop keeps answering others meanwhile.
+# Planning a few sentences takes less time than handing it to a thread and back (under load the
+# hand-offs dominate the event loop); a large request is planned in a thread so that the loop
+# keeps answering others meanwhile.
 INLINE_PLAN_CHARACTERS = 2_000
 
 

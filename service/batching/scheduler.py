@@ -119,9 +119,8 @@ class Scheduler:
     clock: Callable[[], float] = time.monotonic
     # Run in the graph thread when a batch ends with nothing else to run, at most every
     # `idle_every` seconds (service.runtime.memory.release_freed_memory: a burst's memory back).
-    # Not more often: pages handed back are faulted in again by the next large batches, and at
-    # every 5 s a 10-minute soak at 70 % of capacity drained its bursts slower (309 refusals, 31
-    # without trimming).
+    # Not more often: pages handed back are faulted in again by the next large batches, which
+    # then drain a burst slower (docs/decisions/memory.md).
     on_idle: Callable[[], None] | None = None
     idle_every: float = 60.0
     # the positions the graphs computed for a prepared batch, padding included (the padding ratio
@@ -380,10 +379,10 @@ class Scheduler:
         """Sub-words per second over a batch's whole cycle, from the previous batch's end to its own,
         when it was waiting as that one ended (back to back: the capacity). The graphs' run time
         alone over-states the rate: preparing the next batch, the event loop and the decoding
-        share the cores with it (measured at 3× load: 75 sentences/s by run time, 62 delivered,
-        and the waits it promised were a third too short). A batch after an idle spell says how
-        busy the service was, not how fast it is (at 70 % load such samples refused bursts it
-        could serve): none is taken from it, except the first estimate from its run time."""
+        share the cores with it, so waits promised from run times alone come out too short. A
+        batch after an idle spell says how busy the service was, not how fast it is (such samples
+        refuse bursts it could serve): none is taken from it, except the first estimate from its
+        run time (docs/decisions/admission.md)."""
         previous, self._last_finished = self._last_finished, finished
         tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:

@@ -2,12 +2,10 @@
 
 ONNX Runtime runs without its own memory arena (service/runtime/onnx.py), so every tensor of a
 batch is a malloc and a free, and a burst of large batches leaves the C heap with large free
-stretches that glibc keeps: a server's RSS stepped up at each burst and never came down (a
-10-minute soak at 70 % of capacity: +18 %, in steps of 12–21 MB at its bursts; closed loops at
-concurrency 4 → 128: 237 → 345 MB). `malloc_trim(0)` hands every free page back (after batches of
-32: 950 → 199 MB, in 62 ms; 1 ms when little is free). Serving large tensors by mmap instead (a
-fixed M_MMAP_THRESHOLD) kept RSS flat too, but page faults halved the throughput of batches of 8
-and 32, so the heap stays and is trimmed when the graphs are idle.
+stretches that glibc keeps: a server's RSS steps up at each burst and never comes down.
+`malloc_trim(0)` hands every free page back. Serving large tensors by mmap instead (a fixed
+M_MMAP_THRESHOLD) keeps RSS flat too, but its page faults cost more throughput than trimming, so
+the heap stays and is trimmed when the graphs are idle (docs/decisions/memory.md).
 """
 
 from __future__ import annotations

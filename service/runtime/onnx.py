@@ -45,7 +45,7 @@ class OnnxGraph:
         # starves; idle threads sleep instead.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # No CPU memory arena: an arena grows to every new batch shape it meets and never gives the
-        # memory back, so a server's RSS crept up for as long as it ran (+16 % over a 10-minute soak).
+        # memory back, so a server's RSS creeps up for as long as it runs (docs/decisions/memory.md).
         options.enable_cpu_mem_arena = False
         providers = ["CPUExecutionProvider"]
         on_cuda = device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers()
