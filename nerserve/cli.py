@@ -7,6 +7,7 @@ from the registered specs.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -342,63 +343,85 @@ def export_command(
         raise typer.Exit(1)
 
 
-@app.command()
-def serve(
-    models: Annotated[str | None, typer.Option(help="comma-separated model names (default: the whole store)")] = None,
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535)] = None,
-    max_batch_size: Annotated[int | None, typer.Option(min=1)] = None,
-    max_batch_tokens: Annotated[int | None, typer.Option(min=16)] = None,
-    max_wait_ms: Annotated[float | None, typer.Option(min=0.0)] = None,
-    max_queue: Annotated[int | None, typer.Option(min=1)] = None,
-    max_queue_seconds: Annotated[
-        float | None, typer.Option(min=0.001, help="429 at once when a request's estimated queue wait exceeds it")
-    ] = None,
-    max_request_tokens: Annotated[
-        int | None,
-        typer.Option(min=1, help="most sub-words of one request in a batch (default 256 on CPU, none on CUDA)"),
-    ] = None,
-    runtime: Annotated[Runtime | None, typer.Option()] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda[:N] (exits at once where CUDA cannot be used) or auto")] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph")] = None,
-    default_model: Annotated[str | None, typer.Option(help="model for requests that name none")] = None,
-    on_model_error: Annotated[
-        str | None, typer.Option(help="exit (default): a model that cannot load stops the server; skip: serve the others")
-    ] = None,
-    api_keys_file: Annotated[
-        Path | None,
-        typer.Option(help="JSON of API keys {name: key | {key, weight, max_sentences_per_second}}; or NERSERVE_API_KEYS"),
-    ] = None,
-    protect_metrics: Annotated[bool | None, typer.Option(help="/metrics asks for an API key too")] = None,
-    cors_allow_origins: Annotated[str | None, typer.Option(help="comma-separated origins browsers may call from")] = None,
-    model_store: ModelStoreOption = None,
-    graph_cache: GraphCacheOption = None,
-) -> None:
+def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
+    """A settings field's type as a command-line flag takes it: optional unwrapped, a list as a
+    comma-separated string (the settings split it), a Literal as a choice."""
+    import types
+    import typing
+
+    arguments = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(arguments) == 1:
+        annotation = arguments[0]
+    if typing.get_origin(annotation) is list:
+        return str, {}
+    if typing.get_origin(annotation) is typing.Literal:
+        choices = [str(a) for a in typing.get_args(annotation)]
+        return StrEnum("Choice", [(c, c) for c in choices]), {}  # type: ignore[misc]
+    if getattr(annotation, "__name__", "") == "SecretStr":
+        return str, {}
+    return annotation, {}
+
+
+def _settings_flags(model: Any, exclude: frozenset[str]) -> list[inspect.Parameter]:
+    """One option per field of a pydantic-settings model: its name as the flag, its description as
+    the help, its environment variable shown (and read by the settings themselves); None = unset."""
+    prefix = model.model_config.get("env_prefix", "")
+    flags = []
+    for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
+        kind, extra = _flag_type(field.annotation)
+        flag = name.replace("_", "-")
+        default = field.get_default(call_default_factory=True)
+        shown = ",".join(default) if isinstance(default, list) else getattr(default, "value", default)
+        option = typer.Option(
+            f"--{flag}/--no-{flag}" if kind is bool else f"--{flag}",
+            help=field.description or "",
+            envvar=f"{prefix}{name.upper()}",
+            show_envvar=True,
+            show_default=False if shown in (None, "") else str(shown),
+            **extra,
+        )
+        annotation = Annotated[kind | None, option]  # type: ignore[valid-type]
+        flags.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+    return flags
+
+
+# never flags: a key on the command line is visible to everyone who can run `ps`
+SECRET_SETTINGS = frozenset({"api_keys"})
+
+
+def serve(model_store: Path | None = None, graph_cache: Path | None = None, **given: Any) -> None:
     """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
+    from pydantic import ValidationError
+
     from nerserve.service.config import Settings
     from nerserve.service.main import run
 
     _use_locations(model_store, graph_cache)
-    given: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "max_batch_size": max_batch_size,
-        "max_batch_tokens": max_batch_tokens,
-        "max_wait_ms": max_wait_ms,
-        "max_queue": max_queue,
-        "max_queue_seconds": max_queue_seconds,
-        "max_request_tokens": max_request_tokens,
-        "device": device,
-        "threads": threads,
-        "default_model": default_model,
-        "on_model_error": on_model_error,
-        "runtime": runtime.value if runtime else None,
-        "models": _names(models),
-        "api_keys_file": api_keys_file,
-        "protect_metrics": protect_metrics,
-        "cors_allow_origins": _names(cors_allow_origins),
-    }
-    run(Settings(**{k: v for k, v in given.items() if v is not None}))
+    try:
+        values: dict[str, Any] = {k: v.value if isinstance(v, StrEnum) else v for k, v in given.items() if v is not None}
+        settings = Settings(**values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-") if first["loc"] else "settings"
+        typer.echo(f"error: {where}: {first['msg']}", err=True)
+        raise typer.Exit(2) from None
+    run(settings)
+
+
+def _register_serve() -> None:
+    from nerserve.service.config import Settings
+
+    locations = [
+        inspect.Parameter("model_store", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ModelStoreOption),
+        inspect.Parameter("graph_cache", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=GraphCacheOption),
+    ]
+    serve.__signature__ = inspect.Signature([*_settings_flags(Settings, SECRET_SETTINGS), *locations])  # type: ignore[attr-defined]
+    app.command("serve")(serve)
+
+
+_register_serve()
 
 
 def _names(models: str | None) -> list[str] | None:

@@ -29,18 +29,20 @@ class Settings(BaseSettings):
     default_model: str | None = Field(
         "span-conll03", description="model for requests that name none (the first served model if it is not served)"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    runtime: Runtime = Runtime.onnx
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on")
+    runtime: Runtime = Field(
+        Runtime.onnx, description="how graphs run: exported ONNX or TorchScript, or eager torch (debugging)"
+    )
     device: str = Field(
         "cpu",
         description="cpu, cuda[:N] (the process exits at once, saying why, where CUDA cannot be used) or auto "
         "(CUDA where it works, else the CPU)",
     )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
-    max_batch_size: int = Field(32, ge=1)
-    max_batch_tokens: int = Field(8192, ge=16)
-    max_wait_ms: float = Field(5.0, ge=0)
+    max_batch_size: int = Field(32, ge=1, description="most sentences in one batch of the graphs")
+    max_batch_tokens: int = Field(8192, ge=16, description="most sub-words in one batch of the graphs")
+    max_wait_ms: float = Field(5.0, ge=0, description="how long a batch that is not full waits for more sentences")
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(
         1.0,
@@ -63,10 +65,10 @@ class Settings(BaseSettings):
         description="sentences (and windows of long ones) one request may queue; more is a 413 at once, since "
         "such a request could hold the graphs for many seconds (about 10 s for span on 2 CPU cores)",
     )
-    max_body_bytes: int = Field(2_000_000, ge=1024)
+    max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body; more is a 413")
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
-    window_overlap_words: int = Field(24, ge=0)
-    drain_seconds: float = Field(30.0, ge=0)
+    window_overlap_words: int = Field(24, ge=0, description="words two windows of a long sentence share")
+    drain_seconds: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take to finish")
     access_log: bool = Field(
         False,
         description="a log line per request (uvicorn's access log); off by default: /metrics counts every response "

@@ -30,3 +30,20 @@ def test_missing_split_unknown_model_and_bad_flag(tmp_path: Path, data_root: Pat
     assert "Traceback" not in flag.stderr
     bad_split = nerserve("eval", "span-conll03", "--data", str(tmp_path), "--split", "validation")
     assert bad_split.returncode == 2 and "--split" in bad_split.stderr
+
+
+def test_serve_flags_are_the_settings_each_with_its_environment_variable() -> None:
+    """Every service setting is declared once (service/config.py) and is a `serve` flag with its
+    NERSERVE_* variable shown, except the API keys, which a command line would show to `ps`."""
+    from nerserve.service.config import Settings
+
+    shown = nerserve("serve", "--help").stdout
+    for name in Settings.model_fields:
+        flag, variable = f"--{name.replace('_', '-')}", f"NERSERVE_{name.upper()}"
+        if name == "api_keys":
+            assert f"{flag} " not in shown
+        else:
+            assert flag in shown and variable in shown.replace("\n", "").replace(" ", ""), name
+    bad = nerserve("serve", "--port", "99999")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --port: Input should be less than or equal to 65535"
+    assert "--no-export-missing" in shown

@@ -90,7 +90,7 @@ def test_request_labels_are_required_and_bounded_by_the_options() -> None:
         SPEC.request_options(GlinerOptions(), {}, None)
     options = SPEC.request_options(GlinerOptions(), {"threshold": 0.3, "nested": True}, ["drug"])
     assert options == GlinerOptions(threshold=0.3, nested=True, labels=("drug",))
-    with pytest.raises(ValueError, match="options.threshold"):
+    with pytest.raises(ValueError, match=r"options\.threshold"):
         SPEC.request_options(GlinerOptions(), {"threshold": 2.0}, ["drug"])
 
 
