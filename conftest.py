@@ -1,4 +1,6 @@
-"""Shared test fixtures: paths to the real data, and a tiny random backbone folder for shape tests."""
+"""Shared test fixtures: paths to the real data, and a tiny random backbone folder for shape tests.
+Tests that start servers, subprocesses, exports, training or containers are end-to-end (marker
+`e2e`): `pytest -m "not e2e"` runs the unit tests alone."""
 
 from __future__ import annotations
 
@@ -9,6 +11,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT.parent / "shared" / "data"
+# modules whose tests run real servers, subprocesses, exports, training runs or containers
+END_TO_END = frozenset(
+    {
+        "test_cli", "test_deploy", "test_device", "test_docs_page", "test_ecosystem", "test_export",
+        "test_gner_t5", "test_loadtest", "test_lower_bounds", "test_open_labels", "test_ray",
+        "test_regression", "test_schema", "test_service", "test_tenants", "test_training",
+        "test_weight_average", "test_images",
+    }
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in END_TO_END:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")

@@ -157,6 +157,7 @@ def test_each_row_ends_at_its_own_length_limit() -> None:
     assert END in set(np.flatnonzero(masked[1] > -1).tolist()) and P in set(np.flatnonzero(masked[1] > -1).tolist())
 
 
+@pytest.mark.e2e  # loads a committed model
 def test_beam_search_is_batch_invariant(data_root: Path) -> None:
     """A sentence's beams stop when its own hypotheses are done: alone or among longer sentences,
     the committed CADEC BARTNER model (beam 4) writes the same entities."""
