@@ -17,7 +17,7 @@ import typer
 
 from nerserve.ner.data import read_split
 from nerserve.ner.model_store import graph_set_folder
-from nerserve.service.runtime.graph_set import load_graph_set
+from nerserve.ner.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 

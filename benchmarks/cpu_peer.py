@@ -20,7 +20,7 @@ from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON
 from nerserve.ner.model_store import graph_set_folder
 from nerserve.ner.runner import length_batches, score
-from nerserve.service.runtime.graph_set import load_graph_set
+from nerserve.ner.runtime.graph_set import load_graph_set
 
 
 def profile(program: Any, sentences: list[list[str]], batch_size: int) -> dict[str, float]:

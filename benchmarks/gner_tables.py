@@ -28,8 +28,8 @@ from nerserve.ner.data import Sentence, named_split, read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.model_store import graph_set_folder
 from nerserve.ner.runner import length_batches
+from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.types import EntitySet
-from nerserve.service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 BUCKETS = ((1, 10), (11, 20), (21, 30), (31, 50), (51, 10_000))

@@ -28,7 +28,7 @@ from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat, graph_file
 from nerserve.ner.model_store import graph_set_folder
 from nerserve.ner.runner import score
-from nerserve.service.runtime.graph_set import load_graph_set
+from nerserve.ner.runtime.graph_set import load_graph_set
 
 
 def encoder_file(folder: Path) -> Path:

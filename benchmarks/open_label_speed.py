@@ -21,8 +21,8 @@ import typer
 from nerserve.ner.data import Sentence, named_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.types import EntitySet
-from nerserve.service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 

@@ -24,9 +24,9 @@ from sacremoses import MosesDetokenizer
 from nerserve.ner.data import Sentence, read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.types import Entity, EntitySet
 from nerserve.service.pipeline import Planner, assemble
-from nerserve.service.runtime.graph_set import load_graph_set
 
 app = typer.Typer(add_completion=False)
 

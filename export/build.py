@@ -34,8 +34,8 @@ from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
+from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import packed_rows
-from nerserve.service.runtime.graph_set import load_graph_set
 
 DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 # Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters; packed into

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from nerserve.service.runtime.onnx import DEFAULT_OPTIMIZATION_LEVEL, OPTIMIZATION_LEVELS, OnnxGraph
+from nerserve.ner.runtime.onnx import DEFAULT_OPTIMIZATION_LEVEL, OPTIMIZATION_LEVELS, OnnxGraph
 
 REPEATS = 9
 # a level must beat "all" by more than this share of its time: what is left of run-to-run noise

@@ -5,7 +5,7 @@ torch.export (`dynamo=True`, every axis symbolic, shape guards instead of one ex
 where the trace kept a size as a constant; see write_onnx. The graph is saved as a single file
 (weights inlined) so one sha256 identifies it.
 TorchScript uses `torch.jit.trace`; torch.jit is deprecated upstream, so it lives only here and
-in service/runtime/torchscript.py, where a torch.export/AOTInductor path can replace it.
+in ner/runtime/torchscript.py, where a torch.export/AOTInductor path can replace it.
 """
 
 from __future__ import annotations

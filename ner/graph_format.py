@@ -1,4 +1,4 @@
-"""The graph-set file format, shared by its writer (`export`) and its reader (`service.runtime`):
+"""The graph-set file format, shared by its writer (`export`) and its reader (`ner.runtime`):
 one folder per (model, format, source digest) holding one file per graph, the tokenizer, a copy
 of the manifest and export.json (signatures, parity figures, ready flag). Standard library only."""
 

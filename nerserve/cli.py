@@ -300,7 +300,7 @@ def _exported_program(name: str, fmt: str, int8: bool, device: str | None, threa
     """The program over a ready graph set of NAME, exporting it first when there is none."""
     from nerserve.ner.graph_format import EXPORT_JSON
     from nerserve.ner.model_store import graph_set_folder
-    from nerserve.service.runtime.graph_set import load_graph_set
+    from nerserve.ner.runtime.graph_set import load_graph_set
 
     folder = graph_set_folder(name, fmt, int8)
     if not (folder / EXPORT_JSON).is_file():

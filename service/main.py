@@ -24,6 +24,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve import __version__
+from nerserve.ner.runtime import DeviceUnavailable, resolve_device
 from nerserve.service.admission import EdgeAdmission
 from nerserve.service.api.errors import (
     ApiError,
@@ -40,7 +41,6 @@ from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
-from nerserve.service.runtime import DeviceUnavailable, resolve_device
 from nerserve.service.tenants import Tenants, read_api_keys
 
 log = logging.getLogger("nerserve")

@@ -16,15 +16,15 @@ from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
 from nerserve.ner.archs.registry import architecture
 from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Manifest, graph_set_folder, list_models, model_dir, read_manifest
+from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import Tokenized
 from nerserve.ner.types import EntitySet
 from nerserve.service.batching.packing import BatchLimits
 from nerserve.service.batching.scheduler import Scheduler
 from nerserve.service.config import Settings
+from nerserve.service.memory import release_freed_memory
 from nerserve.service.metrics import Metrics, ModelObserver
 from nerserve.service.pipeline import Planner
-from nerserve.service.runtime.graph_set import load_graph_set
-from nerserve.service.runtime.memory import release_freed_memory
 from nerserve.service.start_up_exports import ModelLoadError, StartUpExports
 
 log = logging.getLogger("nerserve")

@@ -17,9 +17,9 @@ from nerserve.export.parity import ParityReport
 from nerserve.export.writers import DYNAMO, write_onnx, write_torchscript
 from nerserve.ner.decoding.generation import Generated, Loop, greedy
 from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
+from nerserve.ner.runtime.onnx import OnnxGraph
+from nerserve.ner.runtime.torchscript import TorchScriptGraph
 from nerserve.ner.torch_graph import EagerGraph
-from nerserve.service.runtime.onnx import OnnxGraph
-from nerserve.service.runtime.torchscript import TorchScriptGraph
 
 VOCAB, DIM, HEADS, END = 13, 16, 2, 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nerserve.ner.graph import GraphError
-from nerserve.service.runtime import DeviceUnavailable, resolve_device
+from nerserve.ner.runtime import DeviceUnavailable, resolve_device
 
 
 def test_devices_resolve_to_what_can_run_here() -> None:
@@ -29,7 +29,7 @@ def test_an_onnx_graph_asked_for_cuda_does_not_fall_back_to_the_cpu(tmp_path: Pa
     import onnx
     from onnx import TensorProto, helper
 
-    from nerserve.service.runtime.onnx import OnnxGraph
+    from nerserve.ner.runtime.onnx import OnnxGraph
 
     value = helper.make_tensor_value_info
     relu = helper.make_node("Relu", ["x"], ["y"])

@@ -29,9 +29,9 @@ from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat
 from nerserve.ner.loading import build_network, load_model
 from nerserve.ner.lora import LoraSettings, save_weights
 from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
+from nerserve.ner.runtime.graph_set import load_graph_set
+from nerserve.ner.runtime.onnx import OPTIMIZATION_LEVELS
 from nerserve.ner.types import EntitySet
-from nerserve.service.runtime.graph_set import load_graph_set
-from nerserve.service.runtime.onnx import OPTIMIZATION_LEVELS
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
 # A tiny config per registered architecture, with loose decoding thresholds so that random

@@ -87,7 +87,7 @@ def test_t5_folder_exports_with_parity_and_decodes(imported_t5: Path, data_root:
     from nerserve.ner.archs.gner.config import GnerOptions
     from nerserve.ner.graph_format import GraphFormat
     from nerserve.ner.loading import load_model
-    from nerserve.service.runtime.graph_set import load_graph_set
+    from nerserve.ner.runtime.graph_set import load_graph_set
 
     info = export_model(str(imported_t5), GraphFormat.onnx, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
     parity = info["parity"]

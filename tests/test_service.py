@@ -19,10 +19,10 @@ import pytest
 
 from nerserve.ner.data import read_split
 from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 from nerserve.service.main import loading_order
-from nerserve.service.runtime.graph_set import load_graph_set
 from tests.serving import Server, assert_same_results
 
 

@@ -118,7 +118,7 @@ class Scheduler:
     observer: BatchObserver = field(default_factory=_NullObserver)
     clock: Callable[[], float] = time.monotonic
     # Run in the graph thread when a batch ends with nothing else to run, at most every
-    # `idle_every` seconds (service.runtime.memory.release_freed_memory: a burst's memory back).
+    # `idle_every` seconds (service.memory.release_freed_memory: a burst's memory back).
     # Not more often: pages handed back are faulted in again by the next large batches, which
     # then drain a burst slower (docs/decisions/memory.md).
     on_idle: Callable[[], None] | None = None

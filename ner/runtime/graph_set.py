@@ -9,8 +9,8 @@ from typing import Any
 from nerserve.ner.archs.registry import architecture
 from nerserve.ner.graph_format import GraphFormat, graph_file, read_export_info
 from nerserve.ner.model_store import Manifest, read_manifest
+from nerserve.ner.runtime import load_graph
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
-from nerserve.service.runtime import load_graph
 
 
 @dataclass

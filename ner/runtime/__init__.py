@@ -57,9 +57,9 @@ def load_graph(
     if not path.is_file():
         raise GraphError(f"{path}: graph file missing")
     if fmt == GraphFormat.onnx:
-        from nerserve.service.runtime.onnx import DEFAULT_OPTIMIZATION_LEVEL, OnnxGraph
+        from nerserve.ner.runtime.onnx import DEFAULT_OPTIMIZATION_LEVEL, OnnxGraph
 
         return OnnxGraph(path, device, threads, optimization_level=optimization_level or DEFAULT_OPTIMIZATION_LEVEL)
-    from nerserve.service.runtime.torchscript import TorchScriptGraph
+    from nerserve.ner.runtime.torchscript import TorchScriptGraph
 
     return TorchScriptGraph(path, device)

@@ -1,6 +1,6 @@
 """Giving freed memory back to the operating system (glibc; elsewhere nothing is done).
 
-ONNX Runtime runs without its own memory arena (service/runtime/onnx.py), so every tensor of a
+ONNX Runtime runs without its own memory arena (ner/runtime/onnx.py), so every tensor of a
 batch is a malloc and a free, and a burst of large batches leaves the C heap with large free
 stretches that glibc keeps: a server's RSS steps up at each burst and never comes down.
 `malloc_trim(0)` hands every free page back. Serving large tensors by mmap instead (a fixed
