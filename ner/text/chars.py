@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from functools import lru_cache
+
 import numpy as np
 
 MAX_WORD_CHARS = 20  # longer words keep their first 10 and last 10 characters
@@ -48,14 +51,27 @@ def _clip(word: str) -> str:
     return word[:half] + word[-half:]
 
 
+@lru_cache(maxsize=1 << 17)  # words repeat: a sentence's are mostly ones seen before
+def word_features(word: str) -> tuple[tuple[int, ...], int]:
+    """A word's character ids (clipped) and its shape id."""
+    return tuple(char_id(c) for c in _clip(word)), shape_id(word)
+
+
 def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, np.ndarray]:
-    """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both)."""
-    width = max((len(_clip(w)) for words in sentences for w in words), default=1)
-    char_ids = np.zeros((len(sentences), n_words, width), dtype=np.int64)
-    shape_ids = np.zeros((len(sentences), n_words), dtype=np.int64)
-    for b, words in enumerate(sentences):
-        for i, word in enumerate(words):
-            clipped = _clip(word)
-            char_ids[b, i, : len(clipped)] = [char_id(c) for c in clipped]
-            shape_ids[b, i] = shape_id(word)
-    return char_ids, shape_ids
+    """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both), filled in one scatter each."""
+    features = [word_features(w) for words in sentences for w in words]
+    lengths = np.fromiter((len(ids) for ids, _ in features), dtype=np.int64, count=len(features))
+    width = max(int(lengths.max(initial=1)), 1)
+    words_per_sentence = np.fromiter((len(words) for words in sentences), dtype=np.int64, count=len(sentences))
+    # the flat [B·N] slot of every word: its sentence's row, then its place within the sentence
+    firsts = np.cumsum(words_per_sentence) - words_per_sentence  # each sentence's first word, flat
+    places = np.arange(len(features)) - np.repeat(firsts, words_per_sentence)
+    word_slots = np.repeat(np.arange(len(sentences)) * n_words, words_per_sentence) + places
+    shape_ids = np.zeros(len(sentences) * n_words, dtype=np.int64)
+    shape_ids[word_slots] = np.fromiter((shape for _, shape in features), dtype=np.int64, count=len(features))
+    char_ids = np.zeros((len(sentences) * n_words, width), dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(ids for ids, _ in features), dtype=np.int64, count=int(lengths.sum()))
+    rows = np.repeat(word_slots, lengths)
+    columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    char_ids[rows, columns] = flat
+    return char_ids.reshape(len(sentences), n_words, width), shape_ids.reshape(len(sentences), n_words)

@@ -17,6 +17,7 @@ of sentence b is made of sentence positions subword_index[b, i, :subword_mask[b,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,8 @@ class SubwordEncoder:
         self.unk_id = unk_id if unk_id is not None else 0
         self.pad_id = tokenizer.token_to_id("[PAD]") or tokenizer.token_to_id("<pad>") or 0
         self.prefix, self.suffix = _special_template(tokenizer)
+        # each word's sub-words, when the tokenizer splits words independently of their neighbours
+        self.word_pieces: dict[str, tuple[int, ...]] | None = {} if words_are_independent(tokenizer) else None
 
     @property
     def special_count(self) -> int:
@@ -156,7 +159,21 @@ class SubwordEncoder:
 
     def tokenize(self, sentences: Sequence[Sequence[str]]) -> list[Tokenized]:
         """Each word's sub-word ids. A word the tokenizer drops entirely (e.g. a lone zero-width
-        character) would have no vector: it becomes the unknown token."""
+        character) would have no vector: it becomes the unknown token. Words repeat, so where the
+        tokenizer reads each word alone, only words not seen before are tokenised."""
+        cache = self.word_pieces
+        if cache is None:
+            return self.tokenize_sentences(sentences)
+        unseen = list({word: None for words in sentences for word in words if word not in cache})
+        if unseen:
+            if len(cache) + len(unseen) > WORD_CACHE_SIZE:
+                cache.clear()
+            encodings = self.tokenizer.encode_batch([[w] for w in unseen], is_pretokenized=True, add_special_tokens=False)
+            cache.update((word, tuple(e.ids) or (self.unk_id,)) for word, e in zip(unseen, encodings, strict=True))
+        return [Tokenized(tuple(words), tuple(cache[w] for w in words)) for words in sentences]
+
+    def tokenize_sentences(self, sentences: Sequence[Sequence[str]]) -> list[Tokenized]:
+        """`tokenize` for a tokenizer whose split of a word may depend on the words around it."""
         encodings = self.tokenizer.encode_batch([list(s) for s in sentences], is_pretokenized=True, add_special_tokens=False)
         tokenized = []
         for words, encoding in zip(sentences, encodings, strict=True):
@@ -217,6 +234,22 @@ class SubwordEncoder:
         return SubwordBatch(
             input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask, word_mask, maps, counts
         )
+
+
+# Pre-tokenizers that split each pre-tokenised word on its own (WordPiece's, whitespace's, and
+# SentencePiece's Metaspace when it marks every word): a word's sub-words are then the same in any
+# sentence. Others (Metaspace marking only the first word, byte-level BPE) are tokenised by sentence.
+INDEPENDENT_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
+WORD_CACHE_SIZE = 1 << 18  # distinct words remembered; the cache starts over when it is full
+
+
+def words_are_independent(tokenizer: Tokenizer) -> bool:
+    described = json.loads(tokenizer.to_str()).get("pre_tokenizer") or {}
+    kinds = [p for p in described.get("pretokenizers", [described])]
+    return bool(kinds) and all(
+        p.get("type") in INDEPENDENT_PRE_TOKENIZERS or (p.get("type") == "Metaspace" and p.get("prepend_scheme") == "always")
+        for p in kinds
+    )
 
 
 def _special_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:

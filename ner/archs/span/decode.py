@@ -42,6 +42,41 @@ def candidates(
     return best_per(found, key=lambda e: e.fragments)
 
 
+def decode_batch(
+    filter_prob: np.ndarray,
+    spans: np.ndarray,
+    class_probs: np.ndarray,
+    seed_mask: np.ndarray,
+    labels: tuple[str, ...],
+    options: list[DecodeOptions],
+) -> list[EntitySet]:
+    """decode_sentence for every sentence of a batch ([B, K], [B, K, 2], [B, K, C+1], [B, K]): the
+    candidate tests run once over the batch, the rest only for sentences that have candidates."""
+    classes = class_probs.argmax(axis=-1)
+    scores = np.take_along_axis(class_probs, classes[..., None], axis=-1)[..., 0]
+    thresholds = np.array([o.threshold for o in options], dtype=scores.dtype)[:, None]
+    filters = np.array([o.filter_threshold for o in options], dtype=filter_prob.dtype)[:, None]
+    keep = (seed_mask > 0) & (filter_prob > filters) & (classes > 0) & (scores > thresholds)
+    found: list[EntitySet] = []
+    for b, chosen in enumerate(options):
+        rows = np.flatnonzero(keep[b])
+        if not len(rows):
+            found.append(EntitySet())
+            continue
+        listed = (
+            Entity(labels[int(classes[b, k]) - 1], ((int(spans[b, k, 0]), int(spans[b, k, 1])),), float(scores[b, k]))
+            for k in rows
+        )
+        found.append(survivors(best_per(listed, key=lambda e: e.fragments), chosen))
+    return found
+
+
+def survivors(candidates_: list[Entity], options: DecodeOptions) -> EntitySet:
+    """Soft-NMS, the threshold again (Soft-NMS lowers scores), then the overlap rule."""
+    found = soft_nms(candidates_, options.nms_decay, options.nms_iou)
+    return accept_best_first((c for c in found if c.score > options.threshold), options.overlap)
+
+
 def soft_nms(items: list[Entity], decay: float, iou_threshold: float) -> list[Entity]:
     pending = sorted(items, key=lambda c: -c.score)
     kept: list[Entity] = []
@@ -61,7 +96,4 @@ def decode_sentence(
     labels: tuple[str, ...],
     options: DecodeOptions,
 ) -> EntitySet:
-    found = soft_nms(
-        candidates(filter_prob, spans, class_probs, seed_mask, labels, options), options.nms_decay, options.nms_iou
-    )
-    return accept_best_first((c for c in found if c.score > options.threshold), options.overlap)
+    return survivors(candidates(filter_prob, spans, class_probs, seed_mask, labels, options), options)

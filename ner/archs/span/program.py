@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
 from nerserve.ner.archs.grouping import run_grouped, size_groups
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
-from nerserve.ner.archs.span.decode import decode_sentence
+from nerserve.ner.archs.span.decode import decode_batch
 from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
 from nerserve.ner.text.subword import Words
 from nerserve.ner.types import EntitySet
@@ -19,6 +20,14 @@ from nerserve.ner.types import EntitySet
 
 def enumerate_seeds(n_words: int, max_width: int) -> list[tuple[int, int]]:
     return [(i, i + w) for w in range(1, max_width + 1) for i in range(n_words - w + 1)]
+
+
+@lru_cache(maxsize=1024)
+def seed_array(n_words: int, max_width: int) -> np.ndarray:
+    """enumerate_seeds as a read-only [K, 2] array, made once per sentence length."""
+    seeds = np.array(enumerate_seeds(n_words, max_width), dtype=np.int64).reshape(-1, 2)
+    seeds.flags.writeable = False
+    return seeds
 
 
 @dataclass
@@ -34,7 +43,7 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
     def prepare(self, sentences: Sequence[Words]) -> SpanBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
         lengths = [len(p) for p in encoded.pieces]
-        seed_lists = [enumerate_seeds(n, self.config.max_width) for n in lengths]
+        seed_lists = [seed_array(n, self.config.max_width) for n in lengths]
         k = max(len(s) for s in seed_lists)
         seeds = np.zeros((len(sentences), k, 2), dtype=np.int64)
         seeds[..., 1] = 1  # padding seeds are the legal span [0, 1), masked out
@@ -78,14 +87,6 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
         options: DecodeOptions | Sequence[DecodeOptions] | None = None,
     ) -> list[EntitySet]:
         chosen = self.per_sentence(options, len(batch.lengths))
-        return [
-            decode_sentence(
-                outputs["filter_prob"][b],
-                outputs["spans"][b],
-                outputs["class_probs"][b],
-                batch.seed_mask[b],
-                self.config.labels,
-                chosen[b],
-            )
-            for b in range(len(batch.lengths))
-        ]
+        return decode_batch(
+            outputs["filter_prob"], outputs["spans"], outputs["class_probs"], batch.seed_mask, self.config.labels, chosen
+        )
