@@ -178,7 +178,15 @@ def tune(
     name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
     data: DataOption,
 ) -> None:
-    """Re-choose a trained model's decoding options on dev and rewrite its manifest (test re-scored)."""
+    """Re-choose a trained model's decoding options on dev and rewrite its manifest (test re-scored);
+    an open-label gliner model's threshold on its selection sets (DATA: any set of the data root)."""
+    from nerserve.ner.model_store import model_dir, read_manifest
+
+    if read_manifest(model_dir(name)).architecture == "gliner":
+        from nerserve.ner.training.gliner_trainer import retune_gliner
+
+        typer.echo(json.dumps(retune_gliner(name, data.parent), indent=2))
+        return
     from nerserve.ner.training.decode_tuning import retune_model
 
     typer.echo(json.dumps(retune_model(name, data), indent=2))

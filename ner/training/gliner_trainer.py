@@ -30,6 +30,7 @@ from nerserve.ner.data import Sentence, named_split
 from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.model_store import Manifest
 from nerserve.ner.runner import score
+from nerserve.ner.training.decode_tuning import tune_decoding
 from nerserve.ner.training.label_synonyms import SYNONYMS
 from nerserve.ner.training.loop import DEV_SLICE, ModelRecord, finish, fit, start_run, warm_start
 from nerserve.ner.types import EntitySet
@@ -214,6 +215,47 @@ def dev_slice(program: GlinerProgram, data_root: Path, batch_size: int) -> dict[
     return {"f1": report["f1"], "sentences": len(sentences)}
 
 
+def choose_threshold(program: GlinerProgram, selection: list[Source], batch_size: int) -> tuple[float, float]:
+    """The threshold with the best macro F1 over the selection sets' dev (graphs run once a set)."""
+    table: dict[float, list[float]] = {}
+    config = program.config
+    for source in selection:
+        program.config = replace(config, decode=replace(config.decode, labels=source.labels))
+        _, _, points = tune_decoding(program, source.sentences, batch_size, {"threshold": THRESHOLDS})
+        for point in points:
+            table.setdefault(point["threshold"], []).append(point["f1"])
+    program.config = config
+    threshold, f1s = max(table.items(), key=lambda item: float(np.mean(item[1])))
+    return threshold, float(np.mean(f1s))
+
+
+def gliner_scores(program: GlinerProgram, data_root: Path, held_out: Sequence[str], batch_size: int) -> dict[str, Any]:
+    """Selection dev, the CoNLL-2003 dev slice, CoNLL-2003 and GENIA test (nested), and each held-out
+    set's test (sentences a pass takes whole: the official figures are measured through the
+    service, benchmarks/service_eval.py)."""
+    best = program.config.decode
+    selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
+    scores: dict[str, Any] = {"dev": macro_f1(program, selection, best, batch_size)}
+    scores["dev_slice"] = dev_slice(program, data_root, batch_size)
+    for name, nested in (("conll03", False), ("genia", True)):
+        sentences, labels = named_split(data_root / name, "test")
+        report = score(
+            asking(program, replace(best, labels=labels, nested=nested)), within_window(sentences, program), batch_size
+        )
+        scores[f"test_{name}"] = {k: report[k] for k in ("precision", "recall", "f1", "sentences")}
+        print(f"{name} test F1 {report['f1']:.4f}", flush=True)
+    unseen = {}
+    for name in (n for n in held_out if n not in SELECTION):
+        sentences, labels = named_split(data_root / "open" / name, "test")
+        report = score(asking(program, replace(best, labels=labels)), within_window(sentences, program), batch_size)
+        unseen[name] = {k: report[k] for k in ("precision", "recall", "f1", "sentences")}
+        print(f"held out {name}: F1 {report['f1']:.4f}", flush=True)
+    if unseen:
+        scores["held_out"] = unseen
+        scores["held_out_macro_f1"] = float(np.mean([r["f1"] for r in unseen.values()]))
+    return scores
+
+
 def finish_gliner(
     network: torch.nn.Module,
     program: GlinerProgram,
@@ -225,38 +267,32 @@ def finish_gliner(
     settings: Any,
     out: Path,
 ) -> Manifest:
-    """The threshold chosen on the selection sets' dev, then scores: selection dev, CoNLL-2003 and
-    GENIA test (nested), and each held-out set's test (sentences a pass takes whole: the official
-    figures are measured through the service, benchmarks/open_labels.py)."""
-    best_f1, best = -1.0, program.config.decode
-    for threshold in THRESHOLDS:
-        options = replace(program.config.decode, threshold=threshold)
-        f1 = macro_f1(program, selection, options, settings.eval_batch_size)["f1"]
-        if f1 > best_f1:
-            best_f1, best = f1, options
-    config: GlinerConfig = replace(program.config, decode=best)
+    """The threshold chosen on the selection sets' dev, then the scores (gliner_scores)."""
+    threshold, f1 = choose_threshold(program, selection, settings.eval_batch_size)
+    config: GlinerConfig = replace(program.config, decode=replace(program.config.decode, threshold=threshold))
     network.config = config  # type: ignore[assignment]
     program.config = config
     record.config = config.to_dict()
-    print(f"threshold {best.threshold}: selection dev macro F1 {best_f1:.4f}", flush=True)
-    scores: dict[str, Any] = {"dev": macro_f1(program, selection, best, settings.eval_batch_size)}
-    scores["dev_slice"] = dev_slice(program, data_root, settings.eval_batch_size)
-    for name, nested in (("conll03", False), ("genia", True)):
-        sentences, labels = named_split(data_root / name, "test")
-        sentences = within_window(sentences, program)
-        asked = replace(best, labels=labels, nested=nested)
-        report = score(asking(program, asked), sentences, settings.eval_batch_size)
-        scores[f"test_{name}"] = {k: report[k] for k in ("precision", "recall", "f1", "sentences")}
-        print(f"{name} test F1 {report['f1']:.4f}", flush=True)
-    unseen = {}
-    for name in held_out:
-        sentences, labels = named_split(data_root / "open" / name, "test")
-        sentences = within_window(sentences, program)
-        asked = replace(best, labels=labels)
-        report = score(asking(program, asked), sentences, settings.eval_batch_size)
-        unseen[name] = {k: report[k] for k in ("precision", "recall", "f1", "sentences")}
-        print(f"held out {name}: F1 {report['f1']:.4f}", flush=True)
-    if unseen:
-        scores["held_out"] = unseen
-        scores["held_out_macro_f1"] = float(np.mean([r["f1"] for r in unseen.values()]))
+    print(f"threshold {threshold}: selection dev macro F1 {f1:.4f}", flush=True)
+    scores = gliner_scores(program, data_root, held_out, settings.eval_batch_size)
     return finish(network, record, fitted, scores, out)
+
+
+def retune_gliner(name: str, data_root: Path, batch_size: int = 64) -> dict[str, Any]:
+    """Re-choose a trained gliner model's threshold on the selection sets' dev and re-score it
+    (`nerserve tune`), its manifest rewritten."""
+    from nerserve.ner.loading import load_model
+    from nerserve.ner.model_store import read_manifest, write_manifest
+
+    model = load_model(name)
+    program: GlinerProgram = model.program
+    manifest = read_manifest(model.folder)
+    selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
+    before = program.config.decode.threshold
+    threshold, f1 = choose_threshold(program, selection, batch_size)
+    program.config = replace(program.config, decode=replace(program.config.decode, threshold=threshold))
+    manifest.config["decode"]["threshold"] = threshold
+    manifest.scores = gliner_scores(program, data_root, manifest.training.get("held_out", []), batch_size)
+    manifest.training["decode_tuning"] = {"grid": {"threshold": list(THRESHOLDS)}, "before": before, "chosen": threshold}
+    write_manifest(model.folder, manifest)
+    return {"threshold_before": before, "threshold": threshold, "selection_dev_macro_f1": f1, **manifest.scores}

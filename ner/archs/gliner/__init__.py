@@ -7,7 +7,7 @@ from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.program import GlinerProgram
 from nerserve.ner.archs.gliner.signatures import signatures
 
-THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(9))  # 0.3 to 0.7
+THRESHOLDS = tuple(round(0.05 + 0.05 * i, 2) for i in range(14))  # 0.05 to 0.7
 
 SPEC = ArchitectureSpec(
     name="gliner",
