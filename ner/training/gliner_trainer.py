@@ -241,7 +241,7 @@ def gliner_scores(program: GlinerProgram, data_root: Path, held_out: Sequence[st
     scores: dict[str, Any] = {"dev": macro_f1(program, selection, best, batch_size)}
     scores["dev_slice"] = dev_slice(program, data_root, batch_size)
     for name, nested in (("conll03", False), ("genia", True)):
-        sentences, labels = named_split(data_root / name, "test")
+        sentences, labels = named_split(data_root / name, "test", TEST_SCORED)
         report = score(
             asking(program, replace(best, labels=labels, nested=nested)), within_window(sentences, program), batch_size
         )
