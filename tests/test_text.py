@@ -126,3 +126,28 @@ def test_each_batch_takes_the_row_length_that_costs_least() -> None:
     assert rows == [[0], [1, 2, 3, 4, 5, 6]] and packing_cost(skewed, rows) < packing_cost(skewed, pack_rows(skewed, 0))
     assert packed_rows([200, 50, 50], 128) == [[0], [1, 2]]  # a sentence over the bound sets the row length
     assert packed_rows([5, 5], 0) == [[0], [1]]
+
+
+def test_character_features_fill_each_word_in_its_place() -> None:
+    from nerserve.ner.text.chars import MAX_WORD_CHARS, char_id
+
+    sentences = [["EU", "rejects", "Müller", "中国"], ["a" * 30 + "Z"], ["3.5", "-"]]
+    char_ids, shape_ids = encode_chars(sentences, 5)
+    assert char_ids.shape == (3, 5, MAX_WORD_CHARS) and shape_ids.shape == (3, 5)
+    for b, words in enumerate(sentences):
+        for i, word in enumerate(words):
+            clipped = word if len(word) <= MAX_WORD_CHARS else word[:10] + word[-10:]
+            assert char_ids[b, i, : len(clipped)].tolist() == [char_id(c) for c in clipped]
+            assert not char_ids[b, i, len(clipped) :].any() and shape_ids[b, i] == shape_id(word)
+        assert not char_ids[b, len(words) :].any() and not shape_ids[b, len(words) :].any()
+
+
+def test_words_tokenised_once_are_what_the_sentence_would_give(data_root) -> None:  # type: ignore[no-untyped-def]
+    from nerserve.ner.backbone import resolve_backbone
+    from nerserve.ner.data import read_split
+
+    encoder = SubwordEncoder(load_tokenizer(resolve_backbone().path))
+    assert encoder.word_pieces is not None  # WordPiece splits each word alone
+    sentences = [list(s.tokens) for name in ("conll03", "genia") for s in read_split(data_root / name, "dev", 300)]
+    assert encoder.tokenize(sentences) == encoder.tokenize_sentences(sentences)
+    assert encoder.tokenize(sentences[:5]) == encoder.tokenize_sentences(sentences[:5])  # from the cache
