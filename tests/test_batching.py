@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,19 @@ def test_results_map_back_and_batches_form() -> None:
     results, batches = asyncio.run(scenario())
     assert results == ["A", "B", "C", "D", "E"]
     assert sorted(len(b) for b in batches) == [1, 4]
+
+
+def test_a_lone_request_on_an_idle_device_does_not_wait_for_company() -> None:
+    async def scenario() -> float:
+        scheduler = make_scheduler(BatchLimits(max_wait_ms=2_000))
+        scheduler.start()
+        started = time.perf_counter()
+        await asyncio.gather(*scheduler.submit([("alone", 3)]))
+        waited = time.perf_counter() - started
+        await scheduler.stop()
+        return waited
+
+    assert asyncio.run(scenario()) < 0.5
 
 
 def test_queue_bound_refuses_whole_request() -> None:
