@@ -18,6 +18,10 @@ from nerserve.ner.graph_format import Runtime
 # behind it, then its own: a large request's batches must stay short, and a newcomer's batch must
 # not carry a window, for that wait to stay short (docs/decisions/admission.md).
 CPU_MAX_REQUEST_TOKENS = 256
+# Batch bounds by device: on the CPU a batch gains little beyond a few dozen sentences and a larger
+# one only holds newcomers longer; a GPU's throughput keeps rising to hundreds (docs/gpu.md).
+CPU_MAX_BATCH_SIZE, CPU_MAX_BATCH_TOKENS = 32, 8192
+CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 
 
 class Settings(BaseSettings):
@@ -40,8 +44,12 @@ class Settings(BaseSettings):
         "(CUDA where it works, else the CPU)",
     )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
-    max_batch_size: int = Field(32, ge=1, description="most sentences in one batch of the graphs")
-    max_batch_tokens: int = Field(8192, ge=16, description="most sub-words in one batch of the graphs")
+    max_batch_size: int | None = Field(
+        None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"
+    )
+    max_batch_tokens: int | None = Field(
+        None, ge=16, description="most sub-words in one batch of the graphs; default 8192 on CPU, 65536 on CUDA"
+    )
     max_wait_ms: float = Field(5.0, ge=0, description="how long a batch that is not full waits for more sentences")
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(
@@ -120,7 +128,24 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def batch_size_bound(self) -> int:
+        """A GPU runs hundreds of sentences in the time the CPU runs a few: its batches are larger."""
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        return CUDA_MAX_BATCH_SIZE if self.on_cuda else CPU_MAX_BATCH_SIZE
+
+    @property
+    def batch_tokens_bound(self) -> int:
+        if self.max_batch_tokens is not None:
+            return self.max_batch_tokens
+        return CUDA_MAX_BATCH_TOKENS if self.on_cuda else CPU_MAX_BATCH_TOKENS
+
+    @property
     def request_tokens_bound(self) -> int | None:
         if self.max_request_tokens is not None:
             return self.max_request_tokens
-        return None if self.device.startswith("cuda") else CPU_MAX_REQUEST_TOKENS
+        return None if self.on_cuda else CPU_MAX_REQUEST_TOKENS

@@ -116,8 +116,8 @@ def load_served_model(
         return program.decode(batch, program.run(batch, options), options)
 
     limits = BatchLimits(
-        settings.max_batch_size,
-        settings.max_batch_tokens,
+        settings.batch_size_bound,
+        settings.batch_tokens_bound,
         settings.max_wait_ms,
         settings.max_queue,
         max_request_tokens=settings.request_tokens_bound,

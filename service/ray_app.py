@@ -76,7 +76,7 @@ def application(settings: Settings, cpus_per_replica: float = 1.0, **scale: Any)
         ray_actor_options={"num_cpus": cpus_per_replica},
         graceful_shutdown_timeout_s=settings.drain_seconds,
         health_check_period_s=5,
-        max_ongoing_requests=max(64, settings.max_batch_size * 4),
+        max_ongoing_requests=max(64, settings.batch_size_bound * 4),
         **scaling(**scale),
     )(NerServeReplica)
     return deployment.bind(settings.model_dump_json())

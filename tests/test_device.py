@@ -51,3 +51,13 @@ def test_serve_on_cuda_without_cuda_exits_non_zero_at_once_naming_cuda() -> None
     )
     assert done.returncode != 0 and time.monotonic() - started < 60
     assert "--device cuda: CUDA cannot be used here" in done.stderr, done.stderr[-2000:]
+
+
+def test_batch_bounds_fit_the_device() -> None:
+    from nerserve.service.config import Settings
+
+    cpu, cuda = Settings(device="cpu"), Settings(device="cuda:0")
+    assert (cpu.batch_size_bound, cpu.batch_tokens_bound, cpu.request_tokens_bound) == (32, 8192, 256)
+    assert (cuda.batch_size_bound, cuda.batch_tokens_bound, cuda.request_tokens_bound) == (256, 65536, None)
+    chosen = Settings(device="cuda", max_batch_size=64, max_batch_tokens=4096)
+    assert (chosen.batch_size_bound, chosen.batch_tokens_bound) == (64, 4096)

@@ -138,8 +138,8 @@ async def info(request: Request) -> dict[str, Any]:
         "default_model": state.default_model,
         "models": state.model_states,
         "batching": {
-            "max_batch_size": settings.max_batch_size,
-            "max_batch_tokens": settings.max_batch_tokens,
+            "max_batch_size": settings.batch_size_bound,
+            "max_batch_tokens": settings.batch_tokens_bound,
             "max_wait_ms": settings.max_wait_ms,
             "max_queue": settings.max_queue,
             "max_queue_seconds": settings.max_queue_seconds,
