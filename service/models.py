@@ -111,9 +111,13 @@ def load_served_model(
     def prepare(payloads: list[Payload]) -> tuple[Any, list[Any]]:
         return program.prepare([sentence for sentence, _ in payloads]), [options for _, options in payloads]
 
-    def run(prepared: tuple[Any, list[Any]]) -> list[EntitySet]:
+    def run(prepared: tuple[Any, list[Any]]) -> Any:
         batch, options = prepared
-        return program.decode(batch, program.run(batch, options), options)
+        return program.run(batch, options)
+
+    def decode(prepared: tuple[Any, list[Any]], outputs: Any) -> list[EntitySet]:
+        batch, options = prepared
+        return program.decode(batch, outputs, options)
 
     limits = BatchLimits(
         settings.batch_size_bound,
@@ -126,6 +130,7 @@ def load_served_model(
     scheduler = Scheduler(
         prepare=prepare,
         run=run,
+        finish=decode,
         limits=limits,
         observer=observer,
         on_idle=release_freed_memory,

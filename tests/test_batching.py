@@ -101,6 +101,35 @@ def test_a_lone_request_on_an_idle_device_does_not_wait_for_company() -> None:
     assert asyncio.run(scenario()) < 0.5
 
 
+def test_a_batch_is_decoded_while_the_graphs_run_the_next() -> None:
+    events: list[tuple[str, str, float]] = []
+
+    def run(prepared: list[str]) -> list[str]:
+        events.append(("run", threading.current_thread().name, time.perf_counter()))
+        return prepared
+
+    def finish(prepared: list[str], outputs: list[str]) -> list[str]:
+        events.append(("decode", threading.current_thread().name, time.perf_counter()))
+        time.sleep(0.3)
+        events.append(("decoded", threading.current_thread().name, time.perf_counter()))
+        return [o.upper() for o in outputs]
+
+    async def scenario() -> list[str]:
+        limits = BatchLimits(max_batch_size=1, max_wait_ms=0)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, finish=finish, limits=limits)
+        scheduler.start()
+        results = [r.value for r in await asyncio.gather(*scheduler.submit([("a", 3), ("b", 3)]))]
+        await scheduler.stop()
+        return results
+
+    assert asyncio.run(scenario()) == ["A", "B"]
+    runs = [e for e in events if e[0] == "run"]
+    decodes = [e for e in events if e[0] == "decoded"]
+    assert all(name.startswith("graphs") for _, name, _ in runs)
+    assert all(name.startswith("decode") for _, name, _ in decodes)
+    assert runs[1][2] < decodes[0][2]  # the second batch ran before the first was decoded
+
+
 def test_queue_bound_refuses_whole_request() -> None:
     async def scenario() -> None:
         scheduler = make_scheduler(BatchLimits(max_queue=3))

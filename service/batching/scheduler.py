@@ -110,10 +110,14 @@ class _NullObserver:
 
 @dataclass
 class Scheduler:
-    """`prepare(payloads) -> prepared` and `run(prepared) -> results` (one per payload, in order)."""
+    """`prepare(payloads) -> prepared`, `run(prepared) -> outputs` (the graphs) and
+    `finish(prepared, outputs) -> results` (one per payload, in order). Each stage has its own
+    thread: the next batch is prepared while the graphs run, and a batch is decoded while the
+    graphs run the next one, so the graph thread never waits for host work."""
 
     prepare: Callable[[list[Any]], Any]
-    run: Callable[[Any], list[Any]]
+    run: Callable[[Any], Any]
+    finish: Callable[[Any, Any], list[Any]] = field(default=lambda prepared, outputs: list(outputs))
     limits: BatchLimits = field(default_factory=BatchLimits)
     observer: BatchObserver = field(default_factory=_NullObserver)
     clock: Callable[[], float] = time.monotonic
@@ -138,6 +142,8 @@ class Scheduler:
         self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
         self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs", initializer=_yield_to_the_door)
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_yield_to_the_door)
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode", initializer=_yield_to_the_door)
+        self._finishing: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         # sub-words per second end to end by batch sub-words (see _cycle_rate): admission, Retry-After
         self.rates = BatchRates(self.limits.max_batch_tokens)
@@ -246,11 +252,15 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in list(self._finishing):
+            task.cancel()
+        await asyncio.gather(*self._finishing, return_exceptions=True)
         for item in self._queue.clear():
             if not item.future.done():
                 item.future.set_exception(Draining("server stopped"))
         self._runner.shutdown(wait=False, cancel_futures=True)
         self._preparer.shutdown(wait=False, cancel_futures=True)
+        self._finisher.shutdown(wait=False, cancel_futures=True)
 
     def _finish(self, items: list[WorkItem], taken: bool = True) -> None:
         """`items` answered or dropped; `taken`: they had left the queue (prepared, handed over, run)."""
@@ -344,32 +354,45 @@ class Scheduler:
             for item in batch:
                 item.started = started
             try:
-                results = await loop.run_in_executor(self._runner, self.run, prepared)
+                outputs = await loop.run_in_executor(self._runner, self.run, prepared)
             except Exception as error:
                 await self._isolate(batch, error)
                 continue
             finished = self.clock()
-            seconds = finished - started
             self._batches += 1
-            for item, result in zip(batch, results, strict=True):
-                if not item.future.done():
-                    item.future.set_result(ItemResult(result, started - item.enqueued, seconds, self._batches))
-            self._finish(batch)
             tokens = [item.cost for item in batch]
-            rate = self._cycle_rate(batch, finished, seconds)
+            rate = self._cycle_rate(batch, finished, finished - started)
             if rate is not None:
                 self.rates.observe(sum(tokens), rate)
-            self.observer.batch_done(
-                BatchRecord(
-                    len(batch),
-                    sum(tokens),
-                    self.padded_tokens(prepared) if self.padded_tokens else sum(tokens),
-                    [started - item.enqueued for item in batch],
-                    seconds,
-                    finished,
-                )
+            task = asyncio.create_task(self._decode(batch, prepared, outputs, started, finished, self._batches))
+            self._finishing.add(task)
+            task.add_done_callback(self._finishing.discard)
+
+    async def _decode(
+        self, batch: list[WorkItem], prepared: Any, outputs: Any, started: float, ran: float, number: int
+    ) -> None:
+        """Outputs → results in the decode thread, then the batch's answers and its record."""
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._finisher, self.finish, prepared, outputs)
+        except Exception as error:
+            await self._isolate(batch, error)
+            return
+        seconds = ran - started
+        for item, result in zip(batch, results, strict=True):
+            if not item.future.done():
+                item.future.set_result(ItemResult(result, started - item.enqueued, seconds, number))
+        self._finish(batch)
+        self.observer.batch_done(
+            BatchRecord(
+                len(batch),
+                sum(item.cost for item in batch),
+                self.padded_tokens(prepared) if self.padded_tokens else sum(item.cost for item in batch),
+                [started - item.enqueued for item in batch],
+                seconds,
+                ran,
             )
-            await self._when_idle(finished)
+        )
+        await self._when_idle(self.clock())
 
     async def _when_idle(self, now: float) -> None:
         if self.on_idle is None or self._queue or not self._handoff.empty() or now - self._last_idle < self.idle_every:
@@ -413,7 +436,8 @@ class Scheduler:
             self._finish([item])
 
     def _run_one(self, payload: Any) -> list[Any]:
-        return self.run(self.prepare([payload]))
+        prepared = self.prepare([payload])
+        return self.finish(prepared, self.run(prepared))
 
     def _fail(self, batch: list[WorkItem], error: Exception) -> None:
         for item in batch:
