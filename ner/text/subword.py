@@ -167,7 +167,8 @@ class SubwordEncoder:
         unseen = list({word: None for words in sentences for word in words if word not in cache})
         if unseen:
             if len(cache) + len(unseen) > WORD_CACHE_SIZE:
-                cache.clear()
+                # a new dict rather than clear(): another thread may be reading the old one
+                cache = self.word_pieces = {}
             encodings = self.tokenizer.encode_batch([[w] for w in unseen], is_pretokenized=True, add_special_tokens=False)
             cache.update((word, tuple(e.ids) or (self.unk_id,)) for word, e in zip(unseen, encodings, strict=True))
         return [Tokenized(tuple(words), tuple(cache[w] for w in words)) for words in sentences]
