@@ -45,15 +45,17 @@ def encoder_feeds(subwords: SubwordEncoder, sentences: Sequence[Words]) -> tuple
     """ENCODER_INPUTS by name, and the sub-word batch they came from."""
     encoded = subwords.encode(sentences)
     char_ids, shape_ids = encode_chars([word_list(s) for s in sentences], encoded.word_mask.shape[1])
-    feeds = {
+    feeds = {**subword_feeds(encoded), "char_ids": char_ids, "shape_ids": shape_ids, "word_mask": encoded.word_mask}
+    return feeds, encoded
+
+
+def subword_feeds(encoded: SubwordBatch) -> dict[str, np.ndarray]:
+    """The packed rows and the word map: the encoder inputs that come from the sub-words."""
+    return {
         "input_ids": encoded.input_ids,
         "segment_ids": encoded.segment_ids,
         "position_ids": encoded.position_ids,
         "token_index": encoded.token_index,
         "subword_index": encoded.subword_index,
         "subword_mask": encoded.subword_mask,
-        "char_ids": char_ids,
-        "shape_ids": shape_ids,
-        "word_mask": encoded.word_mask,
     }
-    return feeds, encoded

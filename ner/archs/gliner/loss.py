@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nerserve.ner.archs.gliner.network import GlinerNetwork
+from nerserve.ner.archs.gliner.signatures import MATCH_INPUTS
 from nerserve.ner.types import EntitySet
 
 
@@ -34,22 +35,6 @@ def pair_mask(span_mask: np.ndarray, labels: list[tuple[str, ...]]) -> np.ndarra
 def gliner_loss(
     network: GlinerNetwork, feeds: dict[str, torch.Tensor], targets: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    logits = network.logits(*(feeds[name] for name in MATCH_ORDER))
+    logits = network.logits(*(feeds[name] for name in MATCH_INPUTS))
     losses = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none") * mask
     return losses.sum() / targets.shape[0]
-
-
-MATCH_ORDER = (
-    "input_ids",
-    "segment_ids",
-    "position_ids",
-    "token_index",
-    "subword_index",
-    "subword_mask",
-    "char_ids",
-    "shape_ids",
-    "word_mask",
-    "text_index",
-    "label_index",
-    "spans",
-)

@@ -15,6 +15,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
+from nerserve.ner.archs.feeds import subword_feeds
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_sentence
 from nerserve.ner.text.chars import encode_chars
@@ -133,12 +134,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
             label_index[r, : len(one.labels)] = np.arange(len(one.labels)) * 2 + 1
         spans = batch.spans[[p.sentence for p in passes]]
         return {
-            "input_ids": encoded.input_ids,
-            "segment_ids": encoded.segment_ids,
-            "position_ids": encoded.position_ids,
-            "token_index": encoded.token_index,
-            "subword_index": encoded.subword_index,
-            "subword_mask": encoded.subword_mask,
+            **subword_feeds(encoded),
             "char_ids": char_ids,
             "shape_ids": shape_ids,
             "word_mask": word_mask,
