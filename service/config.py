@@ -145,6 +145,14 @@ class Settings(BaseSettings):
         return CUDA_MAX_BATCH_TOKENS if self.on_cuda else CPU_MAX_BATCH_TOKENS
 
     @property
+    def close_when_idle(self) -> bool:
+        """On CUDA a lone request on an idle device runs at once. Not on the CPU: there the first
+        batches after an idle spell run one sentence each, and admission, which estimates waits
+        from the rates batches reach, refused what a 5 ms wait lets it batch
+        (docs/decisions/admission.md)."""
+        return self.on_cuda
+
+    @property
     def request_tokens_bound(self) -> int | None:
         if self.max_request_tokens is not None:
             return self.max_request_tokens

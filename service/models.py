@@ -126,6 +126,7 @@ def load_served_model(
         settings.max_queue,
         max_request_tokens=settings.request_tokens_bound,
         max_queue_seconds=settings.max_queue_seconds,
+        close_when_idle=settings.close_when_idle,
     )
     scheduler = Scheduler(
         prepare=prepare,

@@ -90,7 +90,7 @@ def test_results_map_back_and_batches_form() -> None:
 
 def test_a_lone_request_on_an_idle_device_does_not_wait_for_company() -> None:
     async def scenario() -> float:
-        scheduler = make_scheduler(BatchLimits(max_wait_ms=2_000))
+        scheduler = make_scheduler(BatchLimits(max_wait_ms=2_000, close_when_idle=True))
         scheduler.start()
         started = time.perf_counter()
         await asyncio.gather(*scheduler.submit([("alone", 3)]))

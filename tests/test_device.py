@@ -59,5 +59,6 @@ def test_batch_bounds_fit_the_device() -> None:
     cpu, cuda = Settings(device="cpu"), Settings(device="cuda:0")
     assert (cpu.batch_size_bound, cpu.batch_tokens_bound, cpu.request_tokens_bound) == (32, 8192, 256)
     assert (cuda.batch_size_bound, cuda.batch_tokens_bound, cuda.request_tokens_bound) == (256, 65536, None)
+    assert cuda.close_when_idle and not cpu.close_when_idle
     chosen = Settings(device="cuda", max_batch_size=64, max_batch_tokens=4096)
     assert (chosen.batch_size_bound, chosen.batch_tokens_bound) == (64, 4096)

@@ -25,6 +25,8 @@ class BatchLimits:
     # most sub-words of one request in a batch (None: no limit; the batch's first item goes whatever
     # its size); see Settings.request_tokens_bound
     max_request_tokens: int | None = None
+    # close a batch at once when nothing is prepared or running (see Settings.close_when_idle)
+    close_when_idle: bool = False
 
 
 class Sized(Protocol):

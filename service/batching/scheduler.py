@@ -311,10 +311,10 @@ class Scheduler:
             # Double buffering: while a prepared batch already waits for the graphs, this one keeps
             # growing (it could not run sooner anyway). Otherwise it closes at max_wait, or at once
             # when full, and is prepared while the graphs still run the current batch, so the graph
-            # thread never idles through a prepare. With nothing prepared or running (an idle
-            # device) it closes at once: waiting for company would only delay a lone request, and
-            # under load company gathers anyway while the graphs run.
-            idle = self._taken_tokens == 0
+            # thread never idles through a prepare. With `close_when_idle` and nothing prepared or
+            # running (an idle device) it closes at once: waiting for company would only delay a
+            # lone request, and under load company gathers while the graphs run.
+            idle = limits.close_when_idle and self._taken_tokens == 0
             if full or idle or (remaining <= 0 and self._handoff.empty()):
                 break
             self._arrived.clear()
