@@ -377,7 +377,7 @@ class Scheduler:
         except Exception as error:
             await self._isolate(batch, error)
             return
-        seconds = ran - started
+        seconds, tokens = ran - started, sum(item.cost for item in batch)
         for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(ItemResult(result, started - item.enqueued, seconds, number))
@@ -385,8 +385,8 @@ class Scheduler:
         self.observer.batch_done(
             BatchRecord(
                 len(batch),
-                sum(item.cost for item in batch),
-                self.padded_tokens(prepared) if self.padded_tokens else sum(item.cost for item in batch),
+                tokens,
+                self.padded_tokens(prepared) if self.padded_tokens else tokens,
                 [started - item.enqueued for item in batch],
                 seconds,
                 ran,

@@ -6,13 +6,13 @@ lists); each request brings its own, carried to the program in `GlinerOptions.la
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from nerserve.ner.archs.config_io import config_from_dict
+from nerserve.ner.archs.config_io import open_label_config_dict, open_label_config_from_dict
 from nerserve.ner.decoding.overlap import Overlap
 
 
@@ -40,15 +40,8 @@ class GlinerConfig:
     decode: GlinerOptions = field(default_factory=lambda: GlinerOptions())
 
     def to_dict(self) -> dict[str, Any]:
-        values = asdict(self)
-        values["labels"] = list(self.labels)
-        values["decode"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values["decode"].items()}
-        return values
+        return open_label_config_dict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GlinerConfig:
-        values = dict(values)
-        decode = dict(values.get("decode", {}))
-        decode["labels"] = tuple(decode.get("labels", ()))
-        values["decode"] = decode
-        return config_from_dict(cls, values, GlinerOptions)
+        return open_label_config_from_dict(cls, values, GlinerOptions)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from nerserve.ner.archs.config_io import config_from_dict
+from nerserve.ner.archs.config_io import open_label_config_dict, open_label_config_from_dict
 from nerserve.ner.decoding.overlap import Overlap
 
 # The kinds of seq2seq network: the backbone as encoder and as a cached decoder initialised from
@@ -52,17 +52,8 @@ class GnerConfig:
     decode: GnerOptions = field(default_factory=lambda: GnerOptions())
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        values = asdict(self)
-        values["labels"] = list(self.labels)
-        values["decode"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values["decode"].items()}
-        return values
+        return open_label_config_dict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GnerConfig:
-        values = dict(values)
-        decode = dict(values.get("decode", {}))
-        decode["labels"] = tuple(decode.get("labels", ()))
-        values["decode"] = decode
-        return config_from_dict(cls, values, GnerOptions)
+        return open_label_config_from_dict(cls, values, GnerOptions)
