@@ -18,10 +18,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY constraints constraints
 COPY nerserve nerserve
-COPY ner ner
-COPY service service
-COPY export export
-COPY loadtest loadtest
 COPY model_store model_store
 COPY docker/select_models.sh /usr/local/bin/select-models
 # hadolint ignore=DL3013
@@ -46,10 +42,6 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY constraints constraints
 COPY nerserve nerserve
-COPY ner ner
-COPY service service
-COPY export export
-COPY loadtest loadtest
 # the core with the GPU runtime: exported graphs + numpy decoding, no torch; the nvidia wheels' library
 # folders go to ld.so.conf so that the CUDA provider (and ldd on it) finds them without LD_LIBRARY_PATH
 RUN pip install -c constraints/lock.txt ".[gpu]" \

@@ -25,7 +25,7 @@ serve: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy nerserve  # nerserve/{ner,service,export,loadtest} are links to the top-level folders
+	$(BIN)/mypy nerserve  # the whole package: ner, service, export and loadtest live in it
 	$(BIN)/lint-imports
 
 test: lint
