@@ -13,8 +13,8 @@ LAYERS = ("ner", "service", "export", "loadtest")
 
 
 def test_no_link_inside_the_package() -> None:
-    links = [str(Path(root, name)) for root, folders, files in os.walk(PACKAGE) for name in folders + files if Path(root, name).is_symlink()]
-    assert links == []
+    entries = [Path(root, name) for root, folders, files in os.walk(PACKAGE) for name in folders + files]
+    assert [str(entry) for entry in entries if entry.is_symlink()] == []
 
 
 def test_every_module_file_is_where_its_name_says() -> None:
