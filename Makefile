@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml constraints/lock.txt
 install: $(VENV)/.installed
 
 serve: install
-	NERSERVE_DATA=$(DATA) $(BIN)/nerserve serve --host $(HOST) --port $(PORT)
+	NERSERVE_DATA_ROOT=$(DATA) $(BIN)/nerserve serve --host $(HOST) --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check .

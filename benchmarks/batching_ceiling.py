@@ -16,8 +16,11 @@ from typing import Annotated, Any
 import typer
 
 from nerserve.ner.data import read_split
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 
@@ -26,8 +29,8 @@ def load_program(model: str, runtime: str, device: str, threads: int | None) -> 
     if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
         from nerserve.ner.loading import load_model
 
-        return load_model(model, device).program
-    return load_graph_set(graph_set_folder(model, runtime), device, threads).program
+        return load_model(LOCATIONS.model_dir(model), device).program
+    return load_graph_set(LOCATIONS.graph_set_folder(model, runtime), device, threads).program
 
 
 def gpu_memory_mib(device: str) -> float | None:

@@ -18,9 +18,12 @@ from typing import Any
 
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runner import length_batches, score
 from nerserve.ner.runtime.graph_set import load_graph_set
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 
 def profile(program: Any, sentences: list[list[str]], batch_size: int) -> dict[str, float]:
@@ -91,7 +94,7 @@ def main() -> None:
         "threads": args.threads,
     }
     for label, int8 in (("onnx_fp32", False), ("onnx_int8", True)):
-        folder = graph_set_folder(args.model, "onnx", int8)
+        folder = LOCATIONS.graph_set_folder(args.model, "onnx", int8)
         if not (folder / EXPORT_JSON).is_file():
             raise SystemExit(f"export first: nerserve export {args.model} --format onnx{' --int8' if int8 else ''}")
         program = load_graph_set(folder, threads=args.threads).program

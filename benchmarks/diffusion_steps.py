@@ -15,9 +15,12 @@ import typer
 
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runner import score
 from nerserve.ner.runtime.graph_set import load_graph_set
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 
@@ -38,7 +41,7 @@ def main(
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    folder = graph_set_folder(model, runtime)
+    folder = LOCATIONS.graph_set_folder(model, runtime)
     if not (folder / EXPORT_JSON).is_file():
         raise typer.BadParameter(f"no {runtime} export of {model}: run `nerserve export {model} --format {runtime}`")
     program = load_graph_set(folder).program

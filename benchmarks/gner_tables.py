@@ -26,10 +26,13 @@ from nerserve.ner.archs.gner.matching import lcs_hunt_szymanski, lcs_table
 from nerserve.ner.archs.gner.tagging import parse_pairs, squeeze
 from nerserve.ner.data import Sentence, named_split, read_split
 from nerserve.ner.evaluation import evaluate
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runner import length_batches
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.types import EntitySet
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 BUCKETS = ((1, 10), (11, 20), (21, 30), (31, 50), (51, 10_000))
@@ -54,7 +57,7 @@ def speed_table(models: list[str], gner: str, data: Path, limit: int, batch_size
     closed = read_split(data, "test", limit)
     named, labels = named_split(data, "test", limit)
     for model in [*models, gner, gner]:
-        program = load_graph_set(graph_set_folder(model, "onnx")).program
+        program = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx")).program
         options = program.config.decode
         sentences = closed
         if model == gner:
@@ -165,7 +168,7 @@ def main(
     if "4" in chosen:
         result["table4"] = speed_table([m for m in others.split(",") if m], model, data, limit, batch_size)
     if chosen & {"5", "6"}:
-        program = load_graph_set(graph_set_folder(model, "onnx")).program
+        program = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx")).program
         sentences, labels = named_split(data, "test", limit)
         written = free_generation(program, sentences, labels, batch_size)
         result["free_generation_outcomes"] = {"finished": int(np.sum([bool(w["tokens"]) for w in written]))}

@@ -18,14 +18,17 @@ from typing import Annotated, Any
 import typer
 
 from nerserve.ner.data import named_split, read_split
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 
 
 def measure(model: str, sentences: list[list[str]], labels: tuple[str, ...], batch: int, repeats: int) -> dict[str, Any]:
-    program = load_graph_set(graph_set_folder(model, "onnx")).program
+    program = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx")).program
     options = program.config.decode
     if labels and "labels" in {f.name for f in dataclasses.fields(options)}:
         options = dataclasses.replace(options, labels=labels)

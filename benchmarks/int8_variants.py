@@ -26,9 +26,12 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat, graph_file
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runner import score
 from nerserve.ner.runtime.graph_set import load_graph_set
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 
 def encoder_file(folder: Path) -> Path:
@@ -90,7 +93,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    folders = {"fp32": graph_set_folder(args.model, "onnx"), "dynamic": graph_set_folder(args.model, "onnx", True)}
+    folders = {
+        "fp32": LOCATIONS.graph_set_folder(args.model, "onnx"),
+        "dynamic": LOCATIONS.graph_set_folder(args.model, "onnx", True),
+    }
     for label, folder in folders.items():
         if not (folder / EXPORT_JSON).is_file():
             raise SystemExit(

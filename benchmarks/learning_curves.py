@@ -13,8 +13,11 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.ner.model_store import list_models, model_store_root, read_manifest
+from nerserve.ner.model_store import Locations, read_manifest
 from nerserve.ner.training.loop import earlier_runs
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 
@@ -116,14 +119,14 @@ def main(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list_models()
+    names = LOCATIONS.list_models()
     figure, (by_epoch, by_minute) = plt.subplots(1, 2, figsize=(14, 6))
     rows = []
     listed = reference / "not-promoted.json"
     later = json.loads(listed.read_text())["runs"] if listed.is_file() else []
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]
     for index, name in enumerate(names):
-        manifest = read_manifest(model_store_root() / name)
+        manifest = read_manifest(LOCATIONS.model_store / name)
         runs = earlier_runs(manifest.training)  # its own run last
         points = curve(runs)
         if not points:

@@ -20,9 +20,12 @@ import typer
 
 from nerserve.ner.data import Sentence, named_split
 from nerserve.ner.evaluation import evaluate
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.types import EntitySet
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 
@@ -60,8 +63,8 @@ def main(
     json_out: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     sentences, labels = named_split(data, "test", limit)
-    matcher = load_graph_set(graph_set_folder(model, "onnx")).program
-    generator = load_graph_set(graph_set_folder(gner, "onnx")).program
+    matcher = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx")).program
+    generator = load_graph_set(LOCATIONS.graph_set_folder(gner, "onnx")).program
     rows = [
         row_of(gner, labels, sentences[:gner_limit], generator, batch, own=True),
         row_of(model, labels, sentences[:gner_limit], matcher, batch, own=True),

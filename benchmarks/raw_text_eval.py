@@ -23,10 +23,13 @@ from sacremoses import MosesDetokenizer
 
 from nerserve.ner.data import Sentence, read_split
 from nerserve.ner.evaluation import evaluate
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.types import Entity, EntitySet
 from nerserve.service.pipeline import Planner, assemble
+
+# the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
+LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
 
@@ -99,7 +102,7 @@ def main(
     layout: Annotated[str, typer.Option(help="lines (news layout) or spaces (every sentence on one line)")] = "lines",
     limit: Annotated[int | None, typer.Option(min=1)] = None,
 ) -> None:
-    loaded = load_graph_set(graph_set_folder(model, "onnx"))
+    loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx"))
     program = loaded.program
     planner = Planner(program.subwords, 384, 24)
     sentences = read_split(data, split, limit)

@@ -25,6 +25,7 @@ import typer
 from nerserve.export.parity import PARITY_SENTENCES
 from nerserve.ner.archs.registry import ARCHITECTURES
 from nerserve.ner.graph_format import GraphFormat, Runtime
+from nerserve.ner.model_store import Locations
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="nerserve: NER models, training, evaluation, serving.")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,27 +71,17 @@ def _user_errors(function: F) -> F:
 
 
 DataOption = Annotated[Path, typer.Option("--data", help="dataset folder with train/dev/test.jsonl")]
-ModelStoreOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--model-store",
-        envvar="NERSERVE_MODEL_STORE",
-        help="folder of model folders (default: the checkout's model_store/, else ./model_store)",
-    ),
-]
-GraphCacheOption = Annotated[
-    Path | None,
-    typer.Option("--graph-cache", envvar="NERSERVE_GRAPH_CACHE", help="where exported graphs are cached"),
-]
 
 
-def _use_locations(model_store: Path | None, graph_cache: Path | None) -> None:
-    """Through the environment, so that the modules that read them and the export subprocess the
-    server may start all see the same folders."""
-    if model_store is not None:
-        os.environ["NERSERVE_MODEL_STORE"] = str(model_store.resolve())
-    if graph_cache is not None:
-        os.environ["NERSERVE_GRAPH_CACHE"] = str(graph_cache.resolve())
+def _locations(context: typer.Context) -> Locations:
+    """The folders the command works in: the root's flags (`nerserve --model-store D COMMAND`), else
+    their NERSERVE_* variables, else the defaults (model_store/, build/graphs, ../shared/data)."""
+    return Locations(**_given(context.find_root().params))
+
+
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    """Flags given (or read from their variables), as settings take them."""
+    return {k: v.value if isinstance(v, StrEnum) else v for k, v in values.items() if v is not None}
 
 
 def _print_version(asked: bool) -> None:
@@ -101,21 +92,14 @@ def _print_version(asked: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
-def main(
-    model_store: ModelStoreOption = None,
-    graph_cache: GraphCacheOption = None,
-    version: Annotated[
-        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit")
-    ] = False,
-) -> None:
+def main(**given: Any) -> None:
     """nerserve: NER models, training, evaluation, serving."""
-    _use_locations(model_store, graph_cache)
 
 
 @app.command()
 @_user_errors
 def train(
+    context: typer.Context,
     architecture: Annotated[Architecture, typer.Argument(help="architecture to train")],
     data: DataOption,
     out: Annotated[Path, typer.Option("--out", help="model folder to write (model_store/NAME)")],
@@ -161,7 +145,7 @@ def train(
         dev_limit=dev_limit,
         time_budget_minutes=time_budget_minutes,
         precision=precision.value,
-        init_from=init_from,
+        init_from=_locations(context).model_dir(init_from) if init_from else None,
         scored_share=scored_share,
         held_out=held_out,
     )
@@ -175,26 +159,29 @@ def train(
 @app.command()
 @_user_errors
 def tune(
+    context: typer.Context,
     name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
     data: DataOption,
 ) -> None:
     """Re-choose a trained model's decoding options on dev and rewrite its manifest (test re-scored);
     an open-label gliner model's threshold on its selection sets (DATA: any set of the data root)."""
-    from nerserve.ner.model_store import model_dir, read_manifest
+    from nerserve.ner.model_store import read_manifest
 
-    if read_manifest(model_dir(name)).architecture == "gliner":
+    folder = _locations(context).model_dir(name)
+    if read_manifest(folder).architecture == "gliner":
         from nerserve.ner.training.gliner_trainer import retune_gliner
 
-        typer.echo(json.dumps(retune_gliner(name, data.parent), indent=2))
+        typer.echo(json.dumps(retune_gliner(folder, data.parent), indent=2))
         return
     from nerserve.ner.training.decode_tuning import retune_model
 
-    typer.echo(json.dumps(retune_model(name, data), indent=2))
+    typer.echo(json.dumps(retune_model(folder, data), indent=2))
 
 
 @app.command()
 @_user_errors
 def average(
+    context: typer.Context,
     first: Annotated[str, typer.Argument(help="the later run: its manifest (config, history) is kept")],
     second: Annotated[str, typer.Argument(help="the run to average it with (same architecture, labels, adapters)")],
     out: Annotated[Path, typer.Option("--out", help="model folder to write")],
@@ -205,7 +192,8 @@ def average(
     `nerserve tune OUT --data SET` chooses its decoding on dev and scores it."""
     from nerserve.ner.training.weight_average import average_models
 
-    manifest = average_models(first, second, out, weight)
+    locations = _locations(context)
+    manifest = average_models(locations.model_dir(first), locations.model_dir(second), out, weight)
     typer.echo(json.dumps({"out": str(out), "version": manifest.version, **manifest.training["weight_average"]}))
 
 
@@ -228,6 +216,7 @@ def import_seq2seq_command(
 @app.command("eval")
 @_user_errors
 def evaluate_model(
+    context: typer.Context,
     name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
     data: DataOption,
     split: Split = Split.test,
@@ -250,14 +239,16 @@ def evaluate_model(
     from nerserve.ner.archs.registry import architecture
     from nerserve.ner.data import named_split, read_split
     from nerserve.ner.loading import load_model
-    from nerserve.ner.model_store import model_dir, read_manifest
+    from nerserve.ner.model_store import read_manifest
     from nerserve.ner.runner import score
 
     if int8 and runtime != Runtime.onnx:
         raise typer.BadParameter("--int8 needs --runtime onnx", param_hint="--int8")
     # the data first: a bad file is reported before a model is loaded; an open-label model is
     # asked the data's own label names
-    open_labels = architecture(read_manifest(model_dir(name)).architecture).capabilities.open_labels
+    locations = _locations(context)
+    folder = locations.model_dir(name)
+    open_labels = architecture(read_manifest(folder).architecture).capabilities.open_labels
     if open_labels:
         sentences, labels = named_split(data, split.value, limit)
     else:
@@ -265,9 +256,9 @@ def evaluate_model(
     if threads:
         torch.set_num_threads(threads)
     if runtime == Runtime.eager:
-        program = load_model(name, device).program
+        program = load_model(folder, device).program
     else:
-        program = _exported_program(name, runtime.value, int8, device, threads)
+        program = _exported_program(locations, folder, runtime.value, int8, device, threads)
     options = program.config.decode
     if open_labels:
         options = replace(options, labels=labels)
@@ -304,43 +295,45 @@ def evaluate_model(
             typer.echo(f"  {part.replace('_', ' ')}: " + ", ".join(f"{kind} {n}" for kind, n in errors.items()))
 
 
-def _exported_program(name: str, fmt: str, int8: bool, device: str | None, threads: int | None) -> Any:
-    """The program over a ready graph set of NAME, exporting it first when there is none."""
+def _exported_program(locations: Locations, source: Path, fmt: str, int8: bool, device: str | None, threads: int | None) -> Any:
+    """The program over a ready graph set of the model in SOURCE, exporting it first when there is none."""
     from nerserve.ner.graph_format import EXPORT_JSON
-    from nerserve.ner.model_store import graph_set_folder
     from nerserve.ner.runtime.graph_set import load_graph_set
 
-    folder = graph_set_folder(name, fmt, int8)
+    folder = locations.graph_set_folder(source, fmt, int8)
     if not (folder / EXPORT_JSON).is_file():
         from nerserve.export.build import export_model
 
-        export_model(name, GraphFormat(fmt), int8, log=lambda m: typer.echo(m, err=True))
+        graph_cache, data_root = locations.graph_cache, locations.data_root
+        export_model(source, GraphFormat(fmt), graph_cache, data_root, int8, log=lambda m: typer.echo(m, err=True))
     return load_graph_set(folder, device or "cpu", threads).program
 
 
 @app.command("export")
 @_user_errors
 def export_command(
+    context: typer.Context,
     name: Annotated[str, typer.Argument(help="model folder under model_store/, or a path")],
     format: Annotated[GraphFormat, typer.Option("--format", help="graph format")] = GraphFormat.onnx,
     int8: Annotated[bool, typer.Option("--int8", help="ONNX Runtime dynamic INT8 quantisation (CPU)")] = False,
     force: Annotated[bool, typer.Option("--force", help="export even when the source is unchanged")] = False,
-    data_root: Annotated[Path | None, typer.Option("--data-root", help="folder holding the dataset folders")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print export.json (with parity figures)")] = False,
     parity_sentences: Annotated[
         int, typer.Option(min=17, help="dev sentences the parity check runs (the service's first start uses 32)")
     ] = PARITY_SENTENCES,
 ) -> None:
     """Merge LoRA, write the graphs + tokenizer + export.json, and check parity against eager torch."""
-    from nerserve.export.build import DATA_ROOT, export_model
+    from nerserve.export.build import export_model
 
     if int8 and format != GraphFormat.onnx:
         raise typer.BadParameter("--int8 needs --format onnx", param_hint="--int8")
+    locations = _locations(context)
     info = export_model(
-        name,
+        locations.model_dir(name),
         format,
+        locations.graph_cache,
+        locations.data_root,
         int8,
-        data_root or DATA_ROOT,
         force=force,
         log=lambda m: typer.echo(m, err=True),
         parity_sentences=parity_sentences,
@@ -399,37 +392,41 @@ def _settings_flags(model: Any, exclude: frozenset[str]) -> list[inspect.Paramet
 SECRET_SETTINGS = frozenset({"api_keys"})
 
 
-def serve(model_store: Path | None = None, graph_cache: Path | None = None, **given: Any) -> None:
+def serve(context: typer.Context, **given: Any) -> None:
     """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
     from pydantic import ValidationError
 
+    from nerserve.compose import START_UP_EXPORTER
     from nerserve.service.config import Settings
     from nerserve.service.main import run
 
-    _use_locations(model_store, graph_cache)
-    try:
-        values: dict[str, Any] = {k: v.value if isinstance(v, StrEnum) else v for k, v in given.items() if v is not None}
-        settings = Settings(**values)
+    try:  # the folders given before the command, overridden by those given after it
+        settings = Settings(**{**_given(context.find_root().params), **_given(given)})
     except ValidationError as error:
         first = error.errors()[0]
         where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-") if first["loc"] else "settings"
         typer.echo(f"error: {where}: {first['msg']}", err=True)
         raise typer.Exit(2) from None
-    run(settings)
+    run(settings, START_UP_EXPORTER)
 
 
-def _register_serve() -> None:
+CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+
+
+def _register_root_and_serve() -> None:
+    """The root's flags are the locations' (every command reads them), serve's the server's settings
+    (the locations among them): each declared once, in its settings model."""
     from nerserve.service.config import Settings
 
-    locations = [
-        inspect.Parameter("model_store", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ModelStoreOption),
-        inspect.Parameter("graph_cache", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=GraphCacheOption),
-    ]
-    serve.__signature__ = inspect.Signature([*_settings_flags(Settings, SECRET_SETTINGS), *locations])  # type: ignore[attr-defined]
+    version = typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit")
+    asked = inspect.Parameter("version", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, version])
+    main.__signature__ = inspect.Signature([*_settings_flags(Locations, frozenset()), asked])  # type: ignore[attr-defined]
+    app.callback()(main)
+    serve.__signature__ = inspect.Signature([CONTEXT, *_settings_flags(Settings, SECRET_SETTINGS)])  # type: ignore[attr-defined]
     app.command("serve")(serve)
 
 
-_register_serve()
+_register_root_and_serve()
 
 
 def _names(models: str | None) -> list[str] | None:
@@ -438,6 +435,7 @@ def _names(models: str | None) -> list[str] | None:
 
 @app.command("serve-ray")
 def serve_ray(
+    context: typer.Context,
     replicas: Annotated[int | None, typer.Option(min=1, help="replicas (fixed; the first count when autoscaling)")] = None,
     max_replicas: Annotated[int | None, typer.Option(min=1, help="autoscale up to this many on requests in flight")] = None,
     min_replicas: Annotated[int, typer.Option(min=0, help="autoscale down to this many")] = 1,
@@ -450,16 +448,14 @@ def serve_ray(
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option(min=0, max=65535)] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph, per replica")] = None,
-    model_store: ModelStoreOption = None,
-    graph_cache: GraphCacheOption = None,
 ) -> None:
     """Serve the same app on Ray Serve, N replicas (each its own models and batcher) behind Ray's
     proxy; every response says which replica answered (X-Replica). Other settings: NERSERVE_*."""
+    from nerserve.compose import START_UP_EXPORTER
     from nerserve.service.config import Settings
     from nerserve.service.ray_app import run_on_ray
 
-    _use_locations(model_store, graph_cache)
     given: dict[str, Any] = {"host": host, "port": port, "threads": threads, "models": _names(models)}
-    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    settings = Settings(**{**_given(context.find_root().params), **_given(given)})
     scale = {"replicas": replicas, "min_replicas": min_replicas, "max_replicas": max_replicas}
-    run_on_ray(settings, address, cpus_per_replica, target_in_flight=target_in_flight, **scale)
+    run_on_ray(settings, START_UP_EXPORTER, address, cpus_per_replica, target_in_flight=target_in_flight, **scale)

@@ -9,10 +9,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
+from nerserve.ner.model_store import Locations
+
 READY_TIMEOUT = 900  # first start exports the graphs
+ROOT = Path(__file__).resolve().parent.parent
+# the checkout's folders: those `nerserve` finds when run from its root, as the tests are
+LOCATIONS = Locations(
+    model_store=ROOT / "model_store", graph_cache=ROOT / "build" / "graphs", data_root=ROOT.parent / "shared" / "data"
+)
 
 
 def free_port() -> int:

@@ -141,7 +141,7 @@ def tiny_model(request: pytest.FixtureRequest, tiny_backbone: Path, tmp_path_fac
 
 @pytest.mark.parametrize("fmt", list(GraphFormat))
 def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Path, fmt: GraphFormat) -> None:
-    info = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
+    info = export_model(tiny_model, fmt, tmp_path, data_root, log=lambda _: None)
     assert info["ready"] and not info["skipped"]
     parity = info["parity"]
     assert parity["sentences"] == 200
@@ -158,11 +158,11 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     folder = Path(info["folder"])
     loaded = load_graph_set(folder)
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"]]
-    expected = load_model(str(tiny_model)).program.predict(sentences)
+    expected = load_model(tiny_model).program.predict(sentences)
     got = loaded.program.predict(sentences)
     assert [e.keys() for e in got] == [e.keys() for e in expected]
     assert any(expected) or info["architecture"] in WRITES_NO_ENTITY
-    again = export_model(str(tiny_model), fmt, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
+    again = export_model(tiny_model, fmt, tmp_path, data_root, log=lambda _: None)
     assert again["skipped"] and again["folder"] == info["folder"]
     if fmt == GraphFormat.onnx:
         check_session_levels(folder, info)
@@ -202,9 +202,7 @@ def test_a_set_missing_parity_at_its_fastest_levels_is_checked_at_lower_ones(
     for bound in ("TOLERANCE", "RELATIVE_TOLERANCE"):  # no set can pass: every lower level gets its try
         monkeypatch.setattr(parity, bound, -1.0)
     logged: list[str] = []
-    info = export_model(
-        str(tiny_model), GraphFormat.onnx, data_root=data_root, build_dir=tmp_path, log=logged.append, parity_sentences=8
-    )
+    info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, log=logged.append, parity_sentences=8)
     assert not info["ready"] and info["parity_at_fastest_levels"]["sentences"] == 8
     assert {tuned["graph_optimization_level"] for tuned in info["onnx_session"].values()} == {"basic"}
     written = json.loads((Path(info["folder"]) / EXPORT_JSON).read_text())
@@ -251,9 +249,9 @@ def test_lower_levels_are_tried_first_on_the_graphs_that_missed_then_on_all() ->
         assert [lowered for lowered, _ in candidates] == ["every graph at most at 'extended'", "every graph at most at 'basic'"]
 
 
-def test_int8_needs_onnx(tiny_model: Path) -> None:
+def test_int8_needs_onnx(tiny_model: Path, tmp_path: Path, data_root: Path) -> None:
     with pytest.raises(ValueError, match="onnx only"):
-        export_model(str(tiny_model), GraphFormat.torchscript, int8=True)
+        export_model(tiny_model, GraphFormat.torchscript, tmp_path, data_root, int8=True)
 
 
 def test_parity_batches_put_the_longest_together_then_singles_then_sorted_batches() -> None:

@@ -89,12 +89,12 @@ def test_t5_folder_exports_with_parity_and_decodes(imported_t5: Path, data_root:
     from nerserve.ner.loading import load_model
     from nerserve.ner.runtime.graph_set import load_graph_set
 
-    info = export_model(str(imported_t5), GraphFormat.onnx, data_root=data_root, build_dir=tmp_path, log=lambda _: None)
+    info = export_model(imported_t5, GraphFormat.onnx, tmp_path, data_root, log=lambda _: None)
     parity = info["parity"]
     assert info["ready"], parity
     assert parity["integer_values"] > 0 and parity["integer_mismatches"] == 0 and parity["max_abs_diff"] <= 1e-4
     exported = load_graph_set(Path(info["folder"])).program
-    eager = load_model(str(imported_t5)).program
+    eager = load_model(imported_t5).program
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"]]
     for options in (GnerOptions(labels=("person", "city")), GnerOptions(labels=("person",), constrained=False, beams=2)):
         got, expected = exported.predict(sentences, options), eager.predict(sentences, options)

@@ -34,3 +34,13 @@ def test_the_layers_as_the_folders_show_them() -> None:
     assert graph.find_shortest_chain("nerserve.export.build", "nerserve.ner.runtime.graph_set") is not None
     for upper, lower in (("nerserve.export", "nerserve.service"), ("nerserve.service", "nerserve.export")):
         assert not graph.chain_exists(upper, lower, as_packages=True), f"{upper} reaches {lower}"
+
+
+def test_only_the_composition_root_reads_the_environment_or_its_own_file() -> None:
+    """Folders and settings are made by the command line and passed down (docs/design.md)."""
+    readers = []
+    for layer in ("ner", "service", "export"):
+        for path in (PACKAGE / layer).rglob("*.py"):
+            text = path.read_text()
+            readers += [f"{path}: {word}" for word in ("os.environ", "os.getenv", "__file__") if word in text]
+    assert readers == []

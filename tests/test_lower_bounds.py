@@ -12,15 +12,14 @@ from pathlib import Path
 import httpx
 
 from nerserve.ner.graph_format import EXPORT_JSON
-from nerserve.ner.model_store import graph_cache_root, graph_set_folder, model_store_root
-from tests.serving import Server
+from tests.serving import LOCATIONS, Server
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "All joints and muscles hurt after Lipitor."
 
 
 def test_the_core_serves_at_its_lower_bounds(tmp_path: Path) -> None:
-    if not (graph_set_folder("nag-cadec", "onnx") / EXPORT_JSON).is_file():
+    if not (LOCATIONS.graph_set_folder("nag-cadec", "onnx") / EXPORT_JSON).is_file():
         subprocess.run([sys.executable, "-m", "nerserve", "export", "nag-cadec"], check=True, capture_output=True)
     venv.create(tmp_path / "venv", with_pip=True)
     python = str(tmp_path / "venv" / "bin" / "python")
@@ -28,7 +27,7 @@ def test_the_core_serves_at_its_lower_bounds(tmp_path: Path) -> None:
     subprocess.run(install, check=True, capture_output=True, timeout=600)
     frozen = subprocess.run([python, "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
     assert "onnxruntime==1.19.0" in frozen and "fastapi==0.115.0" in frozen and "torch" not in frozen
-    locations = {"model_store": model_store_root(), "graph_cache": graph_cache_root()}
+    locations = {"model_store": LOCATIONS.model_store, "graph_cache": LOCATIONS.graph_cache}
     oldest = Server(python=python, cwd=str(tmp_path), models="nag-cadec", threads=1, **locations)
     locked = Server(models="nag-cadec", threads=1)
     try:

@@ -22,6 +22,7 @@ from nerserve.ner.decoding.generation import Hypothesis
 from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.lora import LoraSettings
 from nerserve.ner.types import Entity
+from tests.serving import LOCATIONS
 
 VOCABULARY = Vocabulary(("ADR", "Drug"))
 P = VOCABULARY.first_pointer  # pointer to word 0
@@ -163,7 +164,7 @@ def test_beam_search_is_batch_invariant(data_root: Path) -> None:
     the committed CADEC BARTNER model (beam 4) writes the same entities."""
     from nerserve.ner.loading import load_model
 
-    program = load_model("bartner-cadec", "cpu").program
+    program = load_model(LOCATIONS.model_dir("bartner-cadec"), "cpu").program
     assert program.config.decode.beams > 1
     sentences = [list(s.tokens) for s in read_split(data_root / "cadec", "test", limit=24)]
     assert program.predict(sentences) == [program.predict([s])[0] for s in sentences]

@@ -10,11 +10,12 @@ import pytest
 
 from nerserve.ner.data import named_split, read_split
 from nerserve.ner.loading import load_model
-from nerserve.ner.model_store import list_models, model_store_root, read_manifest
+from nerserve.ner.model_store import read_manifest
 from nerserve.ner.runner import score
 from nerserve.ner.text.subword import ROW_SUBWORDS
+from tests.serving import LOCATIONS
 
-MODELS = list_models()
+MODELS = LOCATIONS.list_models()
 
 
 def test_models_are_committed() -> None:
@@ -23,10 +24,10 @@ def test_models_are_committed() -> None:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_dev_slice_f1_matches_manifest(name: str, data_root: Path) -> None:
-    manifest = read_manifest(model_store_root() / name)
+    manifest = read_manifest(LOCATIONS.model_dir(name))
     recorded = manifest.scores["dev_slice"]
     folder, limit = data_root / manifest.data["folder"], int(recorded["sentences"])
-    model = load_model(name)
+    model = load_model(LOCATIONS.model_dir(name))
     options = model.program.config.decode
     if model.spec.capabilities.open_labels:  # asked for the data's own label names
         dev, labels = named_split(folder, "dev", limit)
@@ -42,8 +43,8 @@ def test_packed_rows_give_what_one_sentence_a_row_gives(name: str, data_root: Pa
     """A committed model's outputs on real dev sentences packed several to an encoder row equal
     those with every sentence in a row of its own, to float rounding, and its entities are the
     same: packing is a speed-up, never a change of results."""
-    model = load_model(name)
-    folder = data_root / read_manifest(model_store_root() / name).data["folder"]
+    model = load_model(LOCATIONS.model_dir(name))
+    folder = data_root / read_manifest(LOCATIONS.model_dir(name)).data["folder"]
     sentences = [list(s.tokens) for s in read_split(folder, "dev", 48)]
     program, results = model.program, []
     for row_subwords in (0, ROW_SUBWORDS):  # ends on the default

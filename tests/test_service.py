@@ -18,12 +18,11 @@ import httpx
 import pytest
 
 from nerserve.ner.data import read_split
-from nerserve.ner.model_store import graph_set_folder
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 from nerserve.service.main import loading_order
-from tests.serving import Server, assert_same_results
+from tests.serving import LOCATIONS, Server, assert_same_results
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +92,7 @@ def test_nested_genia_sentences(server: Server, data_root: Path) -> None:
     assert nesting_shown  # nested entities come back as nested entities
     assert found / gold >= 0.3  # the model's measured nested recall on GENIA test is 0.33
     # accuracy measured offline is accuracy served: the same graphs run offline give the same entities
-    program = load_graph_set(graph_set_folder("span-genia", "onnx")).program
+    program = load_graph_set(LOCATIONS.graph_set_folder("span-genia", "onnx")).program
     offline = program.predict([list(s.tokens) for s in nested])
     served = [{(e["type"], tuple(tuple(f) for f in e["token_spans"])) for e in r["entities"]} for r in body["results"]]
     assert served == [set(entities.keys()) for entities in offline]
@@ -375,7 +374,7 @@ def test_sigterm_drains_in_flight_then_exits() -> None:
 def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
     """A model still exporting behind the default must not hold the process after SIGTERM (its
     export, gner-open's, runs for minutes): the export is stopped, its staging folder removed."""
-    ready = graph_set_folder("span-conll03", "onnx")
+    ready = LOCATIONS.graph_set_folder("span-conll03", "onnx")
     if ready.is_dir():  # the default model's graphs as they are, so that only gner-open exports
         shutil.copytree(ready, tmp_path / "span-conll03" / ready.name)
     server = Server(models="span-conll03,gner-open", graph_cache=tmp_path, threads=1)
@@ -410,10 +409,9 @@ def test_the_default_loads_first_then_the_longest_decoder_loops() -> None:
 
 
 def truncated_copy(store: Path, name: str, source: str = "span-conll03") -> Path:
-    from nerserve.ner.model_store import model_store_root
 
     folder = store / name
-    shutil.copytree(model_store_root() / source, folder, ignore=shutil.ignore_patterns("checkpoint"))
+    shutil.copytree(LOCATIONS.model_dir(source), folder, ignore=shutil.ignore_patterns("checkpoint"))
     weights = folder / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     return weights
@@ -430,9 +428,8 @@ def test_a_model_that_cannot_load_stops_the_server_naming_it(tmp_path: Path) -> 
 
 
 def test_skip_serves_the_others_and_lists_the_failed_one(tmp_path: Path) -> None:
-    from nerserve.ner.model_store import model_store_root
 
-    shutil.copytree(model_store_root() / "span-conll03", tmp_path / "span-conll03", ignore=shutil.ignore_patterns("checkpoint"))
+    shutil.copytree(LOCATIONS.model_dir("span-conll03"), tmp_path / "span-conll03", ignore=shutil.ignore_patterns("checkpoint"))
     truncated_copy(tmp_path, "broken-span")
     server = Server(model_store=tmp_path, models="span-conll03,broken-span", on_model_error="skip")
     try:

@@ -49,7 +49,7 @@ def test_bf16_budgeted_run_then_whole_model_warm_start(tiny_backbone: Path, smal
     assert manifest.training["device"] == "cpu" and manifest.training["precision"] == "bf16"
 
     second = tmp_path / "span-second"
-    continued = TrainSettings(epochs=1, batch_size=8, eval_batch_size=8, init_from=str(first), lr_lora=0.0, lr_heads=0.0)
+    continued = TrainSettings(epochs=1, batch_size=8, eval_batch_size=8, init_from=first, lr_lora=0.0, lr_heads=0.0)
     manifest = train_span(small_cadec, second, continued, str(tiny_backbone), "cpu")
     started = manifest.training["warm_start"]
     assert started["other_tensors"] > 0  # the heads came too, not only the encoder

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from nerserve.ner.model_store import WEIGHTS, file_sha256, model_store_root, read_manifest
+from nerserve.ner.model_store import WEIGHTS, file_sha256, read_manifest
 from nerserve.ner.training.weight_average import AverageError, average_low_rank, average_models, average_tensors
+from tests.serving import LOCATIONS
 
 RANK, ROWS, COLUMNS = 4, 12, 10
 
@@ -62,8 +63,9 @@ def test_plain_tensors_average_and_lora_pairs_travel_together() -> None:
 
 def test_a_committed_model_averaged_with_itself_is_itself(tmp_path: Path) -> None:
     out = tmp_path / "span-conll03-avg"
-    manifest = average_models("span-conll03", "span-conll03", out, 0.5)
-    original = load_file(str(model_store_root() / "span-conll03" / WEIGHTS))
+    committed_dir = LOCATIONS.model_dir("span-conll03")
+    manifest = average_models(committed_dir, committed_dir, out, 0.5)
+    original = load_file(str(committed_dir / WEIGHTS))
     averaged = load_file(str(out / WEIGHTS))
     for name, value in original.items():
         if "lora_B" in name:  # compare the adapter's delta, which is what the average keeps
@@ -73,7 +75,7 @@ def test_a_committed_model_averaged_with_itself_is_itself(tmp_path: Path) -> Non
             np.testing.assert_allclose(again, delta, atol=2e-3 * np.abs(delta).max() + 1e-6, err_msg=name)
         elif "lora_A" not in name:
             np.testing.assert_array_equal(averaged[name], value, err_msg=name)
-    committed = read_manifest(model_store_root() / "span-conll03")
+    committed = read_manifest(committed_dir)
     assert manifest.config == committed.config and manifest.scores == {}
     assert manifest.name == out.name
     assert manifest.version == f"{datetime.date.today().isoformat()}.{file_sha256(out / WEIGHTS)[:8]}"

@@ -33,11 +33,10 @@ from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, writ
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
-from nerserve.ner.model_store import MANIFEST, WEIGHTS, graph_set_folder, model_dir
+from nerserve.ner.model_store import MANIFEST, WEIGHTS, Locations, graph_set_folder
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import packed_rows
 
-DATA_ROOT = Path(os.environ.get("NERSERVE_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 # Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters; packed into
 # two rows by example_values) so that the exporter cannot mistake one axis for another or
 # specialise a size-1 axis.
@@ -119,31 +118,34 @@ def merge_adapters(network: Any) -> Any:
 
 
 def export_model(
-    name: str,
+    source: Path,
     fmt: GraphFormat,
+    graph_cache: Path,
+    data_root: Path,
     int8: bool = False,
-    data_root: Path = DATA_ROOT,
-    build_dir: Path | None = None,
     force: bool = False,
     log: Any = print,
     parity_sentences: int = PARITY_SENTENCES,
     on_staging: Callable[[Path], None] | None = None,
 ) -> dict[str, Any]:
-    """INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
+    """Export the trained model in folder SOURCE to a graph set under GRAPH_CACHE, its parity checked
+    on dev sentences of its dataset under DATA_ROOT.
+
+    INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
     keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise
     flips them). `on_staging(path)` is told the staging folder as soon as it exists (a service
     that stops an export removes it when the export could not)."""
     if int8 and fmt != GraphFormat.onnx:
         raise ValueError("--int8 is available for --format onnx only")
-    source = model_dir(name)
-    target = graph_set_folder(name, fmt.value, int8, build_dir)
+    name = source.name
+    target = graph_set_folder(source, fmt.value, graph_cache, int8)
     if not force and (target / EXPORT_JSON).is_file():
         previous = json.loads((target / EXPORT_JSON).read_text())
         if previous.get("ready"):
             log(f"{name}: unchanged since the last export, skipped ({target})")
             return {**previous, "skipped": True, "folder": str(target)}
     started = time.perf_counter()
-    model = load_model(name, device="cpu")
+    model = load_model(source, device="cpu")
     spec = model.spec
     signatures = spec.signatures(model.network.config)
     int8_graphs = spec.int8_graphs if int8 else ()
@@ -294,18 +296,22 @@ def _graphs_that_missed(graphs_info: Mapping[str, Any], report: ParityReport) ->
     return {graph for graph, graph_info in graphs_info.items() if missed & {o["name"] for o in graph_info["outputs"]}}
 
 
-def export_for_service(name: str, fmt: str, parity_sentences: int, behind: bool, report: Any) -> None:
+def export_for_service(
+    source: Path, fmt: str, locations: Locations, parity_sentences: int, background: bool, report: Any
+) -> None:
     """A service's start-up export, in a process forked from its export server (which has torch,
     transformers and peft imported already: 7 s a model otherwise). → `report` (a Connection):
     ("staging", its staging folder) once it exists, then ("done", None) when the graphs are ready,
     else ("done", why not)."""
-    if behind:  # another model already answers: keep its cores
+    if background:  # another model already answers: keep its cores
         os.nice(10)
         torch.set_num_threads(1)
     try:
         info = export_model(
-            name,
+            source,
             GraphFormat(fmt),
+            locations.graph_cache,
+            locations.data_root,
             parity_sentences=parity_sentences,
             log=lambda _: None,
             on_staging=lambda path: report.send(("staging", str(path))),

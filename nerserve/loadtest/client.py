@@ -6,7 +6,6 @@ times that, so an open loop at 3× a server's capacity is what the server gets."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -152,10 +151,6 @@ def make_client(url: str, connections: int, api_key: str | None = None) -> aioht
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections)
     headers = {"authorization": f"Bearer {api_key}"} if api_key else None
     return aiohttp.ClientSession(base_url=url, connector=connector, timeout=aiohttp.ClientTimeout(total=120.0), headers=headers)
-
-
-async def gather_bounded(coroutines: list[Any]) -> list[Any]:
-    return list(await asyncio.gather(*coroutines))
 
 
 def model_row(spec: str) -> tuple[str, dict[str, Any]]:

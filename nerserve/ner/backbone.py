@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.resources
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -56,7 +57,8 @@ def resolve_backbone(spec: str | None = None) -> BackboneInfo:
     except ImportError:
         raise BackboneError(f"backbone {spec!r} is neither a folder nor an installed package (pip install {spec})") from None
     get_path = getattr(module, "get_model_path", None)
-    folder = Path(get_path()) if callable(get_path) else Path(module.__file__ or "").parent / "model"
+    # the package's own data folder when it does not say where its model is
+    folder = Path(get_path()) if callable(get_path) else Path(str(importlib.resources.files(module_name) / "model"))
     if not (folder / "config.json").is_file():
         raise BackboneError(f"package {spec!r} has no model folder at {folder}")
     version = importlib.metadata.version(spec)

@@ -15,7 +15,7 @@ from nerserve.ner.archs.registry import architecture
 from nerserve.ner.backbone import BackboneInfo, resolve_backbone
 from nerserve.ner.encoder import load_backbone
 from nerserve.ner.lora import LoraSettings, add_lora, load_weights
-from nerserve.ner.model_store import WEIGHTS, Manifest, ModelStoreError, model_dir, read_manifest
+from nerserve.ner.model_store import WEIGHTS, Manifest, ModelStoreError, read_manifest
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 from nerserve.ner.torch_graph import EagerGraph
 
@@ -60,8 +60,8 @@ class LoadedModel:
     program: Any
 
 
-def load_model(name: str, device: str | None = None, backbone_path: str | None = None) -> LoadedModel:
-    folder = model_dir(name)
+def load_model(folder: Path, device: str | None = None, backbone_path: str | None = None) -> LoadedModel:
+    """The trained model in FOLDER (a model store's entry) as eager torch."""
     manifest = read_manifest(folder)
     try:
         spec = architecture(manifest.architecture)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
@@ -23,22 +23,34 @@ class ModelStoreError(ValueError):
     pass
 
 
-def model_store_root() -> Path:
-    """NERSERVE_MODEL_STORE (`--model-store` sets it), else the checkout's model_store/ when running
-    from a source checkout, else ./model_store. Read at each call, so the flag applies to a
-    process's modules whenever they were imported, and to the export subprocess it starts."""
-    configured = os.environ.get("NERSERVE_MODEL_STORE")
-    if configured:
-        return Path(configured)
-    checkout = Path(__file__).resolve().parent.parent / "model_store"
-    return checkout if checkout.is_dir() else Path.cwd() / "model_store"
+class Locations(BaseSettings):
+    """Where the models, their exported graphs and the datasets live. Made once, by the composition
+    root (the command line, from its flags and NERSERVE_* variables), and passed down: nothing below
+    it reads the environment or derives a path from its own file. Relative paths are taken from the
+    working directory when the settings are made, so that a child process (start-up export, a Ray
+    replica) sees the same folders."""
 
+    model_config = SettingsConfigDict(env_prefix="NERSERVE_", extra="ignore")
 
-def graph_cache_root() -> Path:
-    """Where exported graph sets are cached: NERSERVE_GRAPH_CACHE (`--graph-cache`; NERSERVE_BUILD_DIR
-    is its older name), else build/graphs beside the model store."""
-    configured = os.environ.get("NERSERVE_GRAPH_CACHE") or os.environ.get("NERSERVE_BUILD_DIR")
-    return Path(configured) if configured else model_store_root().parent / "build" / "graphs"
+    model_store: Path = Field(Path("model_store"), description="folder of model folders (manifest.json + weights)")
+    graph_cache: Path = Field(Path("build/graphs"), description="where exported graph sets are cached (build output)")
+    data_root: Path = Field(
+        Path("../shared/data"), description="folder of the dataset folders (the sentences export checks parity on)"
+    )
+
+    @field_validator("model_store", "graph_cache", "data_root")
+    @classmethod
+    def absolute(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
+
+    def model_dir(self, name_or_path: str | Path) -> Path:
+        return model_dir(str(name_or_path), self.model_store)
+
+    def list_models(self) -> list[str]:
+        return list_models(self.model_store)
+
+    def graph_set_folder(self, name_or_path: str | Path, fmt: str, int8: bool = False) -> Path:
+        return graph_set_folder(self.model_dir(name_or_path), fmt, self.graph_cache, int8)
 
 
 class BackboneRecord(BaseModel):
@@ -63,9 +75,8 @@ class Manifest(BaseModel):
     scores: dict[str, Any] = Field(default_factory=dict)
 
 
-def model_dir(name_or_path: str, store: Path | None = None) -> Path:
+def model_dir(name_or_path: str, store: Path) -> Path:
     """A model folder by name under the store, or by path."""
-    store = store or model_store_root()
     candidate = Path(name_or_path)
     if (candidate / MANIFEST).is_file():
         return candidate
@@ -75,8 +86,7 @@ def model_dir(name_or_path: str, store: Path | None = None) -> Path:
     raise ModelStoreError(f"unknown model {name_or_path!r}: not a model folder; models in {store}: {known}")
 
 
-def list_models(store: Path | None = None) -> list[str]:
-    store = store or model_store_root()
+def list_models(store: Path) -> list[str]:
     if not store.is_dir():
         return []
     return sorted(p.name for p in store.iterdir() if (p / MANIFEST).is_file())
@@ -127,8 +137,7 @@ def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
     return digest.hexdigest()
 
 
-def graph_set_folder(name_or_path: str, fmt: str, int8: bool = False, build_dir: Path | None = None) -> Path:
-    """Where the export of a model in a format lives (whether or not it exists yet)."""
-    folder = model_dir(name_or_path)
+def graph_set_folder(folder: Path, fmt: str, graph_cache: Path, int8: bool = False) -> Path:
+    """Where the export of the model in FOLDER to a format lives (whether or not it exists yet)."""
     tag = f"{fmt}-int8" if int8 else fmt
-    return (build_dir or graph_cache_root()) / folder.name / f"{tag}-{source_digest(folder, fmt, int8)[:16]}"
+    return graph_cache / folder.name / f"{tag}-{source_digest(folder, fmt, int8)[:16]}"

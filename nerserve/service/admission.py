@@ -75,7 +75,7 @@ class EdgeAdmission:
 
     async def _refuse(self, send: Send, wait: float, scope: Scope) -> None:
         message = f"overloaded: {self.in_flight} requests in flight, about {wait:.1f} s of work ahead"
-        body = error_body("queue_full", message)
+        body = error_body("queue_full", message, path=scope.get("path", ""))
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

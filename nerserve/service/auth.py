@@ -54,11 +54,11 @@ class Door:
         scope.setdefault("state", {})["tenant"] = tenant
         return None
 
-    def refusal(self, why: str) -> bytes:
-        """The 401's body; counted as it is made (every refusal is sent)."""
+    def refusal(self, why: str, path: str = "") -> bytes:
+        """The 401's body for a request to PATH; counted as it is made (every refusal is sent)."""
         self.metrics.requests.labels("", "401").inc()
         self.metrics.key_requests.labels(UNKNOWN, "401").inc()
-        return error_body("unauthorized", f"{why}: send 'Authorization: Bearer <key>'", "authorization")
+        return error_body("unauthorized", f"{why}: send 'Authorization: Bearer <key>'", "authorization", path)
 
 
 class KeyAuth:
@@ -71,7 +71,7 @@ class KeyAuth:
         if why is None:
             await self.app(scope, receive, send)
             return
-        body = self.door.refusal(why)
+        body = self.door.refusal(why, scope["path"])
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), CHALLENGE]
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from nerserve.ner.graph_format import Runtime
+from nerserve.ner.model_store import Locations
 
 # On CPU a batch holds at most this many sub-words of one request (its first item excepted): fewer
 # than a window of a long text, so a window runs only in a batch it heads. A batch runs hardly
@@ -24,7 +25,9 @@ CPU_MAX_BATCH_SIZE, CPU_MAX_BATCH_TOKENS = 32, 8192
 CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 
 
-class Settings(BaseSettings):
+class Settings(Locations):
+    """The server's settings; the model store, graph cache and data root are the `Locations` ones."""
+
     model_config = SettingsConfigDict(env_prefix="NERSERVE_", extra="ignore")
 
     models: Annotated[list[str], NoDecode] = Field(
@@ -106,6 +109,11 @@ class Settings(BaseSettings):
         description="a model that cannot load ends the process with a non-zero exit naming it (exit), or is "
         "listed as failed in GET /models while the others serve (skip)",
     )
+
+    @property
+    def locations(self) -> Locations:
+        """The folders alone, for the processes the server starts (no key or other setting with them)."""
+        return Locations(model_store=self.model_store, graph_cache=self.graph_cache, data_root=self.data_root)
 
     @field_validator("models", "cors_allow_origins", mode="before")
     @classmethod

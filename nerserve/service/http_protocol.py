@@ -49,7 +49,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if why is None:
             super()._start_asgi_task(cycle, app)
             return
-        body = self.door.refusal(why)  # type: ignore[union-attr]
+        body = self.door.refusal(why, cycle.scope["path"])  # type: ignore[union-attr]
         head = [b"HTTP/1.1 401 Unauthorized", b"content-type: application/json", b"content-length: %d" % len(body)]
         head.append(b"%s: %s" % CHALLENGE)
         if not cycle.keep_alive:

@@ -41,6 +41,7 @@ from nerserve.service.config import Settings
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
+from nerserve.service.start_up_exports import Exporter
 from nerserve.service.tenants import Tenants, read_api_keys
 
 log = logging.getLogger("nerserve")
@@ -54,7 +55,7 @@ def loading_order(state: ServiceState) -> list[str]:
     ending together."""
     names = model_names(state.settings)
     default = state.settings.default_model
-    return sorted(names, key=lambda name: (name != default, -decoder_loop_length(name), name))
+    return sorted(names, key=lambda name: (name != default, -decoder_loop_length(name, state.settings), name))
 
 
 # Models loading at once behind the default one: exporting is mostly single-threaded Python
@@ -72,27 +73,27 @@ async def _load_models(state: ServiceState) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         return
     state.model_states = dict.fromkeys(names, "loading")
-    first, *behind = names
-    await _load_model(state, first, behind=False)
+    first, *others = names
+    await _load_model(state, first, background=False)
     lanes = asyncio.Semaphore(LOADING_LANES)
 
-    async def load_behind(name: str) -> None:
+    async def load_in_background(name: str) -> None:
         async with lanes:
-            await _load_model(state, name, behind=True)
+            await _load_model(state, name, background=True)
 
-    await asyncio.gather(*(load_behind(name) for name in behind))
+    await asyncio.gather(*(load_in_background(name) for name in others))
     if not state.models and state.fatal is None:
         state.fatal = "no model could be loaded: " + "; ".join(f"{n}: {e}" for n, e in state.model_errors.items())
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def _load_model(state: ServiceState, name: str, behind: bool) -> None:
+async def _load_model(state: ServiceState, name: str, background: bool) -> None:
     if state.fatal is not None:  # another model's failure is stopping the process
         return
     try:
         log.info("loading %s (%s)", name, state.settings.runtime.value)
         model = await asyncio.to_thread(
-            load_served_model, name, state.settings, state.metrics, state.exports, behind, state.tenants.weight
+            load_served_model, name, state.settings, state.metrics, state.exports, background, state.tenants.weight
         )
         await asyncio.to_thread(model.program.predict, WARMUP)
         model.scheduler.start()
@@ -128,7 +129,7 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         message = f"request body over {self.limit} bytes"
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await error_response("payload_too_large", message)(scope, receive, send)
+            await error_response("payload_too_large", message, path=scope["path"])(scope, receive, send)
             return
         received = 0
 
@@ -173,7 +174,7 @@ class CountResponses:
             log.exception("unhandled error answering %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id)
             if status is None:
                 message = f"internal error (request id {request_id})"
-                response = error_response("internal", message, headers={"X-Request-Id": request_id})
+                response = error_response("internal", message, headers={"X-Request-Id": request_id}, path=scope["path"])
                 await response(scope, receive, watching_send)
         finally:
             model = str(scope.get("state", {}).get("model", ""))
@@ -184,9 +185,12 @@ class CountResponses:
                 self.metrics.key_request_seconds.labels(tenant).observe(time.perf_counter() - started)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, exporter: Exporter | None = None) -> FastAPI:
+    """The app; `exporter`: how graphs missing at start-up are exported (the command line gives its
+    own; without one, a model without graphs fails to load, saying so)."""
     settings = settings or Settings()
-    state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)))
+    tenants = Tenants(read_api_keys(settings.api_keys, settings.api_keys_file))
+    state = ServiceState(settings, tenants=tenants, exporter=exporter)
     if state.tenants.enabled:
         names = ", ".join(state.tenants.names())
         log.info("API keys: %d (%s); /health, /info and the docs stay open", len(state.tenants.keys), names)
@@ -280,7 +284,7 @@ class DrainingServer(uvicorn.Server):
 GIL_SWITCH_SECONDS = 0.001
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, exporter: Exporter | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
@@ -290,7 +294,7 @@ def run(settings: Settings) -> None:
     if device != settings.device:
         log.info("--device %s: running on %s", settings.device, device)
         settings = settings.model_copy(update={"device": device})
-    app = create_app(settings)
+    app = create_app(settings, exporter)
     HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
     HeaderDeadlineProtocol.metrics = app.state.service.metrics
     HeaderDeadlineProtocol.door = door(app.state.service)

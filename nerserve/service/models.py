@@ -15,7 +15,7 @@ from typing import Any
 from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
 from nerserve.ner.archs.registry import architecture
 from nerserve.ner.graph_format import EXPORT_JSON, Runtime
-from nerserve.ner.model_store import Manifest, graph_set_folder, list_models, model_dir, read_manifest
+from nerserve.ner.model_store import Locations, Manifest, read_manifest
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import Tokenized
 from nerserve.ner.types import EntitySet
@@ -76,18 +76,18 @@ class ServedModel:
 
 
 def _program(
-    name: str, settings: Settings, behind: bool, exports: StartUpExports
+    name: str, settings: Settings, background: bool, exports: StartUpExports
 ) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
     if settings.runtime == Runtime.eager:
         from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
-        loaded = load_model(name, settings.device)
+        loaded = load_model(settings.model_dir(name), settings.device)
         return loaded.manifest, loaded.program
-    folder = graph_set_folder(name, settings.runtime.value)
+    folder = settings.graph_set_folder(name, settings.runtime.value)
     if not (folder / EXPORT_JSON).is_file():
         if not settings.export_missing:
             raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
-        folder = exports.run(name, settings.runtime.value, behind)
+        folder = exports.run(name, settings.runtime.value, background)
     loaded_set = load_graph_set(folder, settings.device, settings.threads)
     return loaded_set.manifest, loaded_set.program
 
@@ -97,13 +97,13 @@ def load_served_model(
     settings: Settings,
     metrics: Metrics,
     exports: StartUpExports,
-    behind: bool = False,
+    background: bool = False,
     tenant_weight: Callable[[str], float] = lambda tenant: 1.0,
 ) -> ServedModel:
-    """`behind`: another model already answers (a missing export runs at a lower priority)."""
-    folder = model_dir(name)
+    """`background`: another model already answers (a missing export runs at a lower priority)."""
+    folder = settings.model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
-    manifest, program = _program(name, settings, behind, exports)
+    manifest, program = _program(name, settings, background, exports)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
     planner = Planner(program.subwords, window, settings.window_overlap_words)
     observer = ModelObserver(metrics, folder.name)
@@ -141,18 +141,18 @@ def load_served_model(
     return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
 
 
-def decoder_loop_length(name: str) -> int:
+def decoder_loop_length(name: str, locations: Locations) -> int:
     """How long a model's decoder loops run: 0 without a loop, 1 a few steps an entity, 2 a few
     steps a word."""
     try:
-        capabilities = architecture(read_manifest(model_dir(name)).architecture).capabilities
+        capabilities = architecture(read_manifest(locations.model_dir(name)).architecture).capabilities
     except Exception:  # an unreadable model fails when it loads, where it is reported
         return 0
     return int(capabilities.autoregressive) + int(capabilities.writes_every_word)
 
 
 def model_names(settings: Settings) -> list[str]:
-    names = settings.models or list_models()
+    names = settings.models or settings.list_models()
     if not names:
         raise ModelLoadError("no models to serve: the model store is empty")
     return names

@@ -8,7 +8,6 @@ then be reachable at the same paths on every node: a shared volume)."""
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any
 
@@ -18,8 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve.service.config import Settings
 from nerserve.service.main import create_app, with_admission
-
-LOCATIONS = ("NERSERVE_MODEL_STORE", "NERSERVE_GRAPH_CACHE")  # what replicas must see as the driver does
+from nerserve.service.start_up_exports import Exporter
 
 
 class ReplicaHeader:
@@ -37,14 +35,14 @@ class ReplicaHeader:
 
 @serve.ingress()
 class NerServeReplica:
-    def __init__(self, settings_json: str) -> None:
-        self.settings = Settings.model_validate_json(settings_json)
-        self.settings.load_before_serving = True
+    def __init__(self, settings: Settings, exporter: Exporter | None) -> None:
+        self.settings = settings.model_copy(update={"load_before_serving": True})
+        self.exporter = exporter
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.service_app: Any = None
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
-        self.service_app = create_app(self.settings)
+        self.service_app = create_app(self.settings, self.exporter)
         self.service_app.add_middleware(ReplicaHeader, replica=self.replica)
         return with_admission(self.service_app)
 
@@ -70,7 +68,10 @@ def scaling(
     }
 
 
-def application(settings: Settings, cpus_per_replica: float = 1.0, **scale: Any) -> Application:
+def application(
+    settings: Settings, exporter: Exporter | None = None, cpus_per_replica: float = 1.0, **scale: Any
+) -> Application:
+    """Replicas get the driver's settings (its folders, absolute; its API keys) and exporter."""
     deployment = serve.deployment(
         name="nerserve",
         ray_actor_options={"num_cpus": cpus_per_replica},
@@ -79,27 +80,19 @@ def application(settings: Settings, cpus_per_replica: float = 1.0, **scale: Any)
         max_ongoing_requests=max(64, settings.batch_size_bound * 4),
         **scaling(**scale),
     )(NerServeReplica)
-    return deployment.bind(settings.model_dump_json())
+    return deployment.bind(settings, exporter)
 
 
-def build(args: dict[str, Any]) -> Application:
-    """The application builder a Ray Serve config names (`import_path: nerserve.service.ray_app:build`,
-    as in deploy/ray/rayservice.yaml): `args` are Settings fields (models, threads, …) plus
-    `cpus_per_replica`; replica counts and autoscaling come from the config's deployment options."""
-    given = dict(args)
-    cpus = float(given.pop("cpus_per_replica", 1.0))
-    return application(Settings(**given), cpus)
-
-
-def run_on_ray(settings: Settings, address: str | None, cpus_per_replica: float, **scale: Any) -> None:
+def run_on_ray(
+    settings: Settings, exporter: Exporter | None, address: str | None, cpus_per_replica: float, **scale: Any
+) -> None:
     """On a local Ray started here: serve until SIGTERM / Ctrl-C, then drain and stop it. On an
     existing cluster (`address`): deploy, and leave the application to the cluster."""
     import ray
 
-    environment = {name: os.environ[name] for name in LOCATIONS if name in os.environ}
-    ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": environment} if environment else None)
+    ray.init(address=address, include_dashboard=False)
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    app = application(settings, cpus_per_replica, **scale)
+    app = application(settings, exporter, cpus_per_replica, **scale)
     if address:
         serve.run(app, name="nerserve", route_prefix="/")
         return

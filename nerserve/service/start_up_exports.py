@@ -1,7 +1,9 @@
 """Graphs missing at start-up, exported in processes forked from one export server.
 
-What `nerserve export` does, with a shorter parity check. The export code is named, not imported:
-the service process itself never loads export or training code. A server stopping (SIGTERM) ends
+What `nerserve export` does, with a shorter parity check. The export itself is handed in by the
+composition root (the command line) as an `Exporter`: the service never imports export or training
+code, and its own process never loads them either (the exporter's function imports them in the
+child). A server stopping (SIGTERM) ends
 the exports still running: the threads waiting on them would otherwise hold the process after the
 server has stopped until each export ended (measured: SIGTERM during a first start, the process
 still alive 60 s later, waiting on gner-open's export), past an orchestrator's grace period.
@@ -10,7 +12,6 @@ still alive 60 s later, waiting on gner-open's export), past an orchestrator's g
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import logging
 import multiprocessing
@@ -19,24 +20,20 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from nerserve.ner.graph_format import EXPORT_JSON
-from nerserve.ner.model_store import graph_set_folder
+from nerserve.ner.model_store import Locations
 
 log = logging.getLogger("nerserve")
 
 # A first start checks parity on 32 dev sentences (the longest 8 together, 6 alone, 18 in batches)
 # rather than export's 200: gner-open's full check alone takes three minutes on two cores.
 START_UP_PARITY_SENTENCES = 32
-# The export server imports torch, transformers and peft once (7 s of every export otherwise).
-EXPORT_MODULES = ["nerserve.export.build"]
-EXPORT_ENTRY = "nerserve.export.build.export_for_service"
 _export_processes = multiprocessing.get_context("forkserver")
-_export_processes.set_forkserver_preload(EXPORT_MODULES)
 # How long an export has, once asked to stop, to remove its staging folder before it is killed
 STOP_GRACE_SECONDS = 5.0
 
@@ -45,9 +42,16 @@ class ModelLoadError(RuntimeError):
     pass
 
 
-def _run_named(entry: str, *arguments: Any) -> None:
-    module, _, function = entry.rpartition(".")
-    getattr(importlib.import_module(module), function)(*arguments)
+@dataclass(frozen=True)
+class Exporter:
+    """How a server exports the graphs missing at start-up. `run(model_folder, format, locations,
+    parity_sentences, background, report)` runs in a child process and tells `report` (a Connection)
+    ("staging", folder) once its staging folder exists, then ("done", None or why it failed).
+    `preload`: modules the export server imports once for every export (torch, transformers and
+    peft: 7 s of every export otherwise)."""
+
+    run: Callable[..., None]
+    preload: tuple[str, ...] = ()
 
 
 def _interrupt(processes: Iterable[BaseProcess]) -> None:
@@ -66,16 +70,21 @@ def _interrupt(processes: Iterable[BaseProcess]) -> None:
 class StartUpExports:
     """The exports of one server's start-up, and `stop()` for its shutdown."""
 
-    def __init__(self) -> None:
+    def __init__(self, locations: Locations, exporter: Exporter | None) -> None:
+        self.locations, self.exporter = locations, exporter
+        if exporter is not None:
+            _export_processes.set_forkserver_preload(list(exporter.preload))
         self._running: set[BaseProcess] = set()
         self._lock = threading.Lock()
         self._stopped = False
 
-    def run(self, name: str, runtime: str, behind: bool) -> Path:
-        """The graph set folder of NAME, exported now if missing (`behind`: at a lower priority)."""
-        folder = graph_set_folder(name, runtime)
+    def run(self, name: str, runtime: str, background: bool) -> Path:
+        """The graph set folder of NAME, exported now if missing (`background`: at a lower priority)."""
+        folder = self.locations.graph_set_folder(name, runtime)
         if (folder / EXPORT_JSON).is_file():
             return folder
+        if self.exporter is None:
+            raise ModelLoadError(f"{name}: no {runtime} graphs at {folder}, and this server exports none (nerserve export)")
         if importlib.util.find_spec("torch") is None:  # the serving-only install (nerserve[cpu] / [gpu])
             raise ModelLoadError(
                 f"{name}: no {runtime} graphs at {folder}, and exporting them needs torch: "
@@ -84,7 +93,7 @@ class StartUpExports:
         if self._stopped:
             raise ModelLoadError(f"{name}: not exported: the server is shutting down")
         log.info("exporting %s to %s (missing at start-up)", name, runtime)
-        reason, exit_code = self._export(name, runtime, behind)
+        reason, exit_code = self._export(name, runtime, background)
         if self._stopped:
             raise ModelLoadError(f"{name}: export to {runtime} stopped: the server is shutting down")
         if reason is not None or not (folder / EXPORT_JSON).is_file():
@@ -92,11 +101,13 @@ class StartUpExports:
             raise ModelLoadError(f"{name}: export to {runtime} failed (exit {exit_code}): {reason}")
         return folder
 
-    def _export(self, name: str, runtime: str, behind: bool) -> tuple[str | None, int | None]:
+    def _export(self, name: str, runtime: str, background: bool) -> tuple[str | None, int | None]:
         """(what went wrong or None, the exit code) of one export process."""
+        assert self.exporter is not None
         receiving, sending = _export_processes.Pipe(duplex=False)
-        arguments = (EXPORT_ENTRY, name, runtime, START_UP_PARITY_SENTENCES, behind, sending)
-        process = _export_processes.Process(target=_run_named, args=arguments, name=f"export {name}")
+        source = self.locations.model_dir(name)
+        arguments = (source, runtime, self.locations, START_UP_PARITY_SENTENCES, background, sending)
+        process = _export_processes.Process(target=self.exporter.run, args=arguments, name=f"export {name}")
         process.start()  # the first one starts the export server: seconds, during which stop() may come
         with self._lock:
             self._running.add(process)

@@ -26,7 +26,7 @@ def tune_spec(
     return tune_decoding(program, sentences, batch_size, tuning.grid, run_options)
 
 
-def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, Any]:
+def retune_model(folder: Path, data_dir: Path, batch_size: int = 64) -> dict[str, Any]:
     """Re-choose a trained model's decoding options on dev (the architecture's tuning grid), then
     re-score dev, the regression slice and test with them, and rewrite its manifest."""
     from nerserve.ner.data import read_split
@@ -34,7 +34,7 @@ def retune_model(name: str, data_dir: Path, batch_size: int = 64) -> dict[str, A
     from nerserve.ner.model_store import read_manifest, write_manifest
     from nerserve.ner.runner import score
 
-    model = load_model(name)
+    model = load_model(folder)
     program = model.program
     dev = read_split(data_dir, "dev")
     before = float(score(program.predict, dev, batch_size)["f1"])

@@ -281,13 +281,13 @@ def finish_gliner(
     return finish(network, record, fitted, scores, out)
 
 
-def retune_gliner(name: str, data_root: Path, batch_size: int = 64) -> dict[str, Any]:
+def retune_gliner(folder: Path, data_root: Path, batch_size: int = 64) -> dict[str, Any]:
     """Re-choose a trained gliner model's threshold on the selection sets' dev and re-score it
     (`nerserve tune`), its manifest rewritten."""
     from nerserve.ner.loading import load_model
     from nerserve.ner.model_store import read_manifest, write_manifest
 
-    model = load_model(name)
+    model = load_model(folder)
     program: GlinerProgram = model.program
     manifest = read_manifest(model.folder)
     selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]

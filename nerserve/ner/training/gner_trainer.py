@@ -168,16 +168,15 @@ def train_gner(
     return finish_gner(network, program, record, fitted, data_dir, settings, out)
 
 
-def encoder_from(network: torch.nn.Module, model_name: str) -> dict[str, Any]:
+def encoder_from(network: torch.nn.Module, folder: Path) -> dict[str, Any]:
     """Start from a trained model: every tensor of a gner model (continuing it, its earlier runs
     kept for the learning curve), or the encoder's LoRA adapters of any other architecture on the
     same backbone."""
     from safetensors.torch import load_file
 
-    from nerserve.ner.model_store import WEIGHTS, model_dir, read_manifest
+    from nerserve.ner.model_store import WEIGHTS, read_manifest
     from nerserve.ner.training.loop import earlier_runs
 
-    folder = model_dir(model_name)
     source = read_manifest(folder)
     same = source.architecture == SPEC.name
     saved = load_file(str(folder / WEIGHTS))
@@ -189,7 +188,7 @@ def encoder_from(network: torch.nn.Module, model_name: str) -> dict[str, Any]:
             if (same or name.startswith("encoder.backbone.")) and target in params and params[target].shape == tensor.shape:
                 params[target].copy_(tensor.to(params[target].dtype))
                 copied += 1
-    print(f"initialised from {model_name} ({source.architecture}): {copied} tensors", flush=True)
+    print(f"initialised from {folder.name} ({source.architecture}): {copied} tensors", flush=True)
     started: dict[str, Any] = {"model": folder.name, "version": source.version, "tensors": copied}
     if same:
         started["earlier_runs"] = earlier_runs(source.training)

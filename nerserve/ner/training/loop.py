@@ -48,7 +48,7 @@ class TrainSettings:
     # "bf16": autocast of the training steps (checked on CPU; the GPU runs so far were fp32, docs/gpu.md)
     precision: str = "fp32"
     lora_rank: int = 16
-    init_from: str | None = None  # a trained model that starts this one: its encoder, or all of it (same architecture)
+    init_from: Path | None = None  # the folder of a trained model that starts this one: its encoder, or all of it
     scored_share: float = 0.4  # gner: share of each epoch's open-label mixture drawn from the scored set
     held_out: str | None = None  # gliner: comma-separated sets of the data root left out of training
 
@@ -106,7 +106,7 @@ def start_run(data_dir: Path, settings: TrainSettings, backbone_spec: str | None
     )
 
 
-def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo, architecture: str) -> dict[str, Any]:
+def warm_start(network: nn.Module, folder: Path, backbone: BackboneInfo, architecture: str) -> dict[str, Any]:
     """Start `network` from a trained model: its shared word encoder (LoRA adapters, char CNN, shape
     embedding, BiLSTM) whatever the architecture, since every architecture's encoder has the same
     parameter names; and, when the source is of the same architecture, every other tensor whose
@@ -114,9 +114,8 @@ def warm_start(network: nn.Module, model_name: str, backbone: BackboneInfo, arch
     checkpoint is gone."""
     from safetensors.torch import load_file
 
-    from nerserve.ner.model_store import model_dir, read_manifest
+    from nerserve.ner.model_store import read_manifest
 
-    folder = model_dir(model_name)
     source = read_manifest(folder)
     if source.backbone.sha256 != backbone.sha256:
         raise ValueError(f"{folder}: trained on another backbone, its encoder cannot start this model")

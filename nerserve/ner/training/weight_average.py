@@ -14,7 +14,6 @@ from nerserve.ner.model_store import (
     WEIGHTS,
     Manifest,
     ModelStoreError,
-    model_dir,
     read_manifest,
     weights_version,
     write_manifest,
@@ -83,13 +82,12 @@ def check_compatible(first: Manifest, second: Manifest) -> None:
             )
 
 
-def average_models(first: str, second: str, out: Path, weight: float = 0.5) -> Manifest:
+def average_models(first_dir: Path, second_dir: Path, out: Path, weight: float = 0.5) -> Manifest:
     """Write the weight average of two models of one architecture to `out`. The manifest is the first
     model's (its config, decoding and training history: pass the later run first) with the average
     recorded under training.weight_average; its scores are dropped until `nerserve tune` re-scores it."""
     if not 0.0 < weight < 1.0:
         raise AverageError(f"weight {weight}: must lie strictly between 0 and 1")
-    first_dir, second_dir = model_dir(first), model_dir(second)
     first_manifest, second_manifest = read_manifest(first_dir), read_manifest(second_dir)
     check_compatible(first_manifest, second_manifest)
     tensors, dropped = average_tensors(load_file(str(first_dir / WEIGHTS)), load_file(str(second_dir / WEIGHTS)), weight)

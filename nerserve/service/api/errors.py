@@ -1,5 +1,6 @@
-"""One table from error kinds to status codes, and the JSON body every error shares:
-{"error": {"code", "message", "field"}}. Bad input is never a 500."""
+"""One table from error kinds to status codes, and the one place error bodies are written: every
+route's {"error": {"code", "message", "field"}}, or under /v2 the Open Inference Protocol's
+{"error": "<message>"}, which Triton's clients read. Bad input is never a 500."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 ERROR_STATUS: dict[str, int] = {
     "malformed_json": 400,
+    "invalid_tensor": 400,  # a KServe v2 request whose tensors or parameters are wrong (the protocol's 400)
     "unauthorized": 401,
     "unknown_model": 404,
+    "unknown_version": 404,
     "not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "payload_too_large": 413,
     "too_many_texts": 413,
     "too_many_sentences": 413,
@@ -48,15 +52,32 @@ class ApiError(Exception):
         return ERROR_STATUS[self.code]
 
 
-def error_body(code: str, message: str, field: str | None = None) -> bytes:
-    """The error envelope as bytes, for the answers written below FastAPI (the edge's 429, the door's
-    401, the protocol's 408)."""
-    return json.dumps({"error": {"code": code, "message": message, "field": field}}).encode()
+KSERVE_V2 = "/v2"
 
 
-def error_response(code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"code": code, "message": message, "field": field}}
-    return JSONResponse(body, status_code=ERROR_STATUS[code], headers=headers)
+def envelope(code: str, message: str, field: str | None = None, path: str = "") -> dict[str, Any]:
+    """The error body for a request to PATH."""
+    if path == KSERVE_V2 or path.startswith(KSERVE_V2 + "/"):
+        return {"error": message}
+    return {"error": {"code": code, "message": message, "field": field}}
+
+
+def error_body(code: str, message: str, field: str | None = None, path: str = "") -> bytes:
+    """The envelope as bytes, for the answers written below FastAPI (the edge's 429, the door's 401,
+    the protocol's 408)."""
+    return json.dumps(envelope(code, message, field, path)).encode()
+
+
+def error_response(
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+    path: str = "",
+    status: int | None = None,
+) -> JSONResponse:
+    """`status`: only for a status the table has no kind for (an HTTP error Starlette raised)."""
+    return JSONResponse(envelope(code, message, field, path), status_code=status or ERROR_STATUS[code], headers=headers)
 
 
 def _location(loc: tuple[Any, ...]) -> str:
@@ -68,9 +89,9 @@ def _location(loc: tuple[Any, ...]) -> str:
     return text
 
 
-async def api_error_handler(_: Request, error: Exception) -> JSONResponse:
+async def api_error_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, ApiError)
-    return error_response(error.code, error.message, error.field, error.headers)
+    return error_response(error.code, error.message, error.field, error.headers, request.url.path)
 
 
 async def validation_error_handler(request: Request, error: Exception) -> JSONResponse:
@@ -83,24 +104,18 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type and media_type != "application/json" and not media_type.endswith("+json"):
             message = f"request body must be sent as application/json, not {media_type}"
-            return error_response("unsupported_media_type", message, "content-type")
-        return error_response("malformed_json", "request body must be a JSON object")
+            return error_response("unsupported_media_type", message, "content-type", path=request.url.path)
+        return error_response("malformed_json", "request body must be a JSON object", path=request.url.path)
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
-        return error_response("malformed_json", f"request body is not valid JSON: {detail}")
+        return error_response("malformed_json", f"request body is not valid JSON: {detail}", path=request.url.path)
     field = _location(tuple(first.get("loc", ()))) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-    return error_response("invalid_request", f"{field}: {message}" if field else message, field)
+    return error_response("invalid_request", f"{field}: {message}" if field else message, field, path=request.url.path)
 
 
-async def http_error_handler(_: Request, error: Exception) -> JSONResponse:
+async def http_error_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code)
+    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code, "http_error")
     headers = dict(error.headers or {})  # a 405 carries Allow
-    if code is None:
-        return JSONResponse(
-            {"error": {"code": "http_error", "message": str(error.detail), "field": None}},
-            status_code=error.status_code,
-            headers=headers,
-        )
-    return error_response(code, str(error.detail), headers=headers)
+    return error_response(code, str(error.detail), headers=headers, path=request.url.path, status=error.status_code)

@@ -21,7 +21,7 @@ from nerserve.service.tenants import retry_after
 
 
 @dataclass
-class Ask:
+class ExtractionQuery:
     """One extraction request, whatever protocol it came in."""
 
     texts: list[str] | None = None
@@ -130,31 +130,31 @@ async def _run_units(
 INLINE_PLAN_CHARACTERS = 2_000
 
 
-async def _plan(model: ServedModel, ask: Ask) -> list[PlannedText]:
-    if ask.texts is not None:
-        size = sum(len(text) for text in ask.texts)
+async def _plan(model: ServedModel, query: ExtractionQuery) -> list[PlannedText]:
+    if query.texts is not None:
+        size = sum(len(text) for text in query.texts)
     else:
-        size = sum(len(token) + 1 for sentence in ask.tokens or [] for token in sentence)
+        size = sum(len(token) + 1 for sentence in query.tokens or [] for token in sentence)
     if size <= INLINE_PLAN_CHARACTERS:
-        return model.planner.plan(ask.texts, ask.tokens)
-    return await asyncio.to_thread(model.planner.plan, ask.texts, ask.tokens)
+        return model.planner.plan(query.texts, query.tokens)
+    return await asyncio.to_thread(model.planner.plan, query.texts, query.tokens)
 
 
-async def extract(state: ServiceState, request: Request, model: ServedModel, ask: Ask) -> Extraction:
-    inputs = ask.texts if ask.texts is not None else ask.tokens
+async def extract(state: ServiceState, request: Request, model: ServedModel, query: ExtractionQuery) -> Extraction:
+    inputs = query.texts if query.texts is not None else query.tokens
     assert inputs is not None
-    where = "texts" if ask.texts is not None else "tokens"
+    where = "texts" if query.texts is not None else "tokens"
     if len(inputs) > state.settings.max_texts:
         raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
-    if ask.tokens is not None:
-        _validate_tokens(ask.tokens)
-    wanted = _label_filter(model, ask.labels)
+    if query.tokens is not None:
+        _validate_tokens(query.tokens)
+    wanted = _label_filter(model, query.labels)
     try:
-        options = model.resolve_options(ask.options, ask.labels if wanted is None else None)
+        options = model.resolve_options(query.options, query.labels if wanted is None else None)
     except OptionError as error:
         raise ApiError("invalid_option", str(error), error.field) from None
-    deadline = time.monotonic() + ask.deadline_ms / 1000 if ask.deadline_ms else None
-    planned = await _plan(model, ask)
+    deadline = time.monotonic() + query.deadline_ms / 1000 if query.deadline_ms else None
+    planned = await _plan(model, query)
     units = [unit for text in planned for unit in text.units]
     if len(units) > state.settings.max_request_sentences:
         raise ApiError(
@@ -184,7 +184,7 @@ async def extract(state: ServiceState, request: Request, model: ServedModel, ask
     for index, text in enumerate(planned):
         found = assemble(text, by_text[index])
         found = keep_labels(found, wanted) if wanted is not None else found
-        entities.append(flatten(found) if ask.flat else found)
+        entities.append(flatten(found) if query.flat else found)
     return Extraction(
         model,
         entities,

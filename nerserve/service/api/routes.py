@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nerserve import __version__
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Ask, Extraction, check_serving
+from nerserve.service.api.extraction import Extraction, ExtractionQuery, check_serving
 from nerserve.service.api.extraction import extract as run_extraction
 from nerserve.service.api.schemas import ErrorResponse, ExtractRequest, ExtractResponse, InfoResponse, ModelsResponse
 from nerserve.service.api.state import service_state
@@ -30,7 +30,7 @@ async def extract(body: ExtractRequest, request: Request, response: Response) ->
     model = state.model(body.model)
     request.state.model = model.name  # for the response counter (service.main.CountResponses)
     try:
-        ask = Ask(
+        query = ExtractionQuery(
             texts=body.texts,
             tokens=body.tokens,
             labels=body.labels,
@@ -38,7 +38,7 @@ async def extract(body: ExtractRequest, request: Request, response: Response) ->
             flat=body.flat,
             deadline_ms=body.deadline_ms or _header_float(request, "x-deadline-ms"),
         )
-        done = await run_extraction(state, request, model, ask)
+        done = await run_extraction(state, request, model, query)
         timing_headers(response, done)
         return {
             "model": model.name,

@@ -10,7 +10,7 @@ from nerserve.service.api.errors import ApiError
 from nerserve.service.config import Settings
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import ServedModel
-from nerserve.service.start_up_exports import StartUpExports
+from nerserve.service.start_up_exports import Exporter, StartUpExports
 from nerserve.service.tenants import Tenants
 
 
@@ -24,8 +24,12 @@ class ServiceState:
     model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed
     model_errors: dict[str, str] = field(default_factory=dict)
     fatal: str | None = None  # the process cannot serve and is stopping (liveness fails)
-    exports: StartUpExports = field(default_factory=StartUpExports)  # graphs missing at start-up
     tenants: Tenants = field(default_factory=Tenants)  # API keys (none: every route open)
+    exporter: Exporter | None = None  # how graphs missing at start-up are exported (none: they are an error)
+    exports: StartUpExports = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.exports = StartUpExports(self.settings.locations, self.exporter)
 
     @property
     def default_model(self) -> str | None:

@@ -4,7 +4,7 @@ element) answered by a BYTES output `entities` (one JSON array per text: the sam
 as /extract). Request parameters carry `labels` (a JSON array or a comma list), `flat`,
 `deadline_ms`, and the model's options. Both JSON tensors and the binary tensor extension
 (`Inference-Header-Content-Length`) are read and written, as tritonclient sends them by default.
-Errors answer `{"error": "<message>"}`, as the protocol says."""
+Errors answer `{"error": "<message>"}`, as the protocol says (api/errors.py writes every error body)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nerserve import __version__
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Ask, check_serving, extract
+from nerserve.service.api.extraction import ExtractionQuery, check_serving, extract
 from nerserve.service.api.schemas import ExtractRequest
-from nerserve.service.api.state import ServiceState, service_state
+from nerserve.service.api.state import service_state
 from nerserve.service.models import ServedModel
 
 v2 = APIRouter(prefix="/v2", tags=["KServe v2 (Open Inference Protocol)"])
@@ -72,21 +72,9 @@ INFER_BODY = {
 }
 
 
-class V2Error(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
-def _model(state: ServiceState, name: str) -> ServedModel:
-    try:
-        return state.model(name)
-    except ApiError as error:
-        raise V2Error(error.status, error.message) from None
+def _invalid(message: str) -> ApiError:
+    """A request whose tensors or parameters are wrong: the protocol's 400, the message saying where."""
+    return ApiError("invalid_tensor", message)
 
 
 @v2.get("")
@@ -110,10 +98,7 @@ async def ready(request: Request) -> JSONResponse:
 @v2.get("/models/{name}", responses=V2_ERRORS)
 @v2.get("/models/{name}/versions/{version}", responses=V2_ERRORS)
 async def model_metadata(name: str, request: Request, version: str | None = None) -> JSONResponse:
-    try:
-        model = _model(service_state(request), name)
-    except V2Error as error:
-        return _error(error.status, error.message)
+    model = service_state(request).model(name)
     return JSONResponse(
         {
             "name": model.name,
@@ -131,7 +116,7 @@ async def model_metadata(name: str, request: Request, version: str | None = None
 async def model_ready(name: str, request: Request, version: str | None = None) -> JSONResponse:
     state = service_state(request)
     if name not in state.model_states:
-        return _error(404, f"unknown model {name!r}; served models: {', '.join(state.model_states) or 'none'}")
+        raise ApiError("unknown_model", f"unknown model {name!r}; served models: {', '.join(state.model_states) or 'none'}")
     is_ready = state.model_states.get(name) == "ready" and not state.draining
     return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
@@ -140,7 +125,7 @@ def _split_body(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if header_length is None:
         return raw, b""
     if not header_length.isdigit() or int(header_length) > len(raw):
-        raise V2Error(400, f"{HEADER_LENGTH}: {header_length!r} is not a length within the body")
+        raise _invalid(f"{HEADER_LENGTH}: {header_length!r} is not a length within the body")
     return raw[: int(header_length)], raw[int(header_length) :]
 
 
@@ -149,10 +134,10 @@ def _bytes_elements(blob: bytes) -> list[bytes]:
     out, at = [], 0
     while at < len(blob):
         if at + 4 > len(blob):
-            raise V2Error(400, "binary BYTES tensor: truncated element length")
+            raise _invalid("binary BYTES tensor: truncated element length")
         (size,) = struct.unpack_from("<I", blob, at)
         if at + 4 + size > len(blob):
-            raise V2Error(400, "binary BYTES tensor: element longer than the data")
+            raise _invalid("binary BYTES tensor: element longer than the data")
         out.append(blob[at + 4 : at + 4 + size])
         at += 4 + size
     return out
@@ -161,35 +146,35 @@ def _bytes_elements(blob: bytes) -> list[bytes]:
 def _texts(request: InferRequest, binary: bytes) -> list[str]:
     if len(request.inputs) != 1 or request.inputs[0].name != INPUT:
         names = [tensor.name for tensor in request.inputs]
-        raise V2Error(400, f"inputs: expected exactly one input named {INPUT!r}, got {names}")
+        raise _invalid(f"inputs: expected exactly one input named {INPUT!r}, got {names}")
     tensor = request.inputs[0]
     if tensor.datatype != "BYTES":
-        raise V2Error(400, f"inputs[0].datatype: {INPUT!r} is BYTES (one UTF-8 text per element), got {tensor.datatype}")
+        raise _invalid(f"inputs[0].datatype: {INPUT!r} is BYTES (one UTF-8 text per element), got {tensor.datatype}")
     size = tensor.parameters.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
-            raise V2Error(400, f"inputs[0].parameters.binary_data_size: {size!r} does not match the {len(binary)} bytes sent")
+            raise _invalid(f"inputs[0].parameters.binary_data_size: {size!r} does not match the {len(binary)} bytes sent")
         elements: list[Any] = _bytes_elements(binary)
     elif tensor.data is not None:
         elements = _flatten(tensor.data)
     else:
-        raise V2Error(400, "inputs[0]: neither data nor binary_data_size")
+        raise _invalid("inputs[0]: neither data nor binary_data_size")
     count = 1
     for dimension in tensor.shape:
         count *= dimension
     if count != len(elements):
-        raise V2Error(400, f"inputs[0].shape: {tensor.shape} holds {count} elements, {len(elements)} were sent")
+        raise _invalid(f"inputs[0].shape: {tensor.shape} holds {count} elements, {len(elements)} were sent")
     texts = []
     for index, element in enumerate(elements):
         if isinstance(element, bytes):
             try:
                 element = element.decode("utf-8")
             except UnicodeDecodeError:
-                raise V2Error(400, f"inputs[0].data[{index}]: not UTF-8") from None
+                raise _invalid(f"inputs[0].data[{index}]: not UTF-8") from None
         if not isinstance(element, str):
-            raise V2Error(400, f"inputs[0].data[{index}]: a BYTES element is a string, got {type(element).__name__}")
+            raise _invalid(f"inputs[0].data[{index}]: a BYTES element is a string, got {type(element).__name__}")
         if any("\ud800" <= c <= "\udfff" for c in element):
-            raise V2Error(400, f"inputs[0].data[{index}]: contains a lone surrogate (invalid Unicode)")
+            raise _invalid(f"inputs[0].data[{index}]: contains a lone surrogate (invalid Unicode)")
         texts.append(element)
     return texts
 
@@ -199,36 +184,36 @@ def _flatten(data: list[Any]) -> list[Any]:
     return [leaf for item in data for leaf in (_flatten(item) if isinstance(item, list) else [item])]
 
 
-def _ask(texts: list[str], parameters: dict[str, Parameter]) -> Ask:
+def _query(texts: list[str], parameters: dict[str, Parameter]) -> ExtractionQuery:
     options: dict[str, Any] = {}
-    ask = Ask(texts=texts)
+    query = ExtractionQuery(texts=texts)
     for key, value in parameters.items():
         if key == "labels":
-            ask.labels = _labels(value)
+            query.labels = _labels(value)
         elif key == "flat":
             if not isinstance(value, bool):
-                raise V2Error(400, f"parameters.flat: a boolean, got {value!r}")
-            ask.flat = value
+                raise _invalid(f"parameters.flat: a boolean, got {value!r}")
+            query.flat = value
         elif key == "deadline_ms":
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise V2Error(400, f"parameters.deadline_ms: a number > 0, got {value!r}")
-            ask.deadline_ms = float(value)
+                raise _invalid(f"parameters.deadline_ms: a number > 0, got {value!r}")
+            query.deadline_ms = float(value)
         elif key not in ("binary_data_size", "binary_data_output", "sequence_id", "priority", "timeout"):  # the protocol's
             options[key] = value
-    ask.options = options
-    return ask
+    query.options = options
+    return query
 
 
 def _labels(value: Parameter) -> list[str]:
     if not isinstance(value, str):
-        raise V2Error(400, "parameters.labels: a JSON array of names or a comma-separated string")
+        raise _invalid("parameters.labels: a JSON array of names or a comma-separated string")
     if value.lstrip().startswith("["):
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as error:
-            raise V2Error(400, f"parameters.labels: not a JSON array ({error})") from None
+            raise _invalid(f"parameters.labels: not a JSON array ({error})") from None
         if not isinstance(parsed, list) or not all(isinstance(name, str) for name in parsed):
-            raise V2Error(400, "parameters.labels: a JSON array of strings")
+            raise _invalid("parameters.labels: a JSON array of strings")
         names: list[str] = parsed
     else:
         names = [name.strip() for name in value.split(",") if name.strip()]
@@ -237,7 +222,7 @@ def _labels(value: Parameter) -> list[str]:
     except ValidationError as error:
         detail = error.errors()[0]
         where = ".".join(str(p) for p in detail["loc"])
-        raise V2Error(400, f"parameters.{where}: {str(detail['msg']).removeprefix('Value error, ')}") from None
+        raise _invalid(f"parameters.{where}: {str(detail['msg']).removeprefix('Value error, ')}") from None
     return names
 
 
@@ -245,7 +230,7 @@ def _answer(request: InferRequest, model: ServedModel, entities: list[list[dict[
     strings = [json.dumps(found, ensure_ascii=False) for found in entities]
     asked = {o.name: o for o in request.outputs or []}
     if asked and set(asked) != {OUTPUT}:
-        raise V2Error(400, f"outputs: the only output is {OUTPUT!r}, asked {sorted(asked)}")
+        raise _invalid(f"outputs: the only output is {OUTPUT!r}, asked {sorted(asked)}")
     binary = bool(asked.get(OUTPUT, OutputAsked(name=OUTPUT)).parameters.get("binary_data")) or bool(
         request.parameters.get("binary_data_output")
     )
@@ -274,23 +259,19 @@ def _answer(request: InferRequest, model: ServedModel, entities: list[list[dict[
 @v2.post("/models/{name}/versions/{version}/infer", responses=V2_ERRORS, openapi_extra=INFER_BODY)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     state = service_state(request)
+    check_serving(state)
+    model = state.model(name)
+    request.state.model = model.name  # for the response counter (service.main.CountResponses)
+    head, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
     try:
-        check_serving(state)
-        model = _model(state, name)
-        request.state.model = model.name  # for the response counter (service.main.CountResponses)
-        head, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
-        try:
-            parsed = InferRequest.model_validate_json(head)
-        except ValidationError as error:
-            detail = error.errors()[0]
-            where = ".".join(str(p) for p in detail["loc"]) or "body"
-            raise V2Error(400, f"{where}: {detail['msg']}") from None
-        ask = _ask(_texts(parsed, binary), {**parsed.parameters, **parsed.inputs[0].parameters})
-        if version is not None and version != model.manifest.version:
-            raise V2Error(404, f"model {name!r} has version {model.manifest.version!r}, not {version!r}")
-        done = await extract(state, request, model, ask)
-        return _answer(parsed, model, done.entities)
-    except V2Error as error:
-        return _error(error.status, error.message)
-    except ApiError as error:
-        return JSONResponse({"error": error.message}, status_code=error.status, headers=error.headers)
+        parsed = InferRequest.model_validate_json(head)
+    except ValidationError as error:
+        detail = error.errors()[0]
+        where = ".".join(str(p) for p in detail["loc"]) or "body"
+        raise _invalid(f"{where}: {detail['msg']}") from None
+    query = _query(_texts(parsed, binary), {**parsed.parameters, **parsed.inputs[0].parameters})
+    if version is not None and version != model.manifest.version:
+        message = f"model {name!r} has version {model.manifest.version!r}, not {version!r}"
+        raise ApiError("unknown_version", message, "version")
+    done = await extract(state, request, model, query)
+    return _answer(parsed, model, done.entities)

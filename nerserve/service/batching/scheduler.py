@@ -140,9 +140,9 @@ class Scheduler:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight)
         self._arrived = asyncio.Event()
         self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
-        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs", initializer=_yield_to_the_door)
-        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_yield_to_the_door)
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode", initializer=_yield_to_the_door)
+        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs", initializer=_lower_worker_priority)
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_lower_worker_priority)
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode", initializer=_lower_worker_priority)
         self._finishing: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         # sub-words per second end to end by batch sub-words (see _cycle_rate): admission, Retry-After
@@ -453,6 +453,6 @@ class Scheduler:
 WORKER_NICENESS = 10
 
 
-def _yield_to_the_door() -> None:
+def _lower_worker_priority() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not Linux, or not permitted: run as is
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)

@@ -8,7 +8,7 @@ from torch import nn
 
 from nerserve.ner.archs.bartner.config import BartnerConfig
 from nerserve.ner.archs.feeds import ENCODER_INPUTS
-from nerserve.ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
+from nerserve.ner.archs.pointer.network import PointerDecoder, PointerStepGraph
 from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from nerserve.ner.archs.pointer.decoder import PointerDecoder
+from nerserve.ner.archs.pointer.network import PointerDecoder
 from nerserve.ner.archs.pointer.targets import IGNORE, Row, teacher
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from nerserve.ner.archs.feeds import ENCODER_INPUTS
-from nerserve.ner.archs.pointer.decoder import PointerDecoder, PointerStepGraph
+from nerserve.ner.archs.pointer.network import PointerDecoder, PointerStepGraph
 from nerserve.ner.archs.setgen.config import SetgenConfig
 from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
