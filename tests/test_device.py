@@ -21,7 +21,7 @@ def test_devices_resolve_to_what_can_run_here() -> None:
         resolve_device("cuda", "onnx")
     with pytest.raises(DeviceUnavailable, match=r"torch .* sees no CUDA device"):
         resolve_device("cuda:0", "torchscript")
-    with pytest.raises(DeviceUnavailable, match="cpu, cuda, cuda:N or auto"):
+    with pytest.raises(DeviceUnavailable, match="cpu, cuda, cuda:N, auto or simulated"):
         resolve_device("tpu", "onnx")
 
 
@@ -62,3 +62,72 @@ def test_batch_bounds_fit_the_device() -> None:
     assert cuda.close_when_idle and not cpu.close_when_idle
     chosen = Settings(device="cuda", max_batch_size=64, max_batch_tokens=4096)
     assert (chosen.batch_size_bound, chosen.batch_tokens_bound) == (64, 4096)
+
+
+def test_the_simulated_device_batches_as_a_gpu_and_needs_exported_graphs() -> None:
+    from nerserve.service.config import Settings
+
+    simulated = Settings(device="simulated")
+    assert (simulated.batch_size_bound, simulated.request_tokens_bound, simulated.close_when_idle) == (256, None, True)
+    assert resolve_device("simulated", "onnx") == "simulated"
+    with pytest.raises(DeviceUnavailable, match="exported graphs"):
+        resolve_device("simulated", "eager")
+
+
+def test_the_simulated_device_waits_its_table_and_counts_it() -> None:
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice.from_file()
+    assert "H100" in device.card and "simulated" in device.card
+    assert device.batch_seconds(2403) == pytest.approx(0.003561)
+    assert device.batch_seconds(1000) == pytest.approx(0.002632 + (0.003561 - 0.002632) * (1000 - 601) / (2403 - 601))
+    beyond = 0.012190 + (0.012190 - 0.003561) / (9613 - 2403) * (20000 - 9613)
+    assert device.batch_seconds(20000) == pytest.approx(beyond)  # extrapolated at the last slope
+    started = time.perf_counter()
+    device.run(9613)
+    assert time.perf_counter() - started >= 0.0121
+    assert device.passes == 1 and device.busy_seconds == pytest.approx(0.012190)
+
+
+def test_simulated_graphs_answer_zeros_of_the_recorded_shapes(tmp_path: Path) -> None:
+    import numpy as np
+
+    from nerserve.ner.runtime.simulated import SimulatedDevice, SimulatedGraph
+
+    table = {"card": "test card", "source": "a test", "points": [{"subwords": 0, "ms": 0.0}, {"subwords": 1000, "ms": 1.0}]}
+    (tmp_path / "costs.json").write_text(__import__("json").dumps(table))
+    device = SimulatedDevice.from_file(tmp_path / "costs.json")
+    info = {
+        "inputs": [{"name": "input_ids", "dtype": "int64", "axes": ["rows", "row_subwords"]},
+                   {"name": "word_mask", "dtype": "float32", "axes": ["batch", "words"]}],
+        "outputs": [{"name": "word_states", "dtype": "float32", "axes": ["batch", "words", 384]},
+                    {"name": "spans", "dtype": "int64", "axes": ["batch", "spans", 2]}],
+    }  # fmt: skip
+    graph = SimulatedGraph("encoder", info, device)
+    feeds = {"input_ids": np.zeros((3, 200), np.int64), "word_mask": np.ones((5, 17), np.float32)}
+    with pytest.raises(GraphError, match="follow from no input"):  # "spans" is no input's axis
+        graph.run(feeds)
+    info["outputs"].pop()
+    answers = SimulatedGraph("encoder", info, device).run(feeds)
+    assert answers["word_states"].shape == (5, 17, 384) and answers["word_states"].dtype == np.float32
+    assert not answers["word_states"].any()
+    assert device.busy_seconds == pytest.approx(0.0006) and device.passes == 1  # 600 positions, once
+
+
+def test_a_server_on_the_simulated_device_answers_and_reports_its_device() -> None:
+    import httpx
+
+    from tests.serving import Server
+
+    server = Server(models="span-conll03", device="simulated", threads=1)
+    try:
+        server.wait_ready()
+        texts = ["EU rejects German call to boycott British lamb.", "Peter Blackburn lives in Paris."]
+        answer = httpx.post(f"{server.url}/extract", json={"texts": texts}, timeout=30)
+        assert answer.status_code == 200 and len(answer.json()["results"]) == 2
+        info = httpx.get(f"{server.url}/info").json()
+        assert info["device"] == "simulated" and info["batching"]["max_batch_size"] == 256
+        assert info["simulated_device"]["passes"] >= 2 and info["simulated_device"]["busy_seconds"] > 0  # warm-up + this
+        assert "simulated" in info["simulated_device"]["card"]
+    finally:
+        server.stop()

@@ -43,8 +43,14 @@ class Settings(Locations):
     )
     device: str = Field(
         "cpu",
-        description="cpu, cuda[:N] (the process exits at once, saying why, where CUDA cannot be used) or auto "
-        "(CUDA where it works, else the CPU)",
+        description="cpu, cuda[:N] (the process exits at once, saying why, where CUDA cannot be used), auto "
+        "(CUDA where it works, else the CPU) or simulated (a measured GPU's batch costs waited on the CPU, to "
+        "measure the engine around the device; zeros for outputs)",
+    )
+    simulated_device_costs: Path | None = Field(
+        None,
+        description="--device simulated: a JSON table of batch costs by sub-words (default: the bundled H100 table); "
+        "its figures are simulated, never GPU figures",
     )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
     max_batch_size: int | None = Field(
@@ -137,7 +143,8 @@ class Settings(Locations):
 
     @property
     def on_cuda(self) -> bool:
-        return self.device.startswith("cuda")
+        """CUDA, or the simulated device that stands in for it (batch bounds and dispatch as a GPU's)."""
+        return self.device.startswith("cuda") or self.device == "simulated"
 
     @property
     def batch_size_bound(self) -> int:

@@ -88,7 +88,7 @@ def _program(
         if not settings.export_missing:
             raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
         folder = exports.run(name, settings.runtime.value, background)
-    loaded_set = load_graph_set(folder, settings.device, settings.threads)
+    loaded_set = load_graph_set(folder, settings.device, settings.threads, settings.simulated_device_costs)
     return loaded_set.manifest, loaded_set.program
 
 

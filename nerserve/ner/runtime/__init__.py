@@ -16,14 +16,19 @@ class DeviceUnavailable(RuntimeError):
 
 def resolve_device(device: str, runtime: str) -> str:
     """The device the graphs will run on: `cpu`, `cuda[:N]` when that runtime can use CUDA here
-    (else DeviceUnavailable, saying why), or `auto`: CUDA when it can, the CPU otherwise."""
+    (else DeviceUnavailable, saying why), `auto`: CUDA when it can, the CPU otherwise, or `simulated`:
+    stand-in graphs that wait a measured card's batch costs (runtime.simulated; exported graphs only)."""
     if device == "cpu":
+        return device
+    if device == "simulated":
+        if runtime == "eager":
+            raise DeviceUnavailable("--device simulated stands in for exported graphs: --runtime onnx or torchscript")
         return device
     reason = _cuda_missing(runtime)
     if device == "auto":
         return "cpu" if reason else "cuda"
     if not device.startswith("cuda"):
-        raise DeviceUnavailable(f"--device {device!r}: cpu, cuda, cuda:N or auto")
+        raise DeviceUnavailable(f"--device {device!r}: cpu, cuda, cuda:N, auto or simulated")
     if reason:
         raise DeviceUnavailable(f"--device {device}: CUDA cannot be used here: {reason}")
     return device

@@ -10,6 +10,7 @@ from nerserve.ner.archs.registry import architecture
 from nerserve.ner.graph_format import GraphFormat, graph_file, read_export_info
 from nerserve.ner.model_store import Manifest, read_manifest
 from nerserve.ner.runtime import load_graph
+from nerserve.ner.runtime.simulated import SIMULATED, SimulatedGraph, simulated_device
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
 
@@ -21,8 +22,11 @@ class LoadedGraphSet:
     program: Any
 
 
-def load_graph_set(folder: Path, device: str = "cpu", threads: int | None = None) -> LoadedGraphSet:
-    """Load a ready export; refuses one whose parity check failed or whose files are missing."""
+def load_graph_set(
+    folder: Path, device: str = "cpu", threads: int | None = None, simulated_costs: Path | None = None
+) -> LoadedGraphSet:
+    """Load a ready export; refuses one whose parity check failed or whose files are missing. On the
+    simulated device (`simulated_costs`: its cost table) the graphs are stand-ins (runtime.simulated)."""
     info = read_export_info(folder)
     manifest = read_manifest(folder)
     spec = architecture(manifest.architecture)
@@ -30,9 +34,15 @@ def load_graph_set(folder: Path, device: str = "cpu", threads: int | None = None
     fmt = GraphFormat(info["format"])
     # export.json's "onnx_session" (export/session_tuning.py); exports older than it have none
     levels = {name: tuned.get("graph_optimization_level") for name, tuned in info.get("onnx_session", {}).items()}
-    graphs = {
-        name: load_graph(graph_file(folder, name, fmt), fmt, device, threads, levels.get(name))
-        for name in spec.signatures(config)
-    }
+    if device == SIMULATED:
+        stand_in = simulated_device(simulated_costs)
+        graphs: dict[str, Any] = {
+            name: SimulatedGraph(name, info["graphs"][name], stand_in) for name in spec.signatures(config)
+        }
+    else:
+        graphs = {
+            name: load_graph(graph_file(folder, name, fmt), fmt, device, threads, levels.get(name))
+            for name in spec.signatures(config)
+        }
     subwords = SubwordEncoder(load_tokenizer(folder))
     return LoadedGraphSet(folder, manifest, info, spec.build_program(graphs, config, subwords))

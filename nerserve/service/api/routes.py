@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nerserve import __version__
+from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import Extraction, ExtractionQuery, check_serving
 from nerserve.service.api.extraction import extract as run_extraction
@@ -135,6 +136,11 @@ async def info(request: Request) -> dict[str, Any]:
         "python": platform.python_version(),
         "runtime": settings.runtime.value,
         "device": settings.device,
+        **(
+            {"simulated_device": simulated_device(settings.simulated_device_costs).report()}
+            if settings.device == SIMULATED
+            else {}
+        ),
         "default_model": state.default_model,
         "models": state.model_states,
         "batching": {

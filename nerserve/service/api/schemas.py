@@ -128,6 +128,9 @@ class InfoResponse(BaseModel):
     python: str
     runtime: str
     device: str
+    simulated_device: dict[str, str | float | int] | None = Field(
+        None, description="--device simulated: the card it stands in for, where its costs come from, busy seconds, passes"
+    )
     default_model: str | None
     models: dict[str, str] = Field(description="each model's state: loading, ready or failed")
     batching: dict[str, float | int | None]

@@ -1,0 +1,91 @@
+"""How busy the engine keeps a GPU it does not have: a server started with `--device simulated`
+(stand-in graphs that wait a measured card's batch costs, zeros for outputs) driven in a closed loop,
+one sentence a request, at each concurrency; its device's busy seconds are read from `/info` before
+and after each level. Every figure is simulated: it measures the engine and the HTTP front around a
+device of that speed, never the device.
+
+    taskset -c 0 nerserve serve --models span-conll03 --device simulated --threads 1 --port 8041 &
+    taskset -c 1 python benchmarks/simulated_device.py --url http://127.0.0.1:8041 \
+        --data ../shared/data/conll03 --concurrency 1,16,64,256 --out docs/reference-run/simulated-device.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nerserve.loadtest.client import make_client, read_sentences
+from nerserve.loadtest.runs import closed_loop
+
+app = typer.Typer(add_completion=False)
+
+
+async def _info(client: Any) -> dict[str, Any]:
+    async with client.get("/info") as response:
+        body: dict[str, Any] = await response.json()
+    if body.get("device") != "simulated":
+        raise SystemExit(f"the server runs on {body.get('device')!r}: start it with --device simulated")
+    return body
+
+
+async def measure(
+    url: str, model: str, sentences: list[list[str]], levels: list[int], duration: float, workers: int
+) -> dict[str, Any]:
+    rows = []
+    async with make_client(url, max(levels) * 2) as client:
+        device = (await _info(client))["simulated_device"]
+        for concurrency in levels:
+            before = (await _info(client))["simulated_device"]
+            run = await closed_loop(client, model, sentences, concurrency, duration)
+            after = (await _info(client))["simulated_device"]
+            busy = after["busy_seconds"] - before["busy_seconds"]
+            passes = after["passes"] - before["passes"]
+            rows.append(
+                {
+                    "concurrency": concurrency,
+                    "sentences_per_second": round(run["sentences_per_second"], 1),
+                    "requests_per_second_per_worker": round(run["ok"] / run["seconds"] / workers, 1),
+                    "device_busy": round(busy / run["seconds"], 4),
+                    "device_passes_per_second": round(passes / run["seconds"], 1),
+                    "sentences_per_pass": round(run["ok"] / passes, 1) if passes else None,
+                    "latency_ms": {k: run["latency_ms"][k] for k in ("p50", "p99") if k in run["latency_ms"]},
+                    "refused": run["http_429"],
+                    "errors": run["errors"] - run["http_429"],
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return {
+        "simulated": True,
+        "device": {k: device[k] for k in ("card", "source")},
+        "model": model,
+        "http_workers": workers,
+        "seconds_per_level": duration,
+        "client_machine": platform.processor() or platform.machine(),
+        "levels": rows,
+    }
+
+
+@app.command()
+def main(
+    data: Annotated[Path, typer.Option(help="dataset folder (its test split is sent)")],
+    url: Annotated[str, typer.Option()] = "http://127.0.0.1:8041",
+    model: Annotated[str, typer.Option()] = "span-conll03",
+    concurrency: Annotated[str, typer.Option(help="comma-separated levels")] = "1,16,64,256",
+    duration: Annotated[float, typer.Option(min=1.0, help="seconds per level")] = 20.0,
+    workers: Annotated[int, typer.Option(min=1, help="HTTP worker processes the server runs")] = 1,
+    out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
+) -> None:
+    levels = [int(level) for level in concurrency.split(",")]
+    report = asyncio.run(measure(url, model, read_sentences(data), levels, duration, workers))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,117 @@
+"""A simulated device: stands in for a GPU on the CPU, so that the engine around the device (batcher,
+host work, pipelining, the HTTP front) can be measured where no GPU is.
+
+Each graph set's graphs answer zeros of the shapes their export recorded, and the backbone graph
+(the one fed packed sub-word rows) waits what a batch of that many sub-word positions cost on a
+measured card, from a table of batch costs (`device_costs/*.json`: the card, where the figures were
+measured, and the points). The wait is a sleep, which releases the GIL as a real device's
+synchronisation does. Zeros make decoding find nothing, so host decoding costs less than with real
+outputs; every figure taken on this device is labelled simulated, never a GPU figure.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nerserve.ner.graph import GraphError, Value
+
+SIMULATED = "simulated"
+# the sub-word rows of the shared encoder: the batch's device work is sized by them
+BACKBONE_INPUT = "input_ids"
+DEFAULT_COSTS = "h100-minilm-l6.json"
+
+
+@dataclass
+class SimulatedDevice:
+    """One card's batch costs, and how long it has been busy (one device per process, as a GPU)."""
+
+    card: str
+    source: str
+    subwords: np.ndarray  # batch sizes in sub-word positions, increasing
+    milliseconds: np.ndarray  # what a batch of that size cost
+    busy_seconds: float = 0.0
+    passes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def from_file(cls, path: Path | None = None) -> SimulatedDevice:
+        text = path.read_text() if path else resources.files(__package__).joinpath("device_costs", DEFAULT_COSTS).read_text()
+        table = json.loads(text)
+        points = sorted((float(p["subwords"]), float(p["ms"])) for p in table["points"])
+        if len(points) < 2:
+            raise GraphError(f"{path or DEFAULT_COSTS}: a cost table needs two points or more")
+        subwords, milliseconds = (np.array(column) for column in zip(*points, strict=True))
+        return cls(table["card"], table["source"], subwords, milliseconds)
+
+    def batch_seconds(self, subwords: int) -> float:
+        """Interpolated between the measured points; past the last, at the last two's slope."""
+        if subwords <= self.subwords[-1]:
+            return float(np.interp(subwords, self.subwords, self.milliseconds)) / 1000
+        slope = (self.milliseconds[-1] - self.milliseconds[-2]) / (self.subwords[-1] - self.subwords[-2])
+        return float(self.milliseconds[-1] + slope * (subwords - self.subwords[-1])) / 1000
+
+    def run(self, subwords: int) -> None:
+        seconds = self.batch_seconds(subwords)
+        time.sleep(seconds)
+        with self._lock:
+            self.busy_seconds += seconds
+            self.passes += 1
+
+    def report(self) -> dict[str, Any]:
+        return {"card": self.card, "source": self.source, "busy_seconds": round(self.busy_seconds, 6), "passes": self.passes}
+
+
+_device: SimulatedDevice | None = None
+_device_lock = threading.Lock()
+
+
+def simulated_device(costs: Path | None = None) -> SimulatedDevice:
+    """The process's simulated device (made on first use, from COSTS or the bundled table)."""
+    global _device
+    with _device_lock:
+        if _device is None:
+            _device = SimulatedDevice.from_file(costs)
+        return _device
+
+
+class SimulatedGraph:
+    """A graph of an export answered in zeros of its recorded output shapes, after the device's wait
+    when it is the backbone graph."""
+
+    def __init__(self, name: str, info: Mapping[str, Any], device: SimulatedDevice) -> None:
+        self.name, self.device = name, device
+        self.inputs = {i["name"]: tuple(i["axes"]) for i in info["inputs"]}
+        self.outputs = {o["name"]: (tuple(o["axes"]), np.dtype(o["dtype"])) for o in info["outputs"]}
+        self.input_names = tuple(self.inputs)
+        self.output_names = tuple(self.outputs)
+
+    def _axis_sizes(self, inputs: Mapping[str, Value]) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for name, axes in self.inputs.items():
+            shape = np.shape(inputs[name])
+            sizes.update({axis: int(shape[i]) for i, axis in enumerate(axes) if isinstance(axis, str)})
+        return sizes
+
+    def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
+        missing = [name for name in self.input_names if name not in inputs]
+        if missing:
+            raise GraphError(f"simulated graph {self.name}: missing inputs {missing}")
+        sizes = self._axis_sizes(inputs)
+        shapes = {}
+        for name, (axes, _) in self.outputs.items():
+            unknown = [axis for axis in axes if isinstance(axis, str) and axis not in sizes]
+            if unknown:
+                raise GraphError(f"simulated graph {self.name}: output {name}'s axes {unknown} follow from no input")
+            shapes[name] = [sizes[a] if isinstance(a, str) else int(a) for a in axes]
+        if BACKBONE_INPUT in inputs:
+            self.device.run(int(np.prod(np.shape(inputs[BACKBONE_INPUT]))))
+        return {name: np.zeros(shape, self.outputs[name][1]) for name, shape in shapes.items()}
