@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,6 +32,25 @@ async def _info(client: Any) -> dict[str, Any]:
     if body.get("device") != "simulated":
         raise SystemExit(f"the server runs on {body.get('device')!r}: start it with --device simulated")
     return body
+
+
+async def trivial_ceiling(client: Any, concurrency: int, seconds: float) -> float:
+    """Requests/s the client gets from `GET /health/live` (no model work): the most the client and
+    the server's HTTP front can exchange; a served figure says something of the engine only where
+    this is at least twice it."""
+    answered = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal answered
+        while time.perf_counter() < end:
+            async with client.get("/health/live") as response:
+                await response.read()
+                answered += response.status == 200
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return answered / (time.perf_counter() - started)
 
 
 async def measure(
@@ -59,6 +79,8 @@ async def measure(
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
+        ceiling = await trivial_ceiling(client, max(levels), min(duration, 10.0))
+        print(json.dumps({"trivial_endpoint_requests_per_second": round(ceiling, 1)}), flush=True)
     return {
         "simulated": True,
         "device": {k: device[k] for k in ("card", "source")},
@@ -67,6 +89,7 @@ async def measure(
         "seconds_per_level": duration,
         "client_machine": platform.processor() or platform.machine(),
         "levels": rows,
+        "trivial_endpoint_requests_per_second": round(ceiling, 1),
     }
 
 

@@ -300,7 +300,7 @@ def export_for_service(
     source: Path, fmt: str, locations: Locations, parity_sentences: int, background: bool, report: Any
 ) -> None:
     """A service's start-up export, in a process forked from its export server (which has torch,
-    transformers and peft imported already: 7 s a model otherwise). → `report` (a Connection):
+    transformers and peft imported already, seconds a model otherwise). → `report` (a Connection):
     ("staging", its staging folder) once it exists, then ("done", None) when the graphs are ready,
     else ("done", why not)."""
     if background:  # another model already answers: keep its cores

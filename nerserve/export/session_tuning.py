@@ -28,8 +28,8 @@ NOISE = 0.05
 def best_milliseconds(graphs: Mapping[str, OnnxGraph], feeds: Mapping[str, np.ndarray]) -> dict[str, float]:
     """Each graph's fastest of REPEATS runs, the graphs taking turns run by run. Load from elsewhere
     on the machine (a first start exports two models at once) only ever adds time, so the fastest
-    run is the graph's own cost: medians taken during a first start once chose "extended" for a
-    decoder at 2.5 against 4.6 ms, where a quiet machine times all three levels alike."""
+    run is the graph's own cost, where a median taken while other exports run can pick a level
+    for the noise."""
     for graph in graphs.values():
         graph.run(feeds)  # first run: allocations and kernel selection
     times: dict[str, list[float]] = {name: [] for name in graphs}

@@ -40,8 +40,8 @@ def write_onnx(
     check_args: tuple[torch.Tensor, ...],
 ) -> str:
     """→ which exporter wrote the graph. The TorchScript-based exporter (`dynamo=False`) first: it
-    writes the span encoder in 2 s where torch.export takes 15–20, and a first start exports every
-    model before it serves it. A trace keeps as constants whatever Python computed from a size
+    writes a graph several times faster than torch.export, and a first start exports every model
+    before it serves it. A trace keeps as constants whatever Python computed from a size
     (DiffusionNER's cross-attention reshapes by batch × proposals), so the traced graph is run on
     `check_args`, inputs of other sizes, against the module itself; when that fails or differs,
     the graph is exported by torch.export, whose symbolic shapes refuse such constants. Parity

@@ -1,7 +1,7 @@
 """nn.MultiheadAttention at inference, written so that a trace keeps every size symbolic.
 
 torch's own forward reshapes by Python ints, which the TorchScript-based ONNX exporter keeps as
-the example's constants (export then falls back to torch.export, 10–15 s a graph), and in eval
+the example's constants (export then falls back to the much slower torch.export), and in eval
 mode it takes a fused fast path that has no ONNX form. Same weights, same function; training
 keeps torch's module (its attention dropout).
 """

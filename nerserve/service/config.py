@@ -80,7 +80,7 @@ class Settings(Locations):
         1024,
         ge=1,
         description="sentences (and windows of long ones) one request may queue; more is a 413 at once, since "
-        "such a request could hold the graphs for many seconds (about 10 s for span on 2 CPU cores)",
+        "such a request could hold the graphs for many seconds",
     )
     max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body; more is a 413")
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")

@@ -5,8 +5,7 @@ composition root (the command line) as an `Exporter`: the service never imports 
 code, and its own process never loads them either (the exporter's function imports them in the
 child). A server stopping (SIGTERM) ends
 the exports still running: the threads waiting on them would otherwise hold the process after the
-server has stopped until each export ended (measured: SIGTERM during a first start, the process
-still alive 60 s later, waiting on gner-open's export), past an orchestrator's grace period.
+server has stopped until each export ended, past an orchestrator's grace period.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from nerserve.ner.model_store import Locations
 log = logging.getLogger("nerserve")
 
 # A first start checks parity on 32 dev sentences (the longest 8 together, 6 alone, 18 in batches)
-# rather than export's 200: gner-open's full check alone takes three minutes on two cores.
+# rather than export's 200: the full check of a generative model takes minutes on a few cores.
 START_UP_PARITY_SENTENCES = 32
 _export_processes = multiprocessing.get_context("forkserver")
 # How long an export has, once asked to stop, to remove its staging folder before it is killed
@@ -48,7 +47,7 @@ class Exporter:
     parity_sentences, background, report)` runs in a child process and tells `report` (a Connection)
     ("staging", folder) once its staging folder exists, then ("done", None or why it failed).
     `preload`: modules the export server imports once for every export (torch, transformers and
-    peft: 7 s of every export otherwise)."""
+    peft, seconds of every export otherwise)."""
 
     run: Callable[..., None]
     preload: tuple[str, ...] = ()
