@@ -17,6 +17,7 @@ of sentence b is made of sentence positions subword_index[b, i, :subword_mask[b,
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,24 +102,35 @@ class SubwordBatch:
         return int(self.token_index.shape[0]), int(self.token_index.shape[1])
 
 
-def pack_rows(lengths: Sequence[int], row_subwords: int) -> list[list[int]]:
+def pack_rows(lengths: Sequence[int], row_subwords: int, order: Sequence[int] | None = None) -> list[list[int]]:
     """Sentence indices per row, first-fit decreasing into rows of max(row_subwords, longest)
     positions; row_subwords 0 puts every sentence in a row of its own (no packing). Deterministic:
-    ties keep the input order."""
+    ties keep the input order. `order`: the indices longest first, when the caller has them."""
     if row_subwords <= 0:
         return [[i] for i in range(len(lengths))]
     capacity = max(row_subwords, max(lengths, default=0))
+    shortest = min(lengths, default=0)
     rows: list[list[int]] = []
     free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        row = next((r for r, room in enumerate(free) if room >= lengths[i]), None)
-        if row is None:
+    first_open = 0  # rows before it have no room even for the shortest sentence
+    for i in order if order is not None else longest_first(lengths):
+        length = lengths[i]
+        for row in range(first_open, len(free)):
+            if free[row] >= length:
+                break
+        else:
+            row = len(rows)
             rows.append([])
             free.append(capacity)
-            row = len(rows) - 1
         rows[row].append(i)
-        free[row] -= lengths[i]
+        free[row] -= length
+        while first_open < len(free) and free[first_open] < shortest:
+            first_open += 1
     return rows
+
+
+def longest_first(lengths: Sequence[int]) -> list[int]:
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
 
 
 def packing_cost(lengths: Sequence[int], rows: list[list[int]]) -> float:
@@ -135,7 +147,8 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
         return pack_rows(lengths, 0)
     longest = max(lengths)
     capacities = [longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)]
-    packings = [pack_rows(lengths, capacity) for capacity in capacities]
+    order = longest_first(lengths)
+    packings = [pack_rows(lengths, capacity, order) for capacity in capacities]
     return min(packings, key=lambda rows: packing_cost(lengths, rows))
 
 
@@ -204,37 +217,68 @@ class SubwordEncoder:
         return self.batch_of(ids, maps, [len(s.words) for s in ready])
 
     def batch_of(self, ids: list[list[int]], maps: list[list[list[int]]], word_counts: list[int]) -> SubwordBatch:
-        """Sentences' sub-word ids (specials included) and word maps → packed arrays."""
+        """Sentences' sub-word ids (specials included) and word maps → packed arrays, each filled in
+        one scatter."""
         batch = len(ids)
         counts = [len(row) for row in ids]
         rows = packed_rows(counts, self.row_subwords)
-        seq = max(sum(counts[i] for i in row) for row in rows)
-        n_words = max(word_counts)
-        per_word = max(len(p) for pieces in maps for p in pieces)
-        input_ids = np.full((len(rows), seq), self.pad_id, dtype=np.int64)
-        segment_ids = np.zeros((len(rows), seq), dtype=np.int64)
-        position_ids = np.zeros((len(rows), seq), dtype=np.int64)
-        token_index = np.zeros((batch, max(counts)), dtype=np.int64)
+        row_of, start_of, segment_of = [0] * batch, [0] * batch, [0] * batch
+        seq = 0
         for r, row in enumerate(rows):
             start = 0
             for segment, i in enumerate(row, start=1):
-                end = start + counts[i]
-                input_ids[r, start:end] = ids[i]
-                segment_ids[r, start:end] = segment
-                position_ids[r, start:end] = np.arange(counts[i])
-                token_index[i, : counts[i]] = np.arange(r * seq + start, r * seq + end)
-                start = end
-        subword_index = np.zeros((batch, n_words, per_word), dtype=np.int64)
-        subword_mask = np.zeros((batch, n_words, per_word), dtype=np.float32)
-        word_mask = np.zeros((batch, n_words), dtype=np.float32)
-        for b, positions in enumerate(maps):
-            word_mask[b, : len(positions)] = 1
-            for i, word_positions in enumerate(positions):
-                subword_index[b, i, : len(word_positions)] = word_positions
-                subword_mask[b, i, : len(word_positions)] = 1
+                row_of[i], start_of[i], segment_of[i] = r, start, segment
+                start += counts[i]
+            seq = max(seq, start)
+        # every sub-word of every sentence, flat: its place in its sentence and in the packed rows
+        sizes = np.array(counts, dtype=np.int64)
+        flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(sizes.sum()))
+        offsets = np.arange(len(flat_ids)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        slots = np.repeat(np.array(row_of, dtype=np.int64) * seq + np.array(start_of, dtype=np.int64), sizes) + offsets
+        input_ids = np.full(len(rows) * seq, self.pad_id, dtype=np.int64)
+        segment_ids = np.zeros(len(rows) * seq, dtype=np.int64)
+        position_ids = np.zeros(len(rows) * seq, dtype=np.int64)
+        input_ids[slots] = flat_ids
+        segment_ids[slots] = np.repeat(np.array(segment_of, dtype=np.int64), sizes)
+        position_ids[slots] = offsets
+        token_index = np.zeros((batch, max(counts)), dtype=np.int64)
+        token_index[np.repeat(np.arange(batch), sizes), offsets] = slots
+        subword_index, subword_mask, word_mask = _word_maps(maps, word_counts)
         return SubwordBatch(
-            input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask, word_mask, maps, counts
+            input_ids.reshape(len(rows), seq),
+            segment_ids.reshape(len(rows), seq),
+            position_ids.reshape(len(rows), seq),
+            token_index,
+            subword_index,
+            subword_mask,
+            word_mask,
+            maps,
+            counts,
         )
+
+
+def _word_maps(maps: list[list[list[int]]], word_counts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """subword_index and subword_mask [B, N, P] and word_mask [B, N], each filled in one scatter."""
+    batch, n_words = len(maps), max(word_counts)
+    words = np.array(word_counts, dtype=np.int64)
+    pieces = np.fromiter((len(p) for positions in maps for p in positions), dtype=np.int64, count=int(words.sum()))
+    per_word = int(pieces.max(initial=1))
+    word_slots = (
+        np.repeat(np.arange(batch) * n_words, words) + np.arange(len(pieces)) - np.repeat(np.cumsum(words) - words, words)
+    )
+    flat = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(maps)), dtype=np.int64, count=int(pieces.sum())
+    )
+    rows = np.repeat(word_slots, pieces)
+    columns = np.arange(len(flat)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    subword_index = np.zeros((batch * n_words, per_word), dtype=np.int64)
+    subword_mask = np.zeros((batch * n_words, per_word), dtype=np.float32)
+    word_mask = np.zeros(batch * n_words, dtype=np.float32)
+    subword_index[rows, columns] = flat
+    subword_mask[rows, columns] = 1
+    word_mask[word_slots] = 1
+    shape = (batch, n_words, per_word)
+    return subword_index.reshape(shape), subword_mask.reshape(shape), word_mask.reshape(batch, n_words)
 
 
 # Pre-tokenizers that split each pre-tokenised word on its own (WordPiece's, whitespace's, and
