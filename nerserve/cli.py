@@ -392,21 +392,28 @@ def _settings_flags(model: Any, exclude: frozenset[str]) -> list[inspect.Paramet
 SECRET_SETTINGS = frozenset({"api_keys"})
 
 
-def serve(context: typer.Context, **given: Any) -> None:
-    """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
+def _serve_settings(context: typer.Context, given: dict[str, Any]) -> Any:
+    """The server's settings: the folders given before the command, overridden by the flags after
+    it, over NERSERVE_* and the defaults; a bad value ends in one line naming its flag."""
     from pydantic import ValidationError
 
-    from nerserve.compose import START_UP_EXPORTER
     from nerserve.service.config import Settings
-    from nerserve.service.main import run
 
-    try:  # the folders given before the command, overridden by those given after it
-        settings = Settings(**{**_given(context.find_root().params), **_given(given)})
+    try:
+        return Settings(**{**_given(context.find_root().params), **_given(given)})
     except ValidationError as error:
         first = error.errors()[0]
         where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-") if first["loc"] else "settings"
         typer.echo(f"error: {where}: {first['msg']}", err=True)
         raise typer.Exit(2) from None
+
+
+def serve(context: typer.Context, **given: Any) -> None:
+    """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
+    from nerserve.compose import START_UP_EXPORTER
+    from nerserve.service.main import run
+
+    settings = _serve_settings(context, given)
     run(settings, START_UP_EXPORTER)
 
 
@@ -422,18 +429,14 @@ def _register_root_and_serve() -> None:
     asked = inspect.Parameter("version", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, version])
     main.__signature__ = inspect.Signature([*_settings_flags(Locations, frozenset()), asked])  # type: ignore[attr-defined]
     app.callback()(main)
-    serve.__signature__ = inspect.Signature([CONTEXT, *_settings_flags(Settings, SECRET_SETTINGS)])  # type: ignore[attr-defined]
+    serving = _settings_flags(Settings, SECRET_SETTINGS)
+    serve.__signature__ = inspect.Signature([CONTEXT, *serving])  # type: ignore[attr-defined]
     app.command("serve")(serve)
+    own = [p for p in inspect.signature(serve_ray, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+    serve_ray.__signature__ = inspect.Signature([*own, *serving])  # type: ignore[attr-defined]
+    app.command("serve-ray")(serve_ray)
 
 
-_register_root_and_serve()
-
-
-def _names(models: str | None) -> list[str] | None:
-    return [m.strip() for m in models.split(",") if m.strip()] if models else None
-
-
-@app.command("serve-ray")
 def serve_ray(
     context: typer.Context,
     replicas: Annotated[int | None, typer.Option(min=1, help="replicas (fixed; the first count when autoscaling)")] = None,
@@ -444,18 +447,17 @@ def serve_ray(
         str | None, typer.Option(help="an existing Ray cluster (ray://host:10001 or auto); default: a local one")
     ] = None,
     cpus_per_replica: Annotated[float, typer.Option(min=0.0, help="CPUs Ray reserves for each replica")] = 1.0,
-    models: Annotated[str | None, typer.Option(help="comma-separated model names (default: the whole store)")] = None,
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535)] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="intra-op threads per graph, per replica")] = None,
+    **given: Any,
 ) -> None:
     """Serve the same app on Ray Serve, N replicas (each its own models and batcher) behind Ray's
-    proxy; every response says which replica answered (X-Replica). Other settings: NERSERVE_*."""
+    proxy; every response says which replica answered (X-Replica). Every serve setting applies to
+    each replica (as a flag or NERSERVE_*)."""
     from nerserve.compose import START_UP_EXPORTER
-    from nerserve.service.config import Settings
     from nerserve.service.ray_app import run_on_ray
 
-    given: dict[str, Any] = {"host": host, "port": port, "threads": threads, "models": _names(models)}
-    settings = Settings(**{**_given(context.find_root().params), **_given(given)})
+    settings = _serve_settings(context, given)
     scale = {"replicas": replicas, "min_replicas": min_replicas, "max_replicas": max_replicas}
     run_on_ray(settings, START_UP_EXPORTER, address, cpus_per_replica, target_in_flight=target_in_flight, **scale)
+
+
+_register_root_and_serve()

@@ -37,13 +37,20 @@ def test_serve_flags_are_the_settings_each_with_its_environment_variable() -> No
     NERSERVE_* variable shown, except the API keys, which a command line would show to `ps`."""
     from nerserve.service.config import Settings
 
+    for command in ("serve", "serve-ray"):
+        shown = nerserve(command, "--help").stdout
+        for name in Settings.model_fields:
+            flag, variable = f"--{name.replace('_', '-')}", f"NERSERVE_{name.upper()}"
+            if name == "api_keys":
+                assert f"{flag} " not in shown
+            else:
+                assert flag in shown and variable in shown.replace("\n", "").replace(" ", ""), (command, name)
     shown = nerserve("serve", "--help").stdout
-    for name in Settings.model_fields:
-        flag, variable = f"--{name.replace('_', '-')}", f"NERSERVE_{name.upper()}"
-        if name == "api_keys":
-            assert f"{flag} " not in shown
-        else:
-            assert flag in shown and variable in shown.replace("\n", "").replace(" ", ""), name
     bad = nerserve("serve", "--port", "99999")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --port: Input should be less than or equal to 65535"
     assert "--no-export-missing" in shown
+    # the folders: before any command (every command reads them), or after serve
+    root = nerserve("--help").stdout
+    assert all(f"--{flag}" in root for flag in ("model-store", "graph-cache", "data-root"))
+    missing = nerserve("--model-store", "/nonexistent-store", "serve", "--models", "span-conll03", "--port", "0")
+    assert missing.returncode != 0 and "/nonexistent-store" in missing.stderr
