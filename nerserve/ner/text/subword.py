@@ -21,6 +21,7 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -88,8 +89,22 @@ class SubwordBatch:
     subword_index: np.ndarray  # [B, N, P] int64: sentence positions of each word's sub-words
     subword_mask: np.ndarray  # [B, N, P] float32
     word_mask: np.ndarray  # [B, N] float32
-    pieces: list[list[list[int]]]  # per sentence, per word: its sub-word positions (unpadded)
+    word_counts: list[int]  # words of each sentence
+    piece_lengths: list[int]  # sub-words of each word, all sentences' words in turn
+    first_position: int  # where a sentence's first word starts (after the template's prefix)
     token_counts: list[int]  # sub-words of each sentence, specials included
+
+    @cached_property
+    def pieces(self) -> list[list[list[int]]]:
+        """Per sentence, per word: its sub-word positions (unpadded); made when asked for."""
+        found, lengths = [], iter(self.piece_lengths)
+        for count in self.word_counts:
+            position, words = self.first_position, []
+            for length in itertools.islice(lengths, count):
+                words.append(list(range(position, position + length)))
+                position += length
+            found.append(words)
+        return found
 
     @property
     def padded_tokens(self) -> int:
@@ -202,23 +217,16 @@ class SubwordEncoder:
         plain = [s for s in sentences if not isinstance(s, Tokenized)]
         fresh = iter(self.tokenize(plain))
         ready = [s if isinstance(s, Tokenized) else next(fresh) for s in sentences]
-        ids: list[list[int]] = []
-        maps: list[list[list[int]]] = []
-        for index, sentence in enumerate(ready):
-            row, positions = list(self.prefix), []
-            for piece in sentence.pieces:
-                positions.append(list(range(len(row), len(row) + len(piece))))
-                row.extend(piece)
-            row.extend(self.suffix)
+        ids = [[*self.prefix, *itertools.chain.from_iterable(s.pieces), *self.suffix] for s in ready]
+        for index, row in enumerate(ids):
             if len(row) > self.max_subwords:
                 raise SentenceTooLong(f"sentence {index} has {len(row)} sub-words (limit {self.max_subwords})")
-            ids.append(row)
-            maps.append(positions)
-        return self.batch_of(ids, maps, [len(s.words) for s in ready])
+        piece_lengths = [len(piece) for s in ready for piece in s.pieces]
+        return self.batch_of(ids, piece_lengths, [len(s.pieces) for s in ready])
 
-    def batch_of(self, ids: list[list[int]], maps: list[list[list[int]]], word_counts: list[int]) -> SubwordBatch:
-        """Sentences' sub-word ids (specials included) and word maps → packed arrays, each filled in
-        one scatter."""
+    def batch_of(self, ids: list[list[int]], piece_lengths: list[int], word_counts: list[int]) -> SubwordBatch:
+        """Sentences' sub-word ids (specials included) and each word's sub-word count → packed
+        arrays, each filled in one scatter."""
         batch = len(ids)
         counts = [len(row) for row in ids]
         rows = packed_rows(counts, self.row_subwords)
@@ -243,7 +251,7 @@ class SubwordEncoder:
         position_ids[slots] = offsets
         token_index = np.zeros((batch, max(counts)), dtype=np.int64)
         token_index[np.repeat(np.arange(batch), sizes), offsets] = slots
-        subword_index, subword_mask, word_mask = _word_maps(maps, word_counts)
+        subword_index, subword_mask, word_mask = _word_maps(piece_lengths, word_counts, len(self.prefix))
         return SubwordBatch(
             input_ids.reshape(len(rows), seq),
             segment_ids.reshape(len(rows), seq),
@@ -252,29 +260,32 @@ class SubwordEncoder:
             subword_index,
             subword_mask,
             word_mask,
-            maps,
+            word_counts,
+            piece_lengths,
+            len(self.prefix),
             counts,
         )
 
 
-def _word_maps(maps: list[list[list[int]]], word_counts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _word_maps(
+    piece_lengths: list[int], word_counts: list[int], first_position: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """subword_index and subword_mask [B, N, P] and word_mask [B, N], each filled in one scatter."""
-    batch, n_words = len(maps), max(word_counts)
+    batch, n_words = len(word_counts), max(word_counts)
     words = np.array(word_counts, dtype=np.int64)
-    pieces = np.fromiter((len(p) for positions in maps for p in positions), dtype=np.int64, count=int(words.sum()))
+    pieces = np.array(piece_lengths, dtype=np.int64)
     per_word = int(pieces.max(initial=1))
-    word_slots = (
-        np.repeat(np.arange(batch) * n_words, words) + np.arange(len(pieces)) - np.repeat(np.cumsum(words) - words, words)
-    )
-    flat = np.fromiter(
-        itertools.chain.from_iterable(itertools.chain.from_iterable(maps)), dtype=np.int64, count=int(pieces.sum())
-    )
+    word_firsts = np.cumsum(words) - words  # each sentence's first word, flat
+    word_slots = np.repeat(np.arange(batch) * n_words - word_firsts, words) + np.arange(len(pieces))
+    piece_firsts = np.cumsum(pieces) - pieces  # each word's first sub-word, flat over the batch
+    # a word's first sub-word within its sentence: past the prefix and the sentence's earlier words
+    word_starts = first_position + piece_firsts - np.repeat(piece_firsts[word_firsts[words > 0]], words[words > 0])
+    columns = np.arange(int(pieces.sum())) - np.repeat(piece_firsts, pieces)
     rows = np.repeat(word_slots, pieces)
-    columns = np.arange(len(flat)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     subword_index = np.zeros((batch * n_words, per_word), dtype=np.int64)
     subword_mask = np.zeros((batch * n_words, per_word), dtype=np.float32)
     word_mask = np.zeros(batch * n_words, dtype=np.float32)
-    subword_index[rows, columns] = flat
+    subword_index[rows, columns] = np.repeat(word_starts, pieces) + columns
     subword_mask[rows, columns] = 1
     word_mask[word_slots] = 1
     shape = (batch, n_words, per_word)

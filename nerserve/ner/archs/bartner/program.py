@@ -34,7 +34,7 @@ class BartnerBatch:
 class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
     def prepare(self, sentences: Sequence[Words]) -> BartnerBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
-        return BartnerBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
+        return BartnerBatch(inputs, list(encoded.word_counts), encoded.padded_tokens)
 
     def run(
         self, batch: BartnerBatch, options: BartnerOptions | Sequence[BartnerOptions] | None = None

@@ -53,7 +53,7 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
 
     def prepare(self, sentences: Sequence[Words]) -> DiffusionBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
-        return DiffusionBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
+        return DiffusionBatch(inputs, list(encoded.word_counts), encoded.padded_tokens)
 
     def denoise(self, word_states: np.ndarray, word_mask: np.ndarray, noise: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         """DDIM from x_T = noise[:, 0] over `steps` denoiser passes; the last pass's outputs."""

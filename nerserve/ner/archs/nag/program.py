@@ -43,7 +43,7 @@ class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
                 subword_words[b, positions] = w
                 memory_mask[b, positions] = 1.0
         inputs.update({"subword_words": subword_words, "memory_mask": memory_mask})
-        return NagBatch(inputs, encoded.pieces, [len(p) for p in encoded.pieces], encoded.padded_tokens)
+        return NagBatch(inputs, encoded.pieces, list(encoded.word_counts), encoded.padded_tokens)
 
     def select_queries(self, batch: NagBatch, start_probs: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
         """Words whose p(no entity starts here) < τ_s start argmax-count entities: one query each."""

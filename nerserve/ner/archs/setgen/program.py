@@ -36,7 +36,7 @@ class SetgenBatch:
 class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
     def prepare(self, sentences: Sequence[Words]) -> SetgenBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
-        return SetgenBatch(inputs, [len(p) for p in encoded.pieces], encoded.padded_tokens)
+        return SetgenBatch(inputs, list(encoded.word_counts), encoded.padded_tokens)
 
     def heads(self, batch: SetgenBatch, part_probs: np.ndarray, count_probs: np.ndarray, options: list[SetgenOptions]):  # type: ignore[no-untyped-def]
         """(sentence, word, count) of every seed: p(head) ≥ its sentence's threshold; count ≥ 1."""

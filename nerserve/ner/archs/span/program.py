@@ -42,7 +42,7 @@ class SpanBatch:
 class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
     def prepare(self, sentences: Sequence[Words]) -> SpanBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
-        lengths = [len(p) for p in encoded.pieces]
+        lengths = list(encoded.word_counts)
         seed_lists = [seed_array(n, self.config.max_width) for n in lengths]
         k = max(len(s) for s in seed_lists)
         seeds = np.zeros((len(sentences), k, 2), dtype=np.int64)
