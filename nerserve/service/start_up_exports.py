@@ -82,7 +82,8 @@ class StartUpExports:
         folder = self.locations.graph_set_folder(name, runtime)
         if (folder / EXPORT_JSON).is_file():
             return folder
-        if self.exporter is None:
+        exporter = self.exporter
+        if exporter is None:
             raise ModelLoadError(f"{name}: no {runtime} graphs at {folder}, and this server exports none (nerserve export)")
         if importlib.util.find_spec("torch") is None:  # the serving-only install (nerserve[cpu] / [gpu])
             raise ModelLoadError(
@@ -92,7 +93,7 @@ class StartUpExports:
         if self._stopped:
             raise ModelLoadError(f"{name}: not exported: the server is shutting down")
         log.info("exporting %s to %s (missing at start-up)", name, runtime)
-        reason, exit_code = self._export(name, runtime, background)
+        reason, exit_code = self._export(exporter, name, runtime, background)
         if self._stopped:
             raise ModelLoadError(f"{name}: export to {runtime} stopped: the server is shutting down")
         if reason is not None or not (folder / EXPORT_JSON).is_file():
@@ -100,13 +101,12 @@ class StartUpExports:
             raise ModelLoadError(f"{name}: export to {runtime} failed (exit {exit_code}): {reason}")
         return folder
 
-    def _export(self, name: str, runtime: str, background: bool) -> tuple[str | None, int | None]:
+    def _export(self, exporter: Exporter, name: str, runtime: str, background: bool) -> tuple[str | None, int | None]:
         """(what went wrong or None, the exit code) of one export process."""
-        assert self.exporter is not None
         receiving, sending = _export_processes.Pipe(duplex=False)
         source = self.locations.model_dir(name)
         arguments = (source, runtime, self.locations, START_UP_PARITY_SENTENCES, background, sending)
-        process = _export_processes.Process(target=self.exporter.run, args=arguments, name=f"export {name}")
+        process = _export_processes.Process(target=exporter.run, args=arguments, name=f"export {name}")
         process.start()  # the first one starts the export server: seconds, during which stop() may come
         with self._lock:
             self._running.add(process)
