@@ -142,7 +142,7 @@ class Settings(Locations):
         return self
 
     @property
-    def on_cuda(self) -> bool:
+    def batches_as_gpu(self) -> bool:
         """CUDA, or the simulated device that stands in for it (batch bounds and dispatch as a GPU's)."""
         return self.device.startswith("cuda") or self.device == "simulated"
 
@@ -151,13 +151,13 @@ class Settings(Locations):
         """A GPU runs hundreds of sentences in the time the CPU runs a few: its batches are larger."""
         if self.max_batch_size is not None:
             return self.max_batch_size
-        return CUDA_MAX_BATCH_SIZE if self.on_cuda else CPU_MAX_BATCH_SIZE
+        return CUDA_MAX_BATCH_SIZE if self.batches_as_gpu else CPU_MAX_BATCH_SIZE
 
     @property
     def batch_tokens_bound(self) -> int:
         if self.max_batch_tokens is not None:
             return self.max_batch_tokens
-        return CUDA_MAX_BATCH_TOKENS if self.on_cuda else CPU_MAX_BATCH_TOKENS
+        return CUDA_MAX_BATCH_TOKENS if self.batches_as_gpu else CPU_MAX_BATCH_TOKENS
 
     @property
     def close_when_idle(self) -> bool:
@@ -165,10 +165,10 @@ class Settings(Locations):
         batches after an idle spell run one sentence each, and admission, which estimates waits
         from the rates batches reach, refused what a 5 ms wait lets it batch
         (docs/decisions/admission.md)."""
-        return self.on_cuda
+        return self.batches_as_gpu
 
     @property
     def request_tokens_bound(self) -> int | None:
         if self.max_request_tokens is not None:
             return self.max_request_tokens
-        return None if self.on_cuda else CPU_MAX_REQUEST_TOKENS
+        return None if self.batches_as_gpu else CPU_MAX_REQUEST_TOKENS
