@@ -8,6 +8,7 @@ a server receives them) and length-sorted (the best a batcher could pack).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -25,11 +26,11 @@ LOCATIONS = Locations()
 app = typer.Typer(add_completion=False)
 
 
-def load_program(model: str, runtime: str, device: str, threads: int | None) -> Any:
+def load_program(model: str, runtime: str, device: str, threads: int | None, precision: str = "fp32") -> Any:
     if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
         from nerserve.ner.loading import load_model
 
-        return load_model(LOCATIONS.model_dir(model), device).program
+        return load_model(LOCATIONS.model_dir(model), device, precision=precision, merged=True).program
     return load_graph_set(LOCATIONS.graph_set_folder(model, runtime), device, threads).program
 
 
@@ -42,12 +43,12 @@ def gpu_memory_mib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**20
 
 
-def sentences_per_second(program: Any, sentences: list[list[str]], batch_size: int) -> float:
+def sentences_per_second(program: Any, sentences: list[list[str]], batch_size: int, options: Any = None) -> float:
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]
-    program.predict(batches[0])  # warm-up
+    program.predict(batches[0], options)  # warm-up
     started = time.perf_counter()
     for batch in batches:
-        program.predict(batch)
+        program.predict(batch, options)
     return len(sentences) / (time.perf_counter() - started)
 
 
@@ -60,9 +61,12 @@ def main(
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,2,4,8,16,32",
     limit: Annotated[int, typer.Option(min=32)] = 1000,
     threads: Annotated[int | None, typer.Option(min=1)] = None,
+    precision: Annotated[str, typer.Option(help="eager runtime: fp32, or fp16/bf16 under autocast")] = "fp32",
+    options: Annotated[str, typer.Option(help="decoding options over the manifest's, as JSON: '{\"steps\": 1}'")] = "",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    program = load_program(model, runtime, device, threads)
+    program = load_program(model, runtime, device, threads, precision)
+    chosen = dataclasses.replace(program.config.decode, **json.loads(options)) if options else None
     arrival = [list(s.tokens) for s in read_split(data, "test", limit)]
     by_length = sorted(arrival, key=len)
     rows = []
@@ -70,8 +74,8 @@ def main(
         rows.append(
             {
                 "batch_size": size,
-                "arrival_order": sentences_per_second(program, arrival, size),
-                "length_sorted": sentences_per_second(program, by_length, size),
+                "arrival_order": sentences_per_second(program, arrival, size, chosen),
+                "length_sorted": sentences_per_second(program, by_length, size, chosen),
             }
         )
     base = rows[0]["arrival_order"]
@@ -81,6 +85,8 @@ def main(
         "device": device,
         "sentences": len(arrival),
         "threads": threads,
+        "precision": precision,
+        "options": json.loads(options) if options else {},
         "rows": rows,
         "best_gain_over_batch_1": max(max(r["arrival_order"], r["length_sorted"]) for r in rows) / base,
         "gpu_memory_mib": gpu_memory_mib(device),

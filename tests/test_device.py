@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nerserve.ner.graph import GraphError
@@ -131,3 +132,27 @@ def test_a_server_on_the_simulated_device_answers_and_reports_its_device() -> No
         assert "simulated" in info["simulated_device"]["card"]
     finally:
         server.stop()
+
+
+def test_half_precision_is_for_the_eager_runtime_on_cuda() -> None:
+    from pydantic import ValidationError
+
+    from nerserve.service.config import Settings
+
+    assert Settings(device="cuda", runtime="eager", precision="fp16").precision == "fp16"
+    with pytest.raises(ValidationError, match="precision bf16 runs on CUDA with the eager runtime only"):
+        Settings(device="cpu", runtime="eager", precision="bf16")
+    with pytest.raises(ValidationError, match="asked for runtime onnx on device cuda"):
+        Settings(device="cuda", precision="fp16")
+
+
+def test_half_precision_outputs_reach_decoding_as_float32() -> None:
+    import torch
+
+    from nerserve.ner.torch_graph import EagerGraph
+
+    graph = EagerGraph(torch.nn.Linear(4, 3), ("x",), ("y",), precision="bf16")  # CPU autocast takes bf16
+    outputs = graph.run({"x": torch.randn(2, 4).numpy()})
+    assert outputs["y"].dtype == np.float32 and outputs["y"].shape == (2, 3)
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
+        EagerGraph(torch.nn.Linear(4, 3), ("x",), ("y",), precision="int4")

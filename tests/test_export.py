@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,6 +167,7 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     assert again["skipped"] and again["folder"] == info["folder"]
     if fmt == GraphFormat.onnx:
         check_session_levels(folder, info)
+        check_device_resident_path(folder, sentences, [e.keys() for e in expected], info["architecture"])
 
     graph = folder / info["graphs"]["encoder"]["file"]
     graph.write_bytes(b"not a graph")
@@ -174,6 +176,32 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     graph.unlink()
     with pytest.raises(GraphError, match=f"{graph}: graph file missing"):
         load_graph_set(folder)
+
+
+# Arrays a batch hands to the host when its graphs keep their outputs on the device (the GPU
+# path), by architecture: what decoding reads, and nothing else.
+HOST_ARRAYS_PER_BATCH = {"span": 3}
+
+
+def check_device_resident_path(folder: Path, sentences: list[list[str]], expected: list[Any], architecture: str) -> None:
+    """The GPU path's code on the CPU: every graph through ONNX Runtime's I/O binding, as on CUDA,
+    so intermediates stay runtime values between graphs; the entity sets are the plain path's."""
+    loaded = load_graph_set(folder)
+    host_arrays = 0
+    for graph in loaded.program.graphs.values():
+        graph.io_binding = graph.device_resident = True
+        run = graph.run
+
+        def counted(inputs: Any, keep_on_device: Any = (), run: Any = run) -> dict[str, Any]:
+            nonlocal host_arrays
+            outputs = run(inputs, keep_on_device)
+            host_arrays += sum(isinstance(value, np.ndarray) for value in outputs.values())
+            return outputs
+
+        graph.run = counted
+    assert [e.keys() for e in loaded.program.predict(sentences)] == expected
+    if architecture in HOST_ARRAYS_PER_BATCH:
+        assert host_arrays == HOST_ARRAYS_PER_BATCH[architecture]
 
 
 def check_session_levels(folder: Path, info: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, writ
 from nerserve.ner.data import read_split
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
+from nerserve.ner.lora import merge_adapters
 from nerserve.ner.model_store import MANIFEST, WEIGHTS, Locations, graph_set_folder
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import packed_rows
@@ -98,23 +99,6 @@ def _signature(names: tuple[str, ...], values: dict[str, np.ndarray], axes: Mapp
         }
         for n in names
     ]
-
-
-def merge_adapters(network: Any) -> Any:
-    """Every peft-wrapped backbone in the network with its LoRA folded into the weights (where it
-    sits differs by architecture: the shared encoder's backbone, or GNER's own)."""
-    from peft import PeftModel
-
-    wrapped = [name for name, module in network.named_modules() if isinstance(module, PeftModel)]
-    for name in wrapped:
-        owner_name, _, attribute = name.rpartition(".")
-        owner = network.get_submodule(owner_name) if owner_name else network
-        setattr(owner, attribute, getattr(owner, attribute).merge_and_unload())
-    for module in network.modules():  # an architecture's own low-rank deltas (gner's decoder)
-        fold = getattr(module, "fold", None)
-        if callable(fold):
-            fold()
-    return network
 
 
 def export_model(

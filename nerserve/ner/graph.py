@@ -31,6 +31,13 @@ class Graph(Protocol):
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]: ...
 
 
+def on_accelerator(graph: Graph) -> bool:
+    """Whether the graph's outputs can stay on its device (a GPU; or ONNX Runtime's I/O binding on
+    the CPU, which tests take as the GPU path): there a program keeps intermediates on the device
+    between its graphs, and groups no rows by length. A runtime says so by `device_resident`."""
+    return bool(getattr(graph, "device_resident", False))
+
+
 class GraphError(RuntimeError):
     """A graph that cannot be loaded or run: names the file or graph concerned."""
 

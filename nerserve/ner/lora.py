@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -31,6 +31,9 @@ class LoraSettings:
         if isinstance(values.get("target_modules"), list):
             values["target_modules"] = tuple(values["target_modules"])
         return cls(**values)
+
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 def add_lora(backbone: nn.Module, settings: LoraSettings) -> nn.Module:
@@ -75,3 +78,20 @@ def load_weights(network: nn.Module, path: Path) -> None:
             if params[name].shape != tensor.shape:
                 raise WeightsError(f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
             params[name].copy_(tensor.to(params[name].dtype))
+
+
+def merge_adapters(network: ModuleT) -> ModuleT:
+    """Every peft-wrapped backbone in the network with its LoRA folded into the weights (where it
+    sits differs by architecture: the shared encoder's backbone, or GNER's own)."""
+    from peft import PeftModel
+
+    wrapped = [name for name, module in network.named_modules() if isinstance(module, PeftModel)]
+    for name in wrapped:
+        owner_name, _, attribute = name.rpartition(".")
+        owner = network.get_submodule(owner_name) if owner_name else network
+        setattr(owner, attribute, getattr(owner, attribute).merge_and_unload())
+    for module in network.modules():  # an architecture's own low-rank deltas (gner's decoder)
+        fold = getattr(module, "fold", None)
+        if callable(fold):
+            fold()
+    return network

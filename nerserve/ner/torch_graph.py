@@ -28,25 +28,50 @@ def from_tensors(
     if isinstance(outputs, torch.Tensor):
         outputs = (outputs,)
     keep = set(keep_on_device) if device.type != "cpu" else set()
-    return {name: out if name in keep else out.detach().cpu().numpy() for name, out in zip(names, outputs, strict=True)}
+    return {name: out if name in keep else _host_array(out) for name, out in zip(names, outputs, strict=True)}
+
+
+def _host_array(out: torch.Tensor) -> np.ndarray:
+    """A half-precision output comes back as float32: numpy decoding is written for it."""
+    if out.is_floating_point() and out.dtype != torch.float32:
+        out = out.float()
+    return out.detach().cpu().numpy()
+
+
+# The matrix products' precision under autocast: weights stay fp32 and autocast keeps the
+# reductions that need it (softmax, layer norm) in fp32, so the graphs need no half-precision build.
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class EagerGraph:
     def __init__(
-        self, module: nn.Module, input_names: tuple[str, ...], output_names: tuple[str, ...], device: str = "cpu"
+        self,
+        module: nn.Module,
+        input_names: tuple[str, ...],
+        output_names: tuple[str, ...],
+        device: str = "cpu",
+        precision: str = "fp32",
     ) -> None:
+        if precision != "fp32" and precision not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision {precision!r}: fp32, fp16 or bf16")
         self.module = module
+        self.precision = precision
         self.input_names = input_names
         self.output_names = output_names
         self.device = torch.device(device)
+        self.device_resident = self.device.type != "cpu"
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
         tensors = [to_tensor(inputs[name], self.device) for name in self.input_names]
         was_training = self.module.training
         self.module.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._autocast():
                 outputs = self.module(*tensors)
         finally:
             self.module.train(was_training)
         return from_tensors(self.output_names, outputs, keep_on_device, self.device)
+
+    def _autocast(self) -> torch.autocast:
+        dtype = AUTOCAST_DTYPES.get(self.precision)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)

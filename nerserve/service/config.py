@@ -52,6 +52,11 @@ class Settings(Locations):
         description="--device simulated: a JSON table of batch costs by sub-words (default: the bundled H100 table); "
         "its figures are simulated, never GPU figures",
     )
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32",
+        description="fp16 or bf16: the matrix products under autocast (eager runtime on CUDA only; docs/gpu.md "
+        "has the entity-set agreement and F1 each reached against fp32)",
+    )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
     max_batch_size: int | None = Field(
         None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"
@@ -138,6 +143,15 @@ class Settings(Locations):
             raise ValueError(
                 f"max_request_sentences ({self.max_request_sentences}) must not exceed max_queue ({self.max_queue}): "
                 "a larger request could never be queued"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def half_precision_on_cuda(self) -> Settings:
+        if self.precision != "fp32" and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
+            raise ValueError(
+                f"precision {self.precision} runs on CUDA with the eager runtime only "
+                f"(asked for runtime {self.runtime.value} on device {self.device})"
             )
         return self
 

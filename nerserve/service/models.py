@@ -81,7 +81,7 @@ def _program(
     if settings.runtime == Runtime.eager:
         from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
-        loaded = load_model(settings.model_dir(name), settings.device)
+        loaded = load_model(settings.model_dir(name), settings.device, precision=settings.precision, merged=True)
         return loaded.manifest, loaded.program
     folder = settings.graph_set_folder(name, settings.runtime.value)
     if not (folder / EXPORT_JSON).is_file():

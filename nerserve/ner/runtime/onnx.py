@@ -67,6 +67,7 @@ class OnnxGraph:
         # I/O binding is what keeps outputs on a GPU; `io_binding=True` takes that path on CPU too
         # (tests exercise it there), `None` takes it on CUDA only.
         self.io_binding = on_cuda if io_binding is None else io_binding
+        self.device_resident = self.io_binding
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self._types = {i.name: _NUMPY_TYPES.get(i.type) for i in self.session.get_inputs()}
@@ -76,7 +77,8 @@ class OnnxGraph:
         return value.astype(wanted, copy=False) if wanted is not None else value
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        if keep_on_device and self.io_binding:
+        device_inputs = any(isinstance(value, ort.OrtValue) for value in inputs.values())
+        if self.io_binding and (keep_on_device or device_inputs):
             return self._run_bound(inputs, set(keep_on_device))
         outputs = self.session.run(None, {name: self._feed(name, inputs[name]) for name in self.input_names})
         return dict(zip(self.output_names, outputs, strict=True))

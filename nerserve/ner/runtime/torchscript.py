@@ -19,6 +19,7 @@ class TorchScriptGraph:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise GraphError(f"{path}: asked for {device}, but torch sees no CUDA device")
         self.device = torch.device(device)
+        self.device_resident = self.device.type != "cpu"
         extra = {TORCHSCRIPT_IO: ""}
         try:
             self.module = torch.jit.load(str(path), map_location=self.device, _extra_files=extra)

@@ -14,6 +14,7 @@ from nerserve.ner.archs.grouping import run_grouped, size_groups
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch
 from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
+from nerserve.ner.graph import on_accelerator
 from nerserve.ner.text.subword import Words
 from nerserve.ner.types import EntitySet
 
@@ -73,8 +74,14 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
         return run_grouped(self.graphs["span_proposal"], feeds, SPAN_PROPOSAL, sizes, size_groups(seed_counts))
 
     def run(self, batch: SpanBatch, options: DecodeOptions | Sequence[DecodeOptions] | None = None) -> dict[str, np.ndarray]:
-        """Span decoding reads its options only after the graphs."""
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        """Span decoding reads its options only after the graphs. On a GPU the encoder's states stay
+        there for the span proposal, which takes the whole batch in one call: a host round trip of
+        the states, and a call per seed-count group, cost a GPU more than the padding they save."""
+        encoder = self.graphs["encoder"]
+        if on_accelerator(encoder):
+            encoded = encoder.run(batch.encoder_inputs, keep_on_device=("word_states", "context"))
+            return self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
+        encoded = encoder.run(batch.encoder_inputs)
         return {**encoded, **self.propose(batch, encoded)}
 
     def export_values(self, batch: SpanBatch) -> dict[str, np.ndarray]:

@@ -1,0 +1,92 @@
+"""The most a model's sentences/s can reach on a device: the backbone alone (transformers AutoModel,
+no LoRA, no heads, no decoding), on sentences tokenised beforehand and sorted by length, so that
+every batch is as short as the data allows. A served or offline figure is judged as a share of this.
+
+    python benchmarks/bare_encoder.py --device cuda --data ../shared/data/conll03 --sizes 1,32,128,512
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from transformers import AutoTokenizer
+
+from nerserve.ner.backbone import DEFAULT_BACKBONE, resolve_backbone
+from nerserve.ner.data import read_split
+from nerserve.ner.encoder import load_backbone
+from nerserve.ner.torch_graph import AUTOCAST_DTYPES
+
+app = typer.Typer(add_completion=False)
+
+
+def _batches(encoded: list[list[int]], size: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Padded id and mask tensors, already on the device: only the encoder is timed."""
+    batches = []
+    for start in range(0, len(encoded), size):
+        rows = encoded[start : start + size]
+        width = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+        batches.append((ids.to(device), mask.to(device)))
+    return batches
+
+
+def sentences_per_second(model: Any, encoded: list[list[int]], size: int, device: torch.device, precision: str) -> float:
+    batches = _batches(encoded, size, device)
+    dtype = AUTOCAST_DTYPES.get(precision)
+    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        model(input_ids=batches[0][0], attention_mask=batches[0][1])  # warm-up (kernels, allocator)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for ids, mask in batches:
+            model(input_ids=ids, attention_mask=mask)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return len(encoded) / (time.perf_counter() - started)
+
+
+@app.command()
+def main(
+    data: Annotated[Path, typer.Option(help="dataset folder (its test split)")] = Path("../shared/data/conll03"),
+    backbone: Annotated[str, typer.Option(help="package name or local HF folder")] = DEFAULT_BACKBONE,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cuda",
+    sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,32,128,512",
+    precisions: Annotated[str, typer.Option(help="fp32, fp16, bf16 (comma-separated)")] = "fp32,fp16",
+    limit: Annotated[int, typer.Option(min=32, help="test sentences (batch 1 runs at most 512 of them)")] = 3453,
+) -> None:
+    info = resolve_backbone(backbone)
+    torch_device = torch.device(device)
+    model: Any = load_backbone(info)
+    model.to(torch_device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(info.path))
+    words = [list(s.tokens) for s in read_split(data, "test", limit)]
+    encoded = sorted(tokenizer(words, is_split_into_words=True, truncation=True, max_length=512)["input_ids"], key=len)
+    rows: list[dict[str, Any]] = []
+    for precision in precisions.split(","):
+        for size in (int(n) for n in sizes.split(",")):
+            subset = encoded[:: max(1, len(encoded) // 512)] if size == 1 else encoded
+            rate = sentences_per_second(model, subset, size, torch_device, precision)
+            rows.append({"precision": precision, "batch_size": size, "sentences_per_second": round(rate, 1)})
+            typer.echo(json.dumps(rows[-1]), err=True)
+    result = {
+        "backbone": info.name,
+        "device": torch.cuda.get_device_name() if torch_device.type == "cuda" else "cpu",
+        "sentences": len(encoded),
+        "mean_subwords": round(sum(map(len, encoded)) / len(encoded), 1),
+        "rows": rows,
+        "best": {p: max(r["sentences_per_second"] for r in rows if r["precision"] == p) for p in precisions.split(",")},
+    }
+    typer.echo(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app()

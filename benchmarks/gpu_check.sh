@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The GPU figures (docs/gpu.md) in one run, on one device, most important first, so that a run cut
+# short still holds the headline ratios:
+#   1. the bare-encoder limit: the backbone alone, fp32 and fp16, batch 1/32/128/512, length-sorted;
+#   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
+#      length-sorted and in arrival order;
+#   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
+#      at c = 16, then the batch-1 server at c = 64; setgen- and bartner-conll03 served at c = 64;
+#      the load client in its own processes on its own cores, with its ceiling (served_check.py);
+#   4. half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
+#   5. nag, setgen, bartner and diffusion (1 step) offline, as 2;
+#   6. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
+#      store), offline and served, where this onnxruntime has that provider; then TorchScript, offline;
+#   7. summary.json: the ratios the engine issue asks for.
+# Graphs are built here from model_store (a few MB a model), never carried. Every step writes JSON
+# under $OUT and a failed step is recorded, not fatal.
+#
+#   OUT=build/gpu-check DATA=../shared/data bash benchmarks/gpu_check.sh --device cuda
+#   OUT=build/gpu-check bash benchmarks/gpu_check.sh --device cpu --quick   # a dry run of every step
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEVICE=cuda
+QUICK=0
+ONNX_ONLY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --onnx-only) ONNX_ONLY=1; shift ;;  # step 6 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
+    *) echo "usage: gpu_check.sh [--device cuda|cpu] [--quick] [--onnx-only]" >&2; exit 2 ;;
+  esac
+done
+PY=${PY:-python3}
+DATA=${DATA:-../shared/data}
+OUT=${OUT:-build/gpu-check}
+PORT=${PORT:-8013}
+URL="http://127.0.0.1:$PORT"
+CORES=$(nproc)
+# the server on the first cores, the load client's processes on the last four (on few cores: shared)
+if [ "$CORES" -ge 8 ]; then SERVER_CORES="0-$((CORES - 5))"; CLIENT_CORES="$((CORES - 4))-$((CORES - 1))"; else SERVER_CORES="0-$((CORES - 1))"; CLIENT_CORES=""; fi
+if [ "$QUICK" = 1 ]; then
+  SIZES=1,32; LIMIT=64; OTHER_LIMIT=64; BATCH1_LIMIT=32; SECONDS_PER_LEVEL=2; LEVELS=1,16; HALF_LEVELS=16
+  HALF_LIMIT=64; SERVED_MODELS="setgen-conll03"
+else
+  SIZES=32,128,256,512; LIMIT=2048; OTHER_LIMIT=1024; BATCH1_LIMIT=256; SECONDS_PER_LEVEL=5; LEVELS=1,16,64,256
+  HALF_LEVELS=64,256; HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"
+fi
+HALF=$([ "$DEVICE" = cpu ] && echo bf16 || echo fp16)  # CPU autocast: bf16 (a dry run of the step)
+mkdir -p "$OUT"
+# ONNX Runtime's CUDA provider loads CUDA and cuDNN by name: where they came as pip packages (a
+# CUDA torch's nvidia-* wheels), their folders go on the loader's path
+NVIDIA_LIBS=$($PY -c 'import nvidia, pathlib; print(":".join(str(p) for d in nvidia.__path__ for p in pathlib.Path(d).glob("*/lib")))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${NVIDIA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/progress.log" >&2; }
+step() {  # step NAME TIMEOUT_SECONDS COMMAND...: stdout to $OUT/NAME.json, stderr to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  log "start $name"
+  timeout "$limit" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log" || log "FAILED $name (exit $?)"
+  log "end $name"
+}
+
+log "device $DEVICE, $CORES cores (server $SERVER_CORES, client ${CLIENT_CORES:-shared}), quick=$QUICK"
+log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: about $([ "$QUICK" = 1 ] && echo 3 || echo 8) minutes"
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+  $PY -c 'import torch, onnxruntime as o; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available()); print("onnxruntime", o.__version__, o.get_available_providers())'
+} > "$OUT/environment.txt" 2>&1
+
+ready() {
+  for _ in $(seq 240); do curl -fs "$URL/health/ready" > /dev/null && return 0; kill -0 "$SERVER" 2>/dev/null || return 1; sleep 0.5; done
+  return 1
+}
+serve() {  # serve NAME MODEL RUNTIME [flags…]: a server pinned to the server cores, until stop
+  local name=$1 model=$2 runtime=$3; shift 3
+  taskset -c "$SERVER_CORES" $PY -m nerserve serve --port "$PORT" --models "$model" --runtime "$runtime" \
+    --device "$DEVICE" "$@" > "$OUT/server-$name.log" 2>&1 &
+  SERVER=$!
+  ready || { log "FAILED server $name (see server-$name.log)"; stop; return 1; }
+}
+stop() { kill -TERM "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; }
+served() {  # served NAME MODEL LEVELS PER_REQUEST
+  step "served-$1" 300 $PY benchmarks/served_check.py --url "$URL" --model "$2" --data "$DATA/conll03" \
+    --levels "$3" --per-request "$4" --duration "$SECONDS_PER_LEVEL" --processes 4 --cores "$CLIENT_CORES"
+}
+offline() {  # offline MODEL SENTENCES [batching_ceiling flags…]: batch 1 on fewer sentences, the rest on SENTENCES
+  local model=$1 sentences=$2; shift 2
+  step "offline-$model-batch1" 300 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
+    --runtime eager --device "$DEVICE" --sizes 1 --limit "$BATCH1_LIMIT" --json "$@"
+  step "offline-$model" 600 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
+    --runtime eager --device "$DEVICE" --sizes "$SIZES" --limit "$sentences" --json "$@"
+}
+
+if [ "$ONNX_ONLY" = 0 ]; then
+step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
+  --sizes "1,$SIZES" --precisions "fp32,$HALF" --limit "$LIMIT"
+offline span-conll03 "$LIMIT"
+step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
+  --sizes "1,${SIZES##*,}"
+
+if serve span span-conll03 eager; then
+  served span-1 span-conll03 "$LEVELS" 1
+  served span-32 span-conll03 16 32
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
+  stop
+fi
+if serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
+for model in $SERVED_MODELS; do
+  if serve "$model" "$model" eager; then served "$model" "$model" 64 1; stop; fi
+done
+step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
+  --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
+if [ "$DEVICE" != cpu ] && serve span-half span-conll03 eager --precision "$HALF"; then
+  served span-half span-conll03 "$HALF_LEVELS" 1
+  stop
+fi
+for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
+offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
+fi
+
+if $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null \
+  || [ "$DEVICE" = cpu ]; then
+  step export-onnx 600 $PY -m nerserve export span-conll03 --format onnx
+  step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
+    --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+  if serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
+else
+  log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
+fi
+if [ "$ONNX_ONLY" = 0 ]; then  # the traced graphs on the device (graphs traced on the CPU, loaded onto it)
+  step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript
+  step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
+    --data "$DATA/conll03" --runtime torchscript --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+fi
+step summary 60 $PY benchmarks/gpu_summary.py --folder "$OUT"
+cat "$OUT/summary.json" 2>/dev/null
+log "done: $OUT"

@@ -1,0 +1,106 @@
+"""The engine issue's ratios from one gpu_check.sh folder: what the model path reaches of the bare
+encoder, what the service reaches of the model path, the latency bounds, setgen over bartner, and
+half precision's gate; each next to its bar. Missing steps are reported as missing, never as zero.
+
+    python benchmarks/gpu_summary.py --folder build/gpu-check
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+
+def _read(folder: Path, name: str) -> Any:
+    """The last JSON line of a step's output, or None when the step wrote none."""
+    path = folder / f"{name}.json"
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")] if path.is_file() else []
+    return json.loads(lines[-1]) if lines else None
+
+
+def _lines(folder: Path, name: str) -> list[Any]:
+    path = folder / f"{name}.json"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")] if path.is_file() else []
+
+
+def _offline_best(folder: Path, model: str, runtime: str = "") -> dict[str, Any] | None:
+    rows: list[dict[str, Any]] = []
+    for name in (f"offline-{runtime}{model}-batch1", f"offline-{runtime}{model}"):
+        report = _read(folder, name)
+        rows += report["rows"] if report else []
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: r["length_sorted"])
+    return {
+        "sentences_per_second_sorted": round(best["length_sorted"], 1),
+        "batch_size": best["batch_size"],
+        "by_batch": {r["batch_size"]: [round(r["length_sorted"], 1), round(r["arrival_order"], 1)] for r in rows},
+    }
+
+
+def _level(folder: Path, name: str, concurrency: int) -> dict[str, Any] | None:
+    report = _read(folder, f"served-{name}")
+    for row in report["levels"] if report else []:
+        if row["concurrency"] == concurrency:
+            return {**row, "client_ceiling_requests_per_second": report["client_ceiling_requests_per_second"]}
+    return None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 4) if numerator is not None and denominator else None
+
+
+def _bar(value: float | None, bar: float, at_most: bool = False) -> dict[str, Any]:
+    met = None if value is None else (value <= bar if at_most else value >= bar)
+    return {"value": value, "bar": f"{'<=' if at_most else '>='} {bar}", "met": met}
+
+
+def summary(folder: Path) -> dict[str, Any]:
+    bare = _read(folder, "bare-encoder")
+    bare_best = bare["best"].get("fp32") if bare else None
+    span = _offline_best(folder, "span-conll03")
+    span_best = span["sentences_per_second_sorted"] if span else None
+    rate = lambda row: row["sentences_per_second"] if row else None  # noqa: E731
+    c1, c64, c256 = (_level(folder, "span-1", c) for c in (1, 64, 256))
+    c16x32 = _level(folder, "span-32", 16)
+    setgen, bartner = _level(folder, "setgen-conll03", 64), _level(folder, "bartner-conll03", 64)
+    return {
+        "environment": (folder / "environment.txt").read_text() if (folder / "environment.txt").is_file() else None,
+        "bare_encoder": bare,
+        "offline": {
+            model: _offline_best(folder, model)
+            for model in ("span-conll03", "nag-conll03", "setgen-conll03", "bartner-conll03", "diffusion-conll03")
+        },
+        "offline_onnx_span": (_read(folder, "offline-onnx-span-conll03") or {}).get("rows"),
+        "offline_torchscript_span": (_read(folder, "offline-torchscript-span-conll03") or {}).get("rows"),
+        "profile_span": _read(folder, "profile-span"),
+        "served": {
+            name: _read(folder, f"served-{name}")
+            for name in ("span-1", "span-32", "span-batch1", "setgen-conll03", "bartner-conll03", "span-half", "span-onnx")
+        },
+        "half_precision": _lines(folder, "half-precision"),
+        "bars": {
+            "offline_over_bare_encoder": _bar(_ratio(span_best, bare_best), 1 / 3),
+            "served_c256_over_offline": _bar(_ratio(rate(c256), span_best), 0.5),
+            "served_c16x32_over_offline": _bar(_ratio(rate(c16x32), span_best), 0.7),
+            "p99_ms_c64": _bar(c64["latency_ms"]["p99"] if c64 else None, 100, at_most=True),
+            "p50_ms_c1": _bar(c1["latency_ms"]["p50"] if c1 else None, 10, at_most=True),
+            "setgen_over_bartner_c64": _bar(_ratio(rate(setgen), rate(bartner)), 2),
+        },
+    }
+
+
+@app.command()
+def main(folder: Annotated[Path, typer.Option()] = Path("build/gpu-check")) -> None:
+    report = summary(folder)
+    (folder / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+    typer.echo(json.dumps(report["bars"], indent=1))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,89 @@
+"""Where one batch's time goes, offline, under torch's profiler (eager runtime): the operators by
+self CPU time and by self device time, and how many host-device copies and synchronisations a
+batch makes, at each batch size. It says whether a batch's fixed cost is the device's work, the
+launches around it, or the host.
+
+    python benchmarks/profile_batch.py --model span-conll03 --device cuda --sizes 1,128
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from torch.profiler import ProfilerActivity, profile
+
+from nerserve.ner.data import read_split
+from nerserve.ner.loading import load_model
+from nerserve.ner.model_store import Locations
+
+LOCATIONS = Locations()
+COPIES = (
+    "aten::_to_copy",
+    "aten::copy_",
+    "cudaMemcpyAsync",
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "cudaStreamSynchronize",
+)
+
+app = typer.Typer(add_completion=False)
+
+
+def _row(event: Any, device: bool) -> dict[str, Any]:
+    return {
+        "name": event.key,
+        "calls": event.count,
+        "self_cpu_ms": round(event.self_cpu_time_total / 1000, 3),
+        **({"self_device_ms": round(event.self_device_time_total / 1000, 3)} if device else {}),
+    }
+
+
+def profile_size(program: Any, sentences: list[list[str]], size: int, device: str, repeats: int) -> dict[str, Any]:
+    batch = sentences[:size]
+    program.predict(batch)  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            program.predict(batch)
+    events = prof.key_averages()
+    on_device = device.startswith("cuda")
+    by_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:20]
+    by_device = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:20] if on_device else []
+    return {
+        "batch_size": size,
+        "repeats": repeats,
+        "cpu_ms_per_batch": round(sum(e.self_cpu_time_total for e in events) / 1000 / repeats, 3),
+        "device_ms_per_batch": round(sum(e.self_device_time_total for e in events) / 1000 / repeats, 3) if on_device else None,
+        "kernel_launches_per_batch": sum(
+            e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+        )
+        / repeats,
+        "copies_and_syncs_per_batch": {e.key: e.count / repeats for e in events if e.key in COPIES},
+        "top_self_cpu": [_row(e, on_device) for e in by_cpu],
+        "top_self_device": [_row(e, on_device) for e in by_device],
+    }
+
+
+@app.command()
+def main(
+    model: Annotated[str, typer.Option()] = "span-conll03",
+    data: Annotated[Path, typer.Option()] = Path("../shared/data/conll03"),
+    device: Annotated[str, typer.Option()] = "cuda",
+    sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,128",
+    repeats: Annotated[int, typer.Option(min=1)] = 5,
+) -> None:
+    program = load_model(LOCATIONS.model_dir(model), device, merged=True).program
+    sentences = [list(s.tokens) for s in read_split(data, "test", 512)]
+    report = {
+        "model": model,
+        "device": device,
+        "sizes": [profile_size(program, sentences, int(n), device, repeats) for n in sizes.split(",")],
+    }
+    typer.echo(json.dumps(report))
+
+
+if __name__ == "__main__":
+    app()

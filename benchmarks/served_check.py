@@ -1,0 +1,179 @@
+"""A served model's closed-loop figures, with a load client that cannot be the bottleneck unnoticed:
+the client runs in several processes, each pinned to its own core, and reports its own ceiling
+(requests/s against the server's trivial `GET /health/live`). A served figure says something of the
+service only where that ceiling is at least twice it (`client_bound` says when it is not).
+
+    python benchmarks/served_check.py --url http://127.0.0.1:8013 --model span-conll03 \
+        --data ../shared/data/conll03 --levels 1,16,64,256 --per-request 1 --processes 4 --cores 12-15
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nerserve.loadtest.client import make_client, read_sentences, scrape, server_split
+from nerserve.loadtest.runs import closed_loop
+from nerserve.loadtest.stats import summarize
+
+app = typer.Typer(add_completion=False)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """`total` clients over at most `parts` processes, as evenly as they go."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _pin(cores: list[int], index: int) -> None:
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cores[index % len(cores)]})
+
+
+async def _extract_loop(
+    url: str, model: str, sentences: list[list[str]], clients: int, per_request: int, seconds: float
+) -> dict[str, Any]:
+    async with make_client(url, clients * 2) as client:
+        run = await closed_loop(client, model, sentences, clients, seconds, per_request)
+    ok = [s for s in run["samples"] if s[2] == 200]
+    return {
+        "seconds": run["seconds"],
+        "sentences": run["sentences_per_second"] * run["seconds"],
+        "latencies": [s[1] for s in ok],
+        "refused": run["http_429"],
+        "errors": run["errors"] - run["http_429"],
+    }
+
+
+async def _trivial_loop(url: str, clients: int, seconds: float) -> dict[str, Any]:
+    answered = 0
+    async with make_client(url, clients * 2) as client:
+        end = time.perf_counter() + seconds
+        started = time.perf_counter()
+
+        async def worker() -> None:
+            nonlocal answered
+            while time.perf_counter() < end:
+                async with client.get("/health/live") as response:
+                    await response.read()
+                    answered += response.status == 200
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return {"seconds": time.perf_counter() - started, "answered": answered}
+
+
+def _child(job: tuple[str, dict[str, Any], list[int], int]) -> dict[str, Any]:
+    kind, arguments, cores, index = job
+    _pin(cores, index)
+    if kind == "trivial":
+        return asyncio.run(_trivial_loop(**arguments))
+    return asyncio.run(_extract_loop(**arguments))
+
+
+def _in_processes(kind: str, arguments: list[dict[str, Any]], cores: list[int]) -> list[dict[str, Any]]:
+    with multiprocessing.get_context("spawn").Pool(len(arguments)) as pool:
+        return pool.map(_child, [(kind, a, cores, i) for i, a in enumerate(arguments)])
+
+
+async def _metrics(url: str) -> dict[str, float]:
+    async with make_client(url, 2) as client:
+        return await scrape(client)
+
+
+def level(
+    url: str,
+    model: str,
+    sentences: list[list[str]],
+    clients: int,
+    per_request: int,
+    seconds: float,
+    processes: int,
+    cores: list[int],
+) -> dict[str, Any]:
+    shares = _split(clients, processes)
+    offset = len(sentences) // len(shares)
+    jobs = [
+        {
+            "url": url,
+            "model": model,
+            "sentences": sentences[i * offset :] + sentences[: i * offset],  # each process its own order
+            "clients": share,
+            "per_request": per_request,
+            "seconds": seconds,
+        }
+        for i, share in enumerate(shares)
+    ]
+    before = asyncio.run(_metrics(url))
+    results = _in_processes("extract", jobs, cores)
+    after = asyncio.run(_metrics(url))
+    wall = max(r["seconds"] for r in results)
+    latencies = [latency for r in results for latency in r["latencies"]]
+    server = server_split(before, after, model, wall)
+    return {
+        "concurrency": clients,
+        "sentences_per_request": per_request,
+        "client_processes": len(shares),
+        "sentences_per_second": round(sum(r["sentences"] for r in results) / wall, 1),
+        "requests_per_second": round(len(latencies) / wall, 1),
+        "latency_ms": {k: round(v, 2) for k, v in summarize(latencies).items()},
+        "refused": sum(r["refused"] for r in results),
+        "errors": sum(r["errors"] for r in results),
+        "server_batch_size_mean": round(server["server_batch_size_mean"], 1),
+        "server_queue_ms_mean": round(server["server_queue_ms_mean"], 2),
+        "server_batch_inference_ms_mean": round(server["server_batch_inference_ms_mean"], 2),
+        "server_graph_busy_fraction": round(server["server_graph_busy_fraction"], 3),
+    }
+
+
+def client_ceiling(url: str, clients: int, seconds: float, processes: int, cores: list[int]) -> float:
+    shares = _split(clients, processes)
+    results = _in_processes("trivial", [{"url": url, "clients": s, "seconds": seconds} for s in shares], cores)
+    return sum(r["answered"] for r in results) / max(r["seconds"] for r in results)
+
+
+def _cores(spec: str) -> list[int]:
+    if not spec:
+        return []
+    if "-" in spec:
+        first, last = spec.split("-")
+        return list(range(int(first), int(last) + 1))
+    return [int(c) for c in spec.split(",")]
+
+
+@app.command()
+def main(
+    data: Annotated[Path, typer.Option(help="dataset folder (its test split is sent)")],
+    url: Annotated[str, typer.Option()] = "http://127.0.0.1:8013",
+    model: Annotated[str, typer.Option()] = "span-conll03",
+    levels: Annotated[str, typer.Option(help="comma-separated concurrencies")] = "1,16,64,256",
+    per_request: Annotated[int, typer.Option(min=1, help="sentences per request")] = 1,
+    duration: Annotated[float, typer.Option(min=1.0, help="seconds per level")] = 8.0,
+    processes: Annotated[int, typer.Option(min=1, help="client processes")] = 4,
+    cores: Annotated[str, typer.Option(help="cores for the client processes: 12-15 or 12,13 (default: any)")] = "",
+    out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
+) -> None:
+    sentences = read_sentences(data)
+    pinned = _cores(cores)
+    rows = []
+    for clients in (int(c) for c in levels.split(",")):
+        rows.append(level(url, model, sentences, clients, per_request, duration, processes, pinned))
+        typer.echo(json.dumps(rows[-1]), err=True)
+    ceiling = client_ceiling(url, max(r["concurrency"] for r in rows), min(duration, 5.0), processes, pinned)
+    for row in rows:
+        row["client_bound"] = ceiling < 2 * row["requests_per_second"]
+    report = {"model": model, "url": url, "client_ceiling_requests_per_second": round(ceiling, 1), "levels": rows}
+    typer.echo(json.dumps(report))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    app()
