@@ -8,9 +8,9 @@
 #      at c = 16, then the batch-1 server at c = 64; setgen- and bartner-conll03 served at c = 64;
 #      the load client in its own processes on its own cores, with its ceiling (served_check.py);
 #   4. half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
-#   5. nag, setgen, bartner and diffusion (1 step) offline, as 2;
-#   6. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
-#      store), offline and served, where this onnxruntime has that provider; then TorchScript, offline;
+#   5. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
+#      store), offline and served, where this onnxruntime has that provider;
+#   6. nag, setgen, bartner and diffusion (1 step) offline, as 2; span-conll03 TorchScript offline;
 #   7. summary.json: the ratios the engine issue asks for.
 # Graphs are built here from model_store (a few MB a model), never carried. Every step writes JSON
 # under $OUT and a failed step is recorded, not fatal.
@@ -42,7 +42,7 @@ if [ "$QUICK" = 1 ]; then
   SIZES=1,32; LIMIT=64; OTHER_LIMIT=64; BATCH1_LIMIT=32; SECONDS_PER_LEVEL=2; LEVELS=1,16; HALF_LEVELS=16
   HALF_LIMIT=64; SERVED_MODELS="setgen-conll03"
 else
-  SIZES=32,128,256,512; LIMIT=2048; OTHER_LIMIT=1024; BATCH1_LIMIT=256; SECONDS_PER_LEVEL=5; LEVELS=1,16,64,256
+  SIZES=32,128,256,512; LIMIT=2048; OTHER_LIMIT=512; BATCH1_LIMIT=256; SECONDS_PER_LEVEL=5; LEVELS=1,16,64,256
   HALF_LEVELS=64,256; HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"
 fi
 HALF=$([ "$DEVICE" = cpu ] && echo bf16 || echo fp16)  # CPU autocast: bf16 (a dry run of the step)
@@ -60,7 +60,7 @@ step() {  # step NAME TIMEOUT_SECONDS COMMAND...: stdout to $OUT/NAME.json, stde
 }
 
 log "device $DEVICE, $CORES cores (server $SERVER_CORES, client ${CLIENT_CORES:-shared}), quick=$QUICK"
-log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: about $([ "$QUICK" = 1 ] && echo 3 || echo 8) minutes"
+log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: about $([ "$QUICK" = 1 ] && echo 8 || echo 9) minutes"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $PY -c 'import torch, onnxruntime as o; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available()); print("onnxruntime", o.__version__, o.get_available_providers())'
@@ -90,6 +90,18 @@ offline() {  # offline MODEL SENTENCES [batching_ceiling flags…]: batch 1 on f
     --runtime eager --device "$DEVICE" --sizes "$SIZES" --limit "$sentences" --json "$@"
 }
 
+onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 5)
+  if [ "$DEVICE" != cpu ] && ! $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null; then
+    log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
+    return
+  fi
+  step export-onnx 600 $PY -m nerserve export span-conll03 --format onnx --parity-sentences 32
+  step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
+    --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+  if serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
+}
+
+if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
 if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
   --sizes "1,$SIZES" --precisions "fp32,$HALF" --limit "$LIMIT"
@@ -113,24 +125,14 @@ if [ "$DEVICE" != cpu ] && serve span-half span-conll03 eager --precision "$HALF
   served span-half span-conll03 "$HALF_LEVELS" 1
   stop
 fi
+onnx_steps
 for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
 offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
+# the traced graphs on the device (traced on the CPU, loaded onto it)
+step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript --parity-sentences 32
+step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
+  --data "$DATA/conll03" --runtime torchscript --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
 fi
-
-if $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null \
-  || [ "$DEVICE" = cpu ]; then
-  step export-onnx 600 $PY -m nerserve export span-conll03 --format onnx
-  step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
-    --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
-  if serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
-else
-  log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
-fi
-if [ "$ONNX_ONLY" = 0 ]; then  # the traced graphs on the device (graphs traced on the CPU, loaded onto it)
-  step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript
-  step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
-    --data "$DATA/conll03" --runtime torchscript --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
-fi
-step summary 60 $PY benchmarks/gpu_summary.py --folder "$OUT"
-cat "$OUT/summary.json" 2>/dev/null
+step bars 60 $PY benchmarks/gpu_summary.py --folder "$OUT"
+cat "$OUT/bars.json" 2>/dev/null
 log "done: $OUT"
