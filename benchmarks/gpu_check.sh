@@ -5,7 +5,8 @@
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
-#      at c = 16, then the batch-1 server at c = 64; setgen- and bartner-conll03 served at c = 64;
+#      at c = 16, the same with the graphs in their own process (--graph-process), then the batch-1
+#      server at c = 64; setgen- and bartner-conll03 served at c = 64;
 #      the load client in its own processes on its own cores, with its ceiling (served_check.py);
 #   4. half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
 #   5. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
@@ -113,6 +114,11 @@ if serve span span-conll03 eager; then
   served span-1 span-conll03 "$LEVELS" 1
   served span-32 span-conll03 16 32
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
+  stop
+fi
+# the graphs in a process of their own: their Python launches no longer share the HTTP front's lock
+if serve span-graph-process span-conll03 eager --graph-process; then
+  served span-graph-process span-conll03 "$LEVELS" 1
   stop
 fi
 if serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi

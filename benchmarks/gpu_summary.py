@@ -81,7 +81,16 @@ def summary(folder: Path) -> dict[str, Any]:
         "profile_span": _read(folder, "profile-span"),
         "served": {
             name: _read(folder, f"served-{name}")
-            for name in ("span-1", "span-32", "span-batch1", "setgen-conll03", "bartner-conll03", "span-half", "span-onnx")
+            for name in (
+                "span-1",
+                "span-32",
+                "span-graph-process",
+                "span-batch1",
+                "setgen-conll03",
+                "bartner-conll03",
+                "span-half",
+                "span-onnx",
+            )
         },
         "half_precision": _lines(folder, "half-precision"),
         "bars": {

@@ -57,6 +57,11 @@ class Settings(Locations):
         description="fp16 or bf16: the matrix products under autocast (eager runtime on CUDA only; docs/gpu.md "
         "has the entity-set agreement and F1 each reached against fp32)",
     )
+    graph_process: bool = Field(
+        False,
+        description="run each model's graphs in a process of its own, so that a runtime that launches its "
+        "work from Python (eager torch on CUDA) does not wait for the interpreter lock the HTTP front holds",
+    )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
     max_batch_size: int | None = Field(
         None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"
@@ -144,6 +149,12 @@ class Settings(Locations):
                 f"max_request_sentences ({self.max_request_sentences}) must not exceed max_queue ({self.max_queue}): "
                 "a larger request could never be queued"
             )
+        return self
+
+    @model_validator(mode="after")
+    def graph_process_on_a_real_device(self) -> Settings:
+        if self.graph_process and self.device == "simulated":
+            raise ValueError("graph_process and the simulated device: its busy time would be counted in the other process")
         return self
 
     @model_validator(mode="after")

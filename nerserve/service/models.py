@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
@@ -22,6 +23,7 @@ from nerserve.ner.types import EntitySet
 from nerserve.service.batching.packing import BatchLimits
 from nerserve.service.batching.scheduler import Scheduler
 from nerserve.service.config import Settings
+from nerserve.service.graph_process import GraphProcess
 from nerserve.service.memory import release_freed_memory
 from nerserve.service.metrics import Metrics, ModelObserver
 from nerserve.service.pipeline import Planner
@@ -75,21 +77,44 @@ class ServedModel:
         }
 
 
-def _program(
-    name: str, settings: Settings, background: bool, exports: StartUpExports
-) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
-    if settings.runtime == Runtime.eager:
-        from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
+@dataclass(frozen=True)
+class GraphSource:
+    """Where a model's graphs load from, on which device: what a graph process needs to load them
+    itself (picklable; the process is spawned)."""
 
-        loaded = load_model(settings.model_dir(name), settings.device, precision=settings.precision, merged=True)
-        return loaded.manifest, loaded.program
-    folder = settings.graph_set_folder(name, settings.runtime.value)
-    if not (folder / EXPORT_JSON).is_file():
-        if not settings.export_missing:
-            raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
-        folder = exports.run(name, settings.runtime.value, background)
-    loaded_set = load_graph_set(folder, settings.device, settings.threads, settings.simulated_device_costs)
-    return loaded_set.manifest, loaded_set.program
+    runtime: Runtime
+    folder: Path  # the model's folder (eager) or its graph set's
+    device: str
+    threads: int | None = None
+    precision: str = "fp32"
+    simulated_device_costs: Path | None = None
+
+    def load(self, device: str | None = None) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
+        on = device or self.device
+        if self.runtime == Runtime.eager:
+            from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
+
+            loaded = load_model(self.folder, on, precision=self.precision if on == self.device else "fp32", merged=True)
+            return loaded.manifest, loaded.program
+        loaded_set = load_graph_set(self.folder, on, self.threads, self.simulated_device_costs)
+        return loaded_set.manifest, loaded_set.program
+
+    def program(self) -> ProgramBase[Any, Any, Any]:
+        return self.load()[1]
+
+
+def _graph_source(name: str, settings: Settings, background: bool, exports: StartUpExports) -> GraphSource:
+    if settings.runtime == Runtime.eager:
+        folder = settings.model_dir(name)
+    else:
+        folder = settings.graph_set_folder(name, settings.runtime.value)
+        if not (folder / EXPORT_JSON).is_file():
+            if not settings.export_missing:
+                raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
+            folder = exports.run(name, settings.runtime.value, background)
+    return GraphSource(
+        settings.runtime, folder, settings.device, settings.threads, settings.precision, settings.simulated_device_costs
+    )
 
 
 def load_served_model(
@@ -103,7 +128,10 @@ def load_served_model(
     """`background`: another model already answers (a missing export runs at a lower priority)."""
     folder = settings.model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
-    manifest, program = _program(name, settings, background, exports)
+    source = _graph_source(name, settings, background, exports)
+    graphs = GraphProcess(name, source.program) if settings.graph_process else None
+    # with a graph process, this process's own program only prepares and decodes: it loads on the CPU
+    manifest, program = source.load("cpu" if graphs else None)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
     planner = Planner(program.subwords, window, settings.window_overlap_words)
     observer = ModelObserver(metrics, folder.name)
@@ -112,6 +140,8 @@ def load_served_model(
         return program.prepare([sentence for sentence, _ in payloads]), [options for _, options in payloads]
 
     def run(prepared: tuple[Any, list[Any]]) -> Any:
+        if graphs is not None:
+            return graphs.run(prepared)
         batch, options = prepared
         return program.run(batch, options)
 

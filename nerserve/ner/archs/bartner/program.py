@@ -15,7 +15,7 @@ import numpy as np
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs
+from nerserve.ner.archs.pointer.decoding import SENTENCE_STATES, Grammar, decode_rows, pack, parse_groups, sentence_inputs
 from nerserve.ner.archs.pointer.export import step_example
 from nerserve.ner.archs.pointer.signatures import decoder_cache
 from nerserve.ner.archs.pointer.vocabulary import START
@@ -39,7 +39,8 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
     def run(
         self, batch: BartnerBatch, options: BartnerOptions | Sequence[BartnerOptions] | None = None
     ) -> dict[str, np.ndarray]:
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        # on a GPU what every decoder step reads stays there (a no-op on the CPU)
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=SENTENCE_STATES)
         chosen = self.per_sentence(options, len(batch.lengths))
         config = self.config
         count = len(batch.lengths)

@@ -20,7 +20,7 @@ from nerserve.ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_
 from nerserve.ner.archs.diffusion.signatures import DENOISER
 from nerserve.ner.archs.feeds import encoder_feeds
 from nerserve.ner.archs.grouping import run_grouped, size_groups
-from nerserve.ner.graph import Graph, GraphSignature
+from nerserve.ner.graph import Graph, GraphSignature, on_accelerator
 from nerserve.ner.text.subword import SubwordEncoder, Words
 from nerserve.ner.types import EntitySet
 
@@ -58,10 +58,12 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
     def denoise(self, word_states: np.ndarray, word_mask: np.ndarray, noise: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         """DDIM from x_T = noise[:, 0] over `steps` denoiser passes; the last pass's outputs."""
         lengths = word_mask.sum(axis=1)
-        # grouped by sentence length once for every step: the span attention over words costs
-        # what the padding does
+        # on the CPU grouped by sentence length once for every step: the span attention over words
+        # costs what the padding does. On a GPU one call a step, on states that stay there.
         word_counts = lengths.astype(np.int64).tolist()
-        sizes, groups = {"words": word_counts}, size_groups(word_counts)
+        denoiser = self.graphs["denoiser"]
+        whole = [np.arange(len(word_counts))]
+        sizes, groups = {"words": word_counts}, whole if on_accelerator(denoiser) else size_groups(word_counts)
         x = noise[:, 0]
         outputs: dict[str, np.ndarray] = {}
         for index, (t, t_next) in enumerate(step_pairs(self.config.timesteps, steps)):
@@ -71,7 +73,7 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
                 "noisy_spans": x.astype(np.float32),
                 "timestep": np.full(len(x), t, dtype=np.int64),
             }
-            outputs = run_grouped(self.graphs["denoiser"], feeds, DENOISER, sizes, groups)
+            outputs = run_grouped(denoiser, feeds, DENOISER, sizes, groups)
             if t_next < 0:
                 break
             left = outputs["left_probs"].argmax(axis=-1)  # padding words have probability 0
@@ -85,12 +87,15 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
     ) -> dict[str, np.ndarray]:
         """Encoder outputs, and per proposal (flattened over sentences, `proposal_sentence` says
         whose): class_probs [P, C+1], left_probs and right_probs [P, N] of the last step."""
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        word_states, word_mask = encoded["word_states"], batch.encoder_inputs["word_mask"]
         chosen = self.per_sentence(options, len(batch.lengths))
         groups: dict[tuple[int, int], list[int]] = {}
         for b, o in enumerate(chosen):
             groups.setdefault((o.proposals, o.steps), []).append(b)
+        # on a GPU the word states stay there when every sentence denoises alike; sentences with
+        # other options take their rows on the host (a no-op on the CPU)
+        keep = ("word_states",) if len(groups) == 1 else ()
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=keep)
+        word_states, word_mask = encoded["word_states"], batch.encoder_inputs["word_mask"]
         parts: list[tuple[list[int], dict[str, np.ndarray]]] = []
         for (proposals, steps), members in sorted(groups.items()):
             rows = np.array(members)

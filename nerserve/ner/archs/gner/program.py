@@ -132,8 +132,9 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
         chosen = self.per_sentence(options, len(batch.sentences))
         labels = [self.labels_of(o) for o in chosen]
         inputs = self.encoder_inputs(batch, labels)
-        encoded = self.graphs["encoder"].run(inputs)
         config = self.config
+        # on a GPU the decoder's cross-attention keys and values stay there (a no-op on the CPU)
+        encoded = self.graphs["encoder"].run(inputs, keep_on_device=cross_names(config.decoder_layers))
         shared = {
             "memory_mask": inputs["attention_mask"].astype(np.float32),
             **{n: encoded[n] for n in cross_names(config.decoder_layers)},

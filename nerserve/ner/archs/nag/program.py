@@ -79,7 +79,9 @@ class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
     def run(
         self, batch: NagBatch, options: NagDecodeOptions | Sequence[NagDecodeOptions] | None = None
     ) -> dict[str, np.ndarray]:
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        # on a GPU the decoder's inputs stay there; the start probabilities come to the host,
+        # which picks the queries (a no-op on the CPU)
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=("memory", "word_queries"))
         chosen = self.per_sentence(options, len(batch.lengths))
         thresholds = np.array([o.start_threshold for o in chosen], dtype=np.float32)
         queries = self.select_queries(batch, encoded["start_probs"], thresholds)

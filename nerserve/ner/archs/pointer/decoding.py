@@ -115,6 +115,10 @@ def decode_rows(
     return sorted(written, key=lambda w: w.row)
 
 
+# the encoder's outputs that only the decoder steps read: kept on the device between them
+SENTENCE_STATES = ("memory", "pointer_keys")
+
+
 def sentence_inputs(encoder_inputs: Mapping[str, np.ndarray], encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The step graph's per-sentence inputs: the encoder's memory and pointer keys, the word mask."""
     return {"memory": encoded["memory"], "memory_mask": encoder_inputs["word_mask"], "pointer_keys": encoded["pointer_keys"]}

@@ -15,7 +15,15 @@ import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.pointer.decoding import Grammar, Written, decode_rows, pack, parse_groups, sentence_inputs
+from nerserve.ner.archs.pointer.decoding import (
+    SENTENCE_STATES,
+    Grammar,
+    Written,
+    decode_rows,
+    pack,
+    parse_groups,
+    sentence_inputs,
+)
 from nerserve.ner.archs.pointer.export import step_example
 from nerserve.ner.archs.pointer.signatures import decoder_cache
 from nerserve.ner.archs.setgen.config import HEAD, SetgenConfig, SetgenOptions
@@ -47,7 +55,8 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
         return sentence.astype(np.int64), word.astype(np.int64), counts.astype(np.int64)
 
     def run(self, batch: SetgenBatch, options: SetgenOptions | Sequence[SetgenOptions] | None = None) -> dict[str, np.ndarray]:
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs)
+        # on a GPU what every decoder step reads stays there (a no-op on the CPU)
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=SENTENCE_STATES)
         chosen = self.per_sentence(options, len(batch.lengths))
         sentence, word, counts = self.heads(batch, encoded["part_probs"], encoded["count_probs"], chosen)
         beams = np.array([chosen[s].beams if c > 1 else 1 for s, c in zip(sentence, counts, strict=True)], dtype=np.int64)

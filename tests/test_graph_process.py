@@ -1,0 +1,72 @@
+"""A model's graphs in a process of their own: batches go over, the arrays decoding reads come
+back; a failure there is a GraphError here, never a hang. And a real server with --graph-process
+answers as the one-process server does, and exits cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from nerserve.ner.graph import GraphError
+from nerserve.service.graph_process import GraphProcess
+from tests.serving import Server, assert_same_results
+
+
+class Doubling:
+    """A program whose graphs double their input; a kept value (not an array) stays behind."""
+
+    def run(self, batch: np.ndarray, options: list[Any]) -> dict[str, Any]:
+        if options == ["fail"]:
+            raise ValueError("a bad batch")
+        if options == ["die"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"doubled": batch * 2, "on_device": object()}
+
+
+def doubling() -> Doubling:
+    return Doubling()
+
+
+def cannot_load() -> Doubling:
+    raise FileNotFoundError("weights.safetensors")
+
+
+def test_batches_cross_and_only_arrays_come_back() -> None:
+    graphs = GraphProcess("doubling", doubling)
+    try:
+        outputs = graphs.run((np.arange(4), [None]))
+        assert list(outputs) == ["doubled"] and outputs["doubled"].tolist() == [0, 2, 4, 6]
+        with pytest.raises(GraphError, match="doubling: ValueError: a bad batch"):
+            graphs.run((np.arange(2), ["fail"]))
+        assert graphs.run((np.ones(1), [None]))["doubled"].tolist() == [2.0]  # a failed batch fails alone
+        with pytest.raises(GraphError, match="the graph process ended"):
+            graphs.run((np.arange(2), ["die"]))
+    finally:
+        graphs.close()
+
+
+def test_a_model_that_cannot_load_is_an_error_at_start() -> None:
+    with pytest.raises(GraphError, match=r"could not load the model \(FileNotFoundError: weights.safetensors\)"):
+        GraphProcess("broken", cannot_load)
+
+
+def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
+    sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call", "."]]
+    plain = Server(models='["span-conll03"]', threads=1)
+    split = Server(models='["span-conll03"]', threads=1, graph_process="true")
+    try:
+        plain.wait_ready()
+        split.wait_ready()
+        want = httpx.post(f"{plain.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
+        got = httpx.post(f"{split.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
+        assert_same_results(got, want)
+        assert any(result["entities"] for result in got)
+    finally:
+        plain.stop()
+        split.stop()
+    assert split.process.returncode == 0
