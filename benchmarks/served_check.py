@@ -13,14 +13,13 @@ import asyncio
 import json
 import multiprocessing
 import os
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from nerserve.loadtest.client import make_client, read_sentences, scrape, server_split
-from nerserve.loadtest.runs import closed_loop
+from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 from nerserve.loadtest.stats import summarize
 
 app = typer.Typer(add_completion=False)
@@ -52,24 +51,12 @@ async def _extract_loop(
     }
 
 
-async def _trivial_loop(url: str, clients: int, seconds: float) -> dict[str, Any]:
-    answered = 0
+async def _trivial_loop(url: str, clients: int, seconds: float) -> float:
     async with make_client(url, clients * 2) as client:
-        end = time.perf_counter() + seconds
-        started = time.perf_counter()
-
-        async def worker() -> None:
-            nonlocal answered
-            while time.perf_counter() < end:
-                async with client.get("/health/live") as response:
-                    await response.read()
-                    answered += response.status == 200
-
-        await asyncio.gather(*(worker() for _ in range(clients)))
-    return {"seconds": time.perf_counter() - started, "answered": answered}
+        return await trivial_ceiling(client, clients, seconds)
 
 
-def _child(job: tuple[str, dict[str, Any], list[int], int]) -> dict[str, Any]:
+def _child(job: tuple[str, dict[str, Any], list[int], int]) -> Any:
     kind, arguments, cores, index = job
     _pin(cores, index)
     if kind == "trivial":
@@ -77,7 +64,7 @@ def _child(job: tuple[str, dict[str, Any], list[int], int]) -> dict[str, Any]:
     return asyncio.run(_extract_loop(**arguments))
 
 
-def _in_processes(kind: str, arguments: list[dict[str, Any]], cores: list[int]) -> list[dict[str, Any]]:
+def _in_processes(kind: str, arguments: list[dict[str, Any]], cores: list[int]) -> list[Any]:
     with multiprocessing.get_context("spawn").Pool(len(arguments)) as pool:
         return pool.map(_child, [(kind, a, cores, i) for i, a in enumerate(arguments)])
 
@@ -134,8 +121,8 @@ def level(
 
 def client_ceiling(url: str, clients: int, seconds: float, processes: int, cores: list[int]) -> float:
     shares = _split(clients, processes)
-    results = _in_processes("trivial", [{"url": url, "clients": s, "seconds": seconds} for s in shares], cores)
-    return sum(r["answered"] for r in results) / max(r["seconds"] for r in results)
+    rates: list[Any] = _in_processes("trivial", [{"url": url, "clients": s, "seconds": seconds} for s in shares], cores)
+    return float(sum(rates))
 
 
 def _cores(spec: str) -> list[int]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from nerserve.loadtest.client import make_client, read_sentences
-from nerserve.loadtest.runs import closed_loop
+from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 
 app = typer.Typer(add_completion=False)
 
@@ -32,25 +31,6 @@ async def _info(client: Any) -> dict[str, Any]:
     if body.get("device") != "simulated":
         raise SystemExit(f"the server runs on {body.get('device')!r}: start it with --device simulated")
     return body
-
-
-async def trivial_ceiling(client: Any, concurrency: int, seconds: float) -> float:
-    """Requests/s the client gets from `GET /health/live` (no model work): the most the client and
-    the server's HTTP front can exchange; a served figure says something of the engine only where
-    this is at least twice it."""
-    answered = 0
-    end = time.perf_counter() + seconds
-
-    async def worker() -> None:
-        nonlocal answered
-        while time.perf_counter() < end:
-            async with client.get("/health/live") as response:
-                await response.read()
-                answered += response.status == 200
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return answered / (time.perf_counter() - started)
 
 
 async def measure(

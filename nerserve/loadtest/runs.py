@@ -138,3 +138,22 @@ async def open_loop(
         "client_overflow": overflow,
     }
     return {**summarize_run(samples, seconds, label, duration), **server_split(before, after, model, seconds)}
+
+
+async def trivial_ceiling(client: aiohttp.ClientSession, concurrency: int, seconds: float) -> float:
+    """Requests/s the client gets from `GET /health/live` (no model work): the most the client and
+    the server's HTTP front can exchange; a served figure says something of the engine only where
+    this is at least twice it."""
+    answered = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal answered
+        while time.perf_counter() < end:
+            async with client.get("/health/live") as response:
+                await response.read()
+                answered += response.status == 200
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return answered / (time.perf_counter() - started)

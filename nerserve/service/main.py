@@ -210,6 +210,7 @@ def create_app(settings: Settings | None = None, exporter: Exporter | None = Non
         for model in state.models.values():
             await model.scheduler.drain(settings.drain_seconds)
             await model.scheduler.stop()
+            await asyncio.to_thread(model.close)
         await exports_stopped
 
     app = FastAPIOffline(

@@ -45,6 +45,12 @@ class ServedModel:
     scheduler: Scheduler
     observer: ModelObserver
     runtime: str
+    graphs: GraphProcess | None = None  # the process running the graphs, with --graph-process
+
+    def close(self) -> None:
+        """After the scheduler has stopped: the graph process, if any, ends."""
+        if self.graphs is not None:
+            self.graphs.close()
 
     @property
     def defaults(self) -> Any:
@@ -168,7 +174,7 @@ def load_served_model(
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
         tenant_weight=tenant_weight,
     )
-    return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value)
+    return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
 
 
 def decoder_loop_length(name: str, locations: Locations) -> int:
