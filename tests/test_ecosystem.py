@@ -48,6 +48,13 @@ def test_info_version_and_build_metrics(server: Server) -> None:
     assert info["runtime"] == "onnx" and info["device"] == "cpu" and info["batching"]["max_batch_size"] == 32
     metrics = httpx.get(f"{server.url}/metrics").text
     assert f'nerserve_build_info{{version="{info["version"]}"}} 1.0' in metrics
+    # what each graph actually runs on, as ONNX Runtime says after loading it
+    assert info["execution_providers"]["span-conll03"] == {
+        "encoder": "CPUExecutionProvider",
+        "span_proposal": "CPUExecutionProvider",
+    }
+    line = 'nerserve_graph_execution_provider{graph="encoder",model="span-conll03",provider="CPUExecutionProvider"} 1.0'
+    assert line in metrics
     assert "process_resident_memory_bytes" in metrics and "python_info" in metrics
 
 

@@ -20,6 +20,8 @@ from tests.serving import Server, assert_same_results
 class Doubling:
     """A program whose graphs double their input; a kept value (not an array) stays behind."""
 
+    graphs: dict[str, object] = {}  # noqa: RUF012 - no graphs to report
+
     def run(self, batch: np.ndarray, options: list[Any]) -> dict[str, Any]:
         if options == ["fail"]:
             raise ValueError("a bad batch")
@@ -65,6 +67,8 @@ def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
         want = httpx.post(f"{plain.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
         got = httpx.post(f"{split.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
         assert_same_results(got, want)
+        providers = httpx.get(f"{split.url}/info").json()["execution_providers"]["span-conll03"]
+        assert providers == {"encoder": "CPUExecutionProvider", "span_proposal": "CPUExecutionProvider"}  # the child's
         assert any(result["entities"] for result in got)
     finally:
         plain.stop()

@@ -38,6 +38,12 @@ def on_accelerator(graph: Graph) -> bool:
     return bool(getattr(graph, "device_resident", False))
 
 
+def execution_providers(graphs: Mapping[str, Graph]) -> dict[str, str]:
+    """What each graph actually runs on, as its runtime says (`execution_provider`): ONNX Runtime's
+    provider after any fall-back, or the torch device."""
+    return {name: str(getattr(graph, "execution_provider", type(graph).__name__)) for name, graph in graphs.items()}
+
+
 class GraphError(RuntimeError):
     """A graph that cannot be loaded or run: names the file or graph concerned."""
 

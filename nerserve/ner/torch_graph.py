@@ -60,6 +60,7 @@ class EagerGraph:
         self.output_names = output_names
         self.device = torch.device(device)
         self.device_resident = self.device.type != "cpu"
+        self.execution_provider = f"torch eager on {self.device}" + ("" if precision == "fp32" else f" ({precision} autocast)")
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
         tensors = [to_tensor(inputs[name], self.device) for name in self.input_names]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from nerserve.ner.graph import GraphError
+from nerserve.ner.graph import GraphError, execution_providers
 
 # spawn, not fork: a forked child would inherit the parent's threads' locks and CUDA state
 _CONTEXT = multiprocessing.get_context("spawn")
@@ -34,7 +34,7 @@ def _serve(connection: Connection, load: Callable[[], Any]) -> None:
     except Exception as error:
         connection.send(("error", f"{type(error).__name__}: {error}"))
         return
-    connection.send(("ready", None))
+    connection.send(("ready", execution_providers(program.graphs)))
     while True:
         try:
             message = connection.recv()
@@ -68,6 +68,7 @@ class GraphProcess:
         if status != "ready":
             self.close()
             raise GraphError(f"{name}: the graph process could not load the model ({detail})")
+        self.execution_providers: dict[str, str] = detail  # what each graph runs on, there
 
     def _receive(self) -> tuple[str, Any]:
         try:

@@ -67,6 +67,12 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("nerserve_queue_depth", "Sentences waiting", ["model"], registry=r)
+        self.graph_provider = Gauge(
+            "nerserve_graph_execution_provider",
+            "1 for what each loaded graph actually runs on (ONNX Runtime's provider after any fall-back, or the torch device)",
+            ["model", "graph", "provider"],
+            registry=r,
+        )
         self.in_flight = Gauge("nerserve_in_flight", "Sentences accepted and not yet answered", ["model"], registry=r)
         self.sentences = Counter("nerserve_sentences", "Sentences processed", ["model"], registry=r)
         self.tokens = Counter("nerserve_tokens", "Sub-word tokens processed (unpadded)", ["model"], registry=r)

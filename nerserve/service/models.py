@@ -15,6 +15,7 @@ from typing import Any
 
 from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
 from nerserve.ner.archs.registry import architecture
+from nerserve.ner.graph import execution_providers
 from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
 from nerserve.ner.runtime.graph_set import load_graph_set
@@ -46,6 +47,11 @@ class ServedModel:
     observer: ModelObserver
     runtime: str
     graphs: GraphProcess | None = None  # the process running the graphs, with --graph-process
+
+    @property
+    def execution_providers(self) -> dict[str, str]:
+        """What each graph actually runs on (in the graph process, where there is one)."""
+        return self.graphs.execution_providers if self.graphs else execution_providers(self.program.graphs)
 
     def close(self) -> None:
         """After the scheduler has stopped: the graph process, if any, ends."""
@@ -79,6 +85,7 @@ class ServedModel:
             },
             "options": self.spec.option_defaults(self.defaults),
             "runtime": self.runtime,
+            "execution_providers": self.execution_providers,
             "scores": {k: v for k, v in manifest.scores.items() if k in ("dev", "test")},
         }
 
@@ -174,7 +181,10 @@ def load_served_model(
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
         tenant_weight=tenant_weight,
     )
-    return ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
+    served = ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
+    for graph, provider in served.execution_providers.items():
+        metrics.graph_provider.labels(served.name, graph, provider).set(1)
+    return served
 
 
 def decoder_loop_length(name: str, locations: Locations) -> int:

@@ -68,6 +68,7 @@ class OnnxGraph:
         # (tests exercise it there), `None` takes it on CUDA only.
         self.io_binding = on_cuda if io_binding is None else io_binding
         self.device_resident = self.io_binding
+        self.execution_provider = self.session.get_providers()[0]
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self._types = {i.name: _NUMPY_TYPES.get(i.type) for i in self.session.get_inputs()}

@@ -20,6 +20,7 @@ class TorchScriptGraph:
             raise GraphError(f"{path}: asked for {device}, but torch sees no CUDA device")
         self.device = torch.device(device)
         self.device_resident = self.device.type != "cpu"
+        self.execution_provider = f"TorchScript on {self.device}"
         extra = {TORCHSCRIPT_IO: ""}
         try:
             self.module = torch.jit.load(str(path), map_location=self.device, _extra_files=extra)

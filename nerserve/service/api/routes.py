@@ -143,6 +143,7 @@ async def info(request: Request) -> dict[str, Any]:
         ),
         "default_model": state.default_model,
         "models": state.model_states,
+        "execution_providers": {name: model.execution_providers for name, model in state.models.items()},
         "batching": {
             "max_batch_size": settings.batch_size_bound,
             "max_batch_tokens": settings.batch_tokens_bound,

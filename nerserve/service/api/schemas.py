@@ -115,6 +115,7 @@ class ModelInfo(BaseModel):
     capabilities: dict[str, bool] | None = None
     options: dict[str, Any] | None = Field(None, description="per-request options with their defaults")
     runtime: str | None = None
+    execution_providers: dict[str, str] | None = Field(None, description="what each graph actually runs on")
     scores: dict[str, Any] | None = None
 
 
@@ -133,6 +134,10 @@ class InfoResponse(BaseModel):
     )
     default_model: str | None
     models: dict[str, str] = Field(description="each model's state: loading, ready or failed")
+    execution_providers: dict[str, dict[str, str]] = Field(
+        description="per loaded model, what each graph actually runs on: ONNX Runtime's execution provider "
+        "(after any fall-back), or the torch device"
+    )
     batching: dict[str, float | int | None]
     limits: dict[str, int]
 
