@@ -1,6 +1,8 @@
+import random
+
 from nerserve.ner.text.chars import SHAPES, encode_chars, shape_id
 from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
-from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, pack_rows, packed_rows, packing_cost
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, longest_first, pack_rows, packed_rows, packing_cost
 
 
 def test_words_have_exact_offsets() -> None:
@@ -151,3 +153,19 @@ def test_words_tokenised_once_are_what_the_sentence_would_give(data_root) -> Non
     sentences = [list(s.tokens) for name in ("conll03", "genia") for s in read_split(data_root / name, "dev", 300)]
     assert encoder.tokenize(sentences) == encoder.tokenize_sentences(sentences)
     assert encoder.tokenize(sentences[:5]) == encoder.tokenize_sentences(sentences[:5])  # from the cache
+
+
+def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length() -> None:
+    """packed_rows packs at every candidate row length at once: the same rows as first-fit
+    decreasing at each length in turn, the cheapest kept (the first of equal costs)."""
+    generator = random.Random(7)
+    for _ in range(300):
+        lengths = [
+            generator.choice([generator.randint(3, 30), generator.randint(3, 200)]) for _ in range(generator.randint(1, 300))
+        ]
+        longest_row = generator.choice([64, 128, 256, 512])
+        longest = max(lengths)
+        candidates = [longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)]
+        order = longest_first(lengths)
+        one_at_a_time = min((pack_rows(lengths, c, order) for c in candidates), key=lambda rows: packing_cost(lengths, rows))
+        assert packed_rows(lengths, longest_row) == one_at_a_time

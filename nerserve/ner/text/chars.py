@@ -60,7 +60,8 @@ def word_features(word: str) -> tuple[tuple[int, ...], int]:
 def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, np.ndarray]:
     """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both), filled in one scatter each."""
     features = [word_features(w) for words in sentences for w in words]
-    lengths = np.fromiter((len(ids) for ids, _ in features), dtype=np.int64, count=len(features))
+    char_lists, shapes = zip(*features, strict=True) if features else ((), ())
+    lengths = np.fromiter(map(len, char_lists), dtype=np.int64, count=len(features))
     width = max(int(lengths.max(initial=1)), 1)
     words_per_sentence = np.fromiter((len(words) for words in sentences), dtype=np.int64, count=len(sentences))
     # the flat [B·N] slot of every word: its sentence's row, then its place within the sentence
@@ -68,9 +69,9 @@ def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, 
     places = np.arange(len(features)) - np.repeat(firsts, words_per_sentence)
     word_slots = np.repeat(np.arange(len(sentences)) * n_words, words_per_sentence) + places
     shape_ids = np.zeros(len(sentences) * n_words, dtype=np.int64)
-    shape_ids[word_slots] = np.fromiter((shape for _, shape in features), dtype=np.int64, count=len(features))
+    shape_ids[word_slots] = np.fromiter(shapes, dtype=np.int64, count=len(features))
     char_ids = np.zeros((len(sentences) * n_words, width), dtype=np.int64)
-    flat = np.fromiter(itertools.chain.from_iterable(ids for ids, _ in features), dtype=np.int64, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(char_lists), dtype=np.int64, count=int(lengths.sum()))
     rows = np.repeat(word_slots, lengths)
     columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     char_ids[rows, columns] = flat

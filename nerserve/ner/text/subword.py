@@ -161,10 +161,31 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     if longest_row <= 0 or not lengths:
         return pack_rows(lengths, 0)
     longest = max(lengths)
-    capacities = [longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)]
+    capacities = np.array([longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)], dtype=np.int64)
     order = longest_first(lengths)
-    packings = [pack_rows(lengths, capacity, order) for capacity in capacities]
-    return min(packings, key=lambda rows: packing_cost(lengths, rows))
+    # first-fit decreasing at every capacity at once, a sentence at a time: each capacity's first
+    # row with room (a row not yet opened is a full one, so the first one after the opened rows)
+    free = np.repeat(capacities[:, None], len(order), axis=1)
+    free_flat, row_starts = free.ravel(), np.arange(len(capacities)) * len(order)
+    chosen: list[np.ndarray] = []  # per sentence (longest first), its row at every capacity
+    opened = 1  # rows opened at any capacity so far
+    for index in order:
+        length = lengths[index]
+        row = (free[:, : opened + 1] >= length).argmax(axis=1)
+        free_flat[row_starts + row] -= length
+        chosen.append(row)
+        last = row.max()
+        if last >= opened:
+            opened = int(last) + 1
+    chosen_row = np.stack(chosen, axis=1)
+    rows = chosen_row.max(axis=1) + 1
+    row_length = capacities - free[:, :opened].min(axis=1)
+    cost = rows * row_length * (1 + row_length * ATTENTION_COST_PER_POSITION)
+    best = int(np.argmin(cost))  # the first of equal costs, as the narrowest rows
+    packing: list[list[int]] = [[] for _ in range(int(rows[best]))]
+    for position, row_index in enumerate(chosen_row[best].tolist()):
+        packing[row_index].append(order[position])
+    return packing
 
 
 class SubwordEncoder:
