@@ -59,7 +59,7 @@ def word_features(word: str) -> tuple[tuple[int, ...], int]:
 
 def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, np.ndarray]:
     """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both), filled in one scatter each."""
-    features = [word_features(w) for words in sentences for w in words]
+    features = list(map(word_features, itertools.chain.from_iterable(sentences)))
     char_lists, shapes = zip(*features, strict=True) if features else ((), ())
     lengths = np.fromiter(map(len, char_lists), dtype=np.int64, count=len(features))
     width = max(int(lengths.max(initial=1)), 1)

@@ -213,6 +213,10 @@ class SubwordEncoder:
         cache = self.word_pieces
         if cache is None:
             return self.tokenize_sentences(sentences)
+        try:  # a server's batches are mostly words seen before: one lookup a word, no search for new ones
+            return [Tokenized(tuple(words), tuple(map(cache.__getitem__, words))) for words in sentences]
+        except KeyError:
+            pass
         unseen = list({word: None for words in sentences for word in words if word not in cache})
         if unseen:
             if len(cache) + len(unseen) > WORD_CACHE_SIZE:
@@ -238,18 +242,37 @@ class SubwordEncoder:
         plain = [s for s in sentences if not isinstance(s, Tokenized)]
         fresh = iter(self.tokenize(plain))
         ready = [s if isinstance(s, Tokenized) else next(fresh) for s in sentences]
-        ids = [[*self.prefix, *itertools.chain.from_iterable(s.pieces), *self.suffix] for s in ready]
-        for index, row in enumerate(ids):
-            if len(row) > self.max_subwords:
-                raise SentenceTooLong(f"sentence {index} has {len(row)} sub-words (limit {self.max_subwords})")
-        piece_lengths = [len(piece) for s in ready for piece in s.pieces]
-        return self.batch_of(ids, piece_lengths, [len(s.pieces) for s in ready])
+        word_counts = [len(s.pieces) for s in ready]
+        pieces = list(itertools.chain.from_iterable(s.pieces for s in ready))  # every word's ids, flat
+        piece_lengths = list(map(len, pieces))
+        word_ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64)
+        # sub-words a sentence, its specials included
+        batch = len(ready)
+        inner = np.bincount(
+            np.repeat(np.arange(batch), word_counts), weights=np.array(piece_lengths, dtype=np.float64), minlength=batch
+        ).astype(np.int64)
+        counts = inner + self.special_count
+        too_long = np.flatnonzero(counts > self.max_subwords)
+        if len(too_long):
+            index = int(too_long[0])
+            raise SentenceTooLong(f"sentence {index} has {counts[index]} sub-words (limit {self.max_subwords})")
+        # the batch's sub-words flat, sentence after sentence: prefix, its words' ids, suffix
+        starts = np.cumsum(counts) - counts
+        flat_ids = np.empty(int(counts.sum()), dtype=np.int64)
+        for place, token in enumerate(self.prefix):
+            flat_ids[starts + place] = token
+        for place, token in enumerate(self.suffix):
+            flat_ids[starts + counts - len(self.suffix) + place] = token
+        within = np.arange(len(word_ids)) - np.repeat(np.cumsum(inner) - inner, inner)
+        flat_ids[np.repeat(starts + len(self.prefix), inner) + within] = word_ids
+        return self.batch_of(flat_ids, counts.tolist(), piece_lengths, word_counts)
 
-    def batch_of(self, ids: list[list[int]], piece_lengths: list[int], word_counts: list[int]) -> SubwordBatch:
-        """Sentences' sub-word ids (specials included) and each word's sub-word count → packed
-        arrays, each filled in one scatter."""
-        batch = len(ids)
-        counts = [len(row) for row in ids]
+    def batch_of(
+        self, flat_ids: np.ndarray, counts: list[int], piece_lengths: list[int], word_counts: list[int]
+    ) -> SubwordBatch:
+        """The batch's sub-word ids flat (specials included), each sentence's count, and each word's
+        sub-word count → packed arrays, each filled in one scatter."""
+        batch = len(counts)
         rows = packed_rows(counts, self.row_subwords)
         row_of, start_of, segment_of = [0] * batch, [0] * batch, [0] * batch
         seq = 0
@@ -261,7 +284,6 @@ class SubwordEncoder:
             seq = max(seq, start)
         # every sub-word of every sentence, flat: its place in its sentence and in the packed rows
         sizes = np.array(counts, dtype=np.int64)
-        flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(sizes.sum()))
         offsets = np.arange(len(flat_ids)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         slots = np.repeat(np.array(row_of, dtype=np.int64) * seq + np.array(start_of, dtype=np.int64), sizes) + offsets
         input_ids = np.full(len(rows) * seq, self.pad_id, dtype=np.int64)
