@@ -151,8 +151,12 @@ def longest_first(lengths: Sequence[int]) -> list[int]:
 def packing_cost(lengths: Sequence[int], rows: list[list[int]]) -> float:
     """The encoder's work for these rows, in positions of a row of one: rows × row length, each
     position dearer by attention over the row's length."""
-    length = max(sum(lengths[i] for i in row) for row in rows)
-    return len(rows) * length * (1 + length * ATTENTION_COST_PER_POSITION)
+    return float(row_cost(len(rows), max(sum(lengths[i] for i in row) for row in rows)))
+
+
+def row_cost(rows: int | np.ndarray, length: int | np.ndarray) -> float | np.ndarray:
+    """`rows` rows of `length` positions, in positions of a row of one (numbers or numpy arrays)."""
+    return rows * length * (1 + length * ATTENTION_COST_PER_POSITION)
 
 
 def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
@@ -180,7 +184,7 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     chosen_row = np.stack(chosen, axis=1)
     rows = chosen_row.max(axis=1) + 1
     row_length = capacities - free[:, :opened].min(axis=1)
-    cost = rows * row_length * (1 + row_length * ATTENTION_COST_PER_POSITION)
+    cost = row_cost(rows, row_length)
     best = int(np.argmin(cost))  # the first of equal costs, as the narrowest rows
     packing: list[list[int]] = [[] for _ in range(int(rows[best]))]
     for position, row_index in enumerate(chosen_row[best].tolist()):
