@@ -29,6 +29,8 @@ class RowwiseGraph:
 
     input_names = SIGNATURE.inputs
     output_names = SIGNATURE.outputs
+    device_resident = False
+    execution_provider = "numpy"
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, ...]] = []

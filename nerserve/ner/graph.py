@@ -27,21 +27,19 @@ Value = Any
 class Graph(Protocol):
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    # Whether outputs can stay on the graph's device (a GPU; or ONNX Runtime's I/O binding on the
+    # CPU, which tests take as the GPU path): there a program keeps intermediates on the device
+    # between its graphs, and groups no rows by length.
+    device_resident: bool
+    # What it actually runs on: ONNX Runtime's provider after any fall-back, or the torch device.
+    execution_provider: str
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]: ...
 
 
-def on_accelerator(graph: Graph) -> bool:
-    """Whether the graph's outputs can stay on its device (a GPU; or ONNX Runtime's I/O binding on
-    the CPU, which tests take as the GPU path): there a program keeps intermediates on the device
-    between its graphs, and groups no rows by length. A runtime says so by `device_resident`."""
-    return bool(getattr(graph, "device_resident", False))
-
-
 def execution_providers(graphs: Mapping[str, Graph]) -> dict[str, str]:
-    """What each graph actually runs on, as its runtime says (`execution_provider`): ONNX Runtime's
-    provider after any fall-back, or the torch device."""
-    return {name: str(getattr(graph, "execution_provider", type(graph).__name__)) for name, graph in graphs.items()}
+    """What each graph actually runs on, as its runtime says."""
+    return {name: graph.execution_provider for name, graph in graphs.items()}
 
 
 class GraphError(RuntimeError):

@@ -78,8 +78,7 @@ class OnnxGraph:
         return value.astype(wanted, copy=False) if wanted is not None else value
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        device_inputs = any(isinstance(value, ort.OrtValue) for value in inputs.values())
-        if self.io_binding and (keep_on_device or device_inputs):
+        if self.io_binding and (keep_on_device or any(isinstance(value, ort.OrtValue) for value in inputs.values())):
             return self._run_bound(inputs, set(keep_on_device))
         outputs = self.session.run(None, {name: self._feed(name, inputs[name]) for name in self.input_names})
         return dict(zip(self.output_names, outputs, strict=True))

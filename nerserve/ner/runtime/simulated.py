@@ -89,6 +89,7 @@ class SimulatedGraph:
 
     def __init__(self, name: str, info: Mapping[str, Any], device: SimulatedDevice) -> None:
         self.name, self.device = name, device
+        self.device_resident = False  # its outputs are host zeros
         self.execution_provider = "simulated"
         self.inputs = {i["name"]: tuple(i["axes"]) for i in info["inputs"]}
         self.outputs = {o["name"]: (tuple(o["axes"]), np.dtype(o["dtype"])) for o in info["outputs"]}

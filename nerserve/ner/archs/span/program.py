@@ -14,7 +14,6 @@ from nerserve.ner.archs.grouping import run_grouped, size_groups
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch
 from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
-from nerserve.ner.graph import on_accelerator
 from nerserve.ner.text.subword import Words
 from nerserve.ner.types import EntitySet
 
@@ -78,7 +77,7 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
         there for the span proposal, which takes the whole batch in one call: a host round trip of
         the states, and a call per seed-count group, cost a GPU more than the padding they save."""
         encoder = self.graphs["encoder"]
-        if on_accelerator(encoder):
+        if encoder.device_resident:
             encoded = encoder.run(batch.encoder_inputs, keep_on_device=("word_states", "context"))
             return self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
         encoded = encoder.run(batch.encoder_inputs)
