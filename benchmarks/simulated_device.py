@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,15 +34,39 @@ async def _info(client: Any) -> dict[str, Any]:
     return body
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def server_processes(pid: int) -> dict[str, int]:
+    """The server's engine process (PID) and its HTTP worker children, by role."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    workers = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return {"engine": pid, **{f"http-{i}": worker for i, worker in enumerate(sorted(workers))}}
+
+
+def cpu_per_request(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, float]:
+    """CPU milliseconds each process spent per answered request over a level."""
+    return {role: round(1000 * (after[role] - before[role]) / max(requests, 1), 3) for role in before}
+
+
 async def measure(
-    url: str, model: str, sentences: list[list[str]], levels: list[int], duration: float, workers: int
+    url: str, model: str, sentences: list[list[str]], levels: list[int], duration: float, workers: int, pid: int | None
 ) -> dict[str, Any]:
     rows = []
+    processes = server_processes(pid) if pid is not None else {}
     async with make_client(url, max(levels) * 2) as client:
         device = (await _info(client))["simulated_device"]
         for concurrency in levels:
             before = (await _info(client))["simulated_device"]
+            cpu_before = {role: cpu_seconds(p) for role, p in processes.items()}
             run = await closed_loop(client, model, sentences, concurrency, duration)
+            cpu_after = {role: cpu_seconds(p) for role, p in processes.items()}
             after = (await _info(client))["simulated_device"]
             busy = after["busy_seconds"] - before["busy_seconds"]
             passes = after["passes"] - before["passes"]
@@ -56,6 +81,7 @@ async def measure(
                     "latency_ms": {k: run["latency_ms"][k] for k in ("p50", "p99") if k in run["latency_ms"]},
                     "refused": run["http_429"],
                     "errors": run["errors"] - run["http_429"],
+                    **({"cpu_ms_per_request": cpu_per_request(cpu_before, cpu_after, run["ok"])} if processes else {}),
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -81,10 +107,13 @@ def main(
     concurrency: Annotated[str, typer.Option(help="comma-separated levels")] = "1,16,64,256",
     duration: Annotated[float, typer.Option(min=1.0, help="seconds per level")] = 20.0,
     workers: Annotated[int, typer.Option(min=1, help="HTTP worker processes the server runs")] = 1,
+    server_pid: Annotated[
+        int | None, typer.Option(help="the server's process id: CPU time per request of the engine and each worker")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
-    report = asyncio.run(measure(url, model, read_sentences(data), levels, duration, workers))
+    report = asyncio.run(measure(url, model, read_sentences(data), levels, duration, workers, server_pid))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")

@@ -411,7 +411,7 @@ def _serve_settings(context: typer.Context, given: dict[str, Any]) -> Any:
 def serve(context: typer.Context, **given: Any) -> None:
     """Serve models over HTTP (POST /extract). Every flag is also an environment variable NERSERVE_<FLAG>."""
     from nerserve.compose import START_UP_EXPORTER
-    from nerserve.service.main import run
+    from nerserve.service.server import run
 
     settings = _serve_settings(context, given)
     run(settings, START_UP_EXPORTER)

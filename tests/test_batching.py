@@ -340,7 +340,7 @@ def _recording(statuses: list[int]) -> Callable[[dict[str, object]], Awaitable[N
 def test_edge_admission_refuses_at_arrival_on_every_model_route() -> None:
     """Before the body is read, on /extract and the KServe v2 infer route alike: a wait over the
     bound → 429; none measured (None) or within it → the app. Other routes are not counted."""
-    from nerserve.service.admission import EdgeAdmission
+    from nerserve.service.admission import EdgeAdmission, EdgeCounter
 
     async def scenario(path: str, waited: float | None, method: str = "POST") -> tuple[list[str], int, list[object]]:
         reached: list[str] = []
@@ -354,7 +354,7 @@ def test_edge_admission_refuses_at_arrival_on_every_model_route() -> None:
             return waited
 
         statuses: list[int] = []
-        edge = EdgeAdmission(app, 1.0, wait, lambda: 0)  # type: ignore[arg-type]
+        edge = EdgeAdmission(app, EdgeCounter(1.0, wait, lambda: 0))  # type: ignore[arg-type]
         scope = {**EXTRACT_SCOPE, "path": path, "method": method}
         await edge(scope, _empty_body, _recording(statuses))  # type: ignore[arg-type]
         return reached, statuses[0] if statuses else 0, asked
@@ -370,7 +370,7 @@ def test_edge_admission_refuses_at_arrival_on_every_model_route() -> None:
 def test_edge_counts_requests_let_through_and_not_yet_queued() -> None:
     """Requests the edge let through that no scheduler holds yet (being read, parsed, planned)
     count as a sentence each of queued work: a burst is refused at the edge before it is parsed."""
-    from nerserve.service.admission import EdgeAdmission
+    from nerserve.service.admission import EdgeAdmission, EdgeCounter
 
     seen: list[int] = []
 
@@ -383,7 +383,7 @@ def test_edge_counts_requests_let_through_and_not_yet_queued() -> None:
 
     async def scenario() -> list[int]:
         statuses: list[int] = []
-        edge = EdgeAdmission(slow_app, 1.0, wait, lambda: 1)  # type: ignore[arg-type]  # one request queued
+        edge = EdgeAdmission(slow_app, EdgeCounter(1.0, wait, lambda: 1))  # type: ignore[arg-type]  # one request queued
         calls = [edge(dict(EXTRACT_SCOPE), _empty_body, _recording(statuses)) for _ in range(6)]  # type: ignore[arg-type]
         await asyncio.gather(*calls)
         return statuses

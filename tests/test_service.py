@@ -395,11 +395,11 @@ def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
 
 def test_default_model_is_span_conll03_when_served_else_the_first() -> None:
     served: dict[str, object] = dict.fromkeys(["diffusion-conll03", "nag-cadec", "span-conll03"], object())
-    assert ServiceState(Settings(), models=served).default_model == "span-conll03"
-    chosen = ServiceState(Settings(default_model="nag-cadec"), models=served)
+    assert ServiceState(Settings(), views=served).default_model == "span-conll03"  # type: ignore[arg-type]
+    chosen = ServiceState(Settings(default_model="nag-cadec"), views=served)  # type: ignore[arg-type]
     assert chosen.default_model == "nag-cadec"
     without = {"nag-genia": object(), "diffusion-genia": object()}
-    assert ServiceState(Settings(), models=without).default_model == "nag-genia"
+    assert ServiceState(Settings(), views=without).default_model == "nag-genia"  # type: ignore[arg-type]
 
 
 def test_the_default_loads_first_then_the_longest_decoder_loops() -> None:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nerserve.service.api.errors import ERROR_STATUS, error_body
 from nerserve.service.auth import tenant_of
-from nerserve.service.metrics import Metrics
+from nerserve.service.metrics import ResponseRecorder
 
 V2_INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
 
@@ -41,49 +43,80 @@ def model_route(scope: Scope) -> tuple[bool, str | None]:
     return (True, match["model"]) if match else (False, None)
 
 
-class EdgeAdmission:
-    """A request to a model route arriving while the work it would wait on exceeds `bound` seconds
-    is answered 429 at once (+ Retry-After). It counts its own refusals, which the app's response
-    counter never sees."""
+@dataclass(frozen=True)
+class Refusal:
+    wait: float  # seconds of others' work the request would wait on
+    in_flight: int  # requests let through and not yet answered
+    bound: float
 
-    def __init__(
-        self, app: ASGIApp, bound: float, wait: WaitEstimate, open_requests: Callable[[], int], metrics: Metrics | None = None
-    ) -> None:
-        self.app = app
+
+class EdgeAdmitter(Protocol):
+    """Decides at the edge: the engine's own counter (EdgeCounter), or an HTTP worker's question to
+    the engine process, which owns the count for every worker."""
+
+    async def admit(self, model: str | None, tenant: str) -> Refusal | None: ...
+
+    def release(self) -> None: ...
+
+
+class EdgeCounter:
+    """The requests let through and not yet answered, and the decision on a newcomer."""
+
+    def __init__(self, bound: float, wait: WaitEstimate, open_requests: Callable[[], int]) -> None:
         self.bound = bound
         self.wait = wait
         self.open_requests = open_requests  # requests the schedulers hold (queued or running)
-        self.metrics = metrics
         self.in_flight = 0  # requests let through here and not yet answered
+
+    def decide(self, model: str | None, tenant: str) -> Refusal | None:
+        pending = max(self.in_flight - self.open_requests(), 0)
+        waited = self.wait(model, pending, tenant)
+        if waited is not None and waited > self.bound:
+            return Refusal(waited, self.in_flight, self.bound)
+        self.in_flight += 1
+        return None
+
+    async def admit(self, model: str | None, tenant: str) -> Refusal | None:
+        return self.decide(model, tenant)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+
+class EdgeAdmission:
+    """A request to a model route arriving while the work it would wait on exceeds the bound is
+    answered 429 at once (+ Retry-After). It counts its own refusals, which the app's response
+    counter never sees."""
+
+    def __init__(self, app: ASGIApp, admitter: EdgeAdmitter, record: ResponseRecorder | None = None) -> None:
+        self.app = app
+        self.admitter = admitter
+        self.record = record
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runs_a_model, model = model_route(scope)
         if not runs_a_model:
             await self.app(scope, receive, send)
             return
-        pending = max(self.in_flight - self.open_requests(), 0)
-        tenant = tenant_of(scope)
-        waited = self.wait(model, pending, tenant)
-        if waited is not None and waited > self.bound:
-            await self._refuse(send, waited, scope)
+        refusal = await self.admitter.admit(model, tenant_of(scope))
+        if refusal is not None:
+            await self._refuse(send, refusal, scope)
             return
-        self.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.admitter.release()
 
-    async def _refuse(self, send: Send, wait: float, scope: Scope) -> None:
-        message = f"overloaded: {self.in_flight} requests in flight, about {wait:.1f} s of work ahead"
+    async def _refuse(self, send: Send, refusal: Refusal, scope: Scope) -> None:
+        message = f"overloaded: {refusal.in_flight} requests in flight, about {refusal.wait:.1f} s of work ahead"
         body = error_body("queue_full", message, path=scope.get("path", ""))
+        status = ERROR_STATUS["queue_full"]
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(max(1, math.ceil(wait - self.bound))).encode()),
+            (b"retry-after", str(max(1, math.ceil(refusal.wait - refusal.bound))).encode()),
         ]
-        await send({"type": "http.response.start", "status": ERROR_STATUS["queue_full"], "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        if self.metrics is not None:
-            self.metrics.requests.labels("", str(ERROR_STATUS["queue_full"])).inc()
-            if "tenant" in scope.get("state", {}):
-                self.metrics.key_requests.labels(tenant_of(scope), str(ERROR_STATUS["queue_full"])).inc()
+        if self.record is not None:
+            self.record("", status, tenant_of(scope) if "tenant" in scope.get("state", {}) else None, None)

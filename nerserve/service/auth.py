@@ -14,7 +14,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nerserve.service.api.errors import error_body
-from nerserve.service.metrics import Metrics
+from nerserve.service.metrics import ResponseRecorder
 from nerserve.service.tenants import UNKNOWN, Tenants
 
 PROTECTED = ("/extract", "/models", "/stats", "/v2")
@@ -28,9 +28,9 @@ def tenant_of(scope: Scope) -> str:
 
 
 class Door:
-    def __init__(self, tenants: Tenants, metrics: Metrics, protect_metrics: bool = False) -> None:
+    def __init__(self, tenants: Tenants, record: ResponseRecorder, protect_metrics: bool = False) -> None:
         self.tenants = tenants
-        self.metrics = metrics
+        self.record = record
         self.protected = PROTECTED + (("/metrics",) if protect_metrics else ())
 
     def _protects(self, scope: Scope) -> bool:
@@ -56,8 +56,7 @@ class Door:
 
     def refusal(self, why: str, path: str = "") -> bytes:
         """The 401's body for a request to PATH; counted as it is made (every refusal is sent)."""
-        self.metrics.requests.labels("", "401").inc()
-        self.metrics.key_requests.labels(UNKNOWN, "401").inc()
+        self.record("", 401, UNKNOWN, None)
         return error_body("unauthorized", f"{why}: send 'Authorization: Bearer <key>'", "authorization", path)
 
 

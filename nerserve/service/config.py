@@ -62,6 +62,12 @@ class Settings(Locations):
         description="run each model's graphs in a process of its own, so that a runtime that launches its "
         "work from Python (eager torch on CUDA) does not wait for the interpreter lock the HTTP front holds",
     )
+    http_workers: int = Field(
+        1,
+        ge=1,
+        description="HTTP worker processes in front of one engine process (parsing, validation and JSON off the "
+        "engine's interpreter lock); 1: the front and the engine share one process",
+    )
     threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
     max_batch_size: int | None = Field(
         None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"

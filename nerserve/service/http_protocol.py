@@ -15,13 +15,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from nerserve.service.api.errors import error_body
 from nerserve.service.auth import CHALLENGE, Door
-from nerserve.service.metrics import Metrics
+from nerserve.service.metrics import ResponseRecorder
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
-    header_timeout = 10.0  # set from Settings.header_timeout_seconds by service.main.run
-    metrics: Metrics | None = None  # the app's, set by service.main.run: a 408 is counted like any response
-    door: Door | None = None  # the app's API-key door, set by service.main.run
+    header_timeout = 10.0  # set from Settings.header_timeout_seconds by service.server
+    record: ResponseRecorder | None = None  # the app's, set by service.server: a 408 is counted like any response
+    door: Door | None = None  # the app's API-key door, set by service.server
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -86,5 +86,6 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         self.transport.close()
-        if self.metrics is not None:
-            self.metrics.requests.labels("", "408").inc()
+        record = type(self).record  # through the class: a plain function stored there is not bound
+        if record is not None:
+            record("", 408, None, None)

@@ -1,5 +1,6 @@
 """The application: lifespan (load models in the background, warm up, drain on shutdown), error
-handlers, body-size limit, and `run()` for `nerserve serve`."""
+handlers, body-size limit, the API-key door and the edge admission around it. Processes and
+`nerserve serve` itself: service.server."""
 
 from __future__ import annotations
 
@@ -8,14 +9,11 @@ import gc
 import logging
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi_offline import FastAPIOffline
@@ -24,7 +22,6 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve import __version__
-from nerserve.ner.runtime import DeviceUnavailable, resolve_device
 from nerserve.service.admission import EdgeAdmission
 from nerserve.service.api.errors import (
     ApiError,
@@ -38,8 +35,9 @@ from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
 from nerserve.service.auth import Door, KeyAuth, tenant_of
 from nerserve.service.config import Settings
-from nerserve.service.http_protocol import HeaderDeadlineProtocol
-from nerserve.service.metrics import Metrics
+from nerserve.service.engine import LocalEngine
+from nerserve.service.engine_link import RemoteEngine
+from nerserve.service.metrics import ResponseRecorder
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
 from nerserve.service.start_up_exports import Exporter
 from nerserve.service.tenants import Tenants, read_api_keys
@@ -106,6 +104,7 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
             os.kill(os.getpid(), signal.SIGTERM)  # graceful stop; run() exits non-zero
         return
     state.models[model.name] = model
+    state.views[model.name] = model.view()
     state.model_states[name] = "ready"
     # What loading made (graphs, tokenizers, configs) lives as long as the process: kept out of
     # the collector's full passes, which otherwise walk it all (long gen-2 pauses under load).
@@ -150,9 +149,9 @@ class CountResponses:
     error, a 404/405, the body limit, an unhandled exception), with the model the route resolved
     ("" when none); answers an unhandled exception as a JSON 500 naming a request id it logs."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, record: ResponseRecorder) -> None:
         self.app = app
-        self.metrics = metrics
+        self.record = record
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -178,40 +177,60 @@ class CountResponses:
                 await response(scope, receive, watching_send)
         finally:
             model = str(scope.get("state", {}).get("model", ""))
-            self.metrics.requests.labels(model, str(status or 500)).inc()
-            if "tenant" in scope.get("state", {}):  # a request the API-key door let through
-                tenant = tenant_of(scope)
-                self.metrics.key_requests.labels(tenant, str(status or 500)).inc()
-                self.metrics.key_request_seconds.labels(tenant).observe(time.perf_counter() - started)
+            tenant = tenant_of(scope) if "tenant" in scope.get("state", {}) else None  # a key the door let through
+            self.record(model, status or 500, tenant, time.perf_counter() - started)
 
 
-def create_app(settings: Settings | None = None, exporter: Exporter | None = None) -> FastAPI:
-    """The app; `exporter`: how graphs missing at start-up are exported (the command line gives its
-    own; without one, a model without graphs fails to load, saying so)."""
-    settings = settings or Settings()
-    tenants = Tenants(read_api_keys(settings.api_keys, settings.api_keys_file))
-    state = ServiceState(settings, tenants=tenants, exporter=exporter)
+def new_state(settings: Settings, exporter: Exporter | None = None) -> ServiceState:
+    """The service's state, its API keys read (said at start-up, never the keys themselves)."""
+    state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)), exporter=exporter)
     if state.tenants.enabled:
         names = ", ".join(state.tenants.names())
         log.info("API keys: %d (%s); /health, /info and the docs stay open", len(state.tenants.keys), names)
     else:
         log.info("API keys: none configured: every route is open")
+    return state
+
+
+async def shut_down(state: ServiceState, loader: asyncio.Task[None]) -> None:
+    """Draining: what was admitted is answered (within the drain deadline), then the models close."""
+    state.draining = True
+    loader.cancel()
+    # a model still exporting must not hold the process: stopped while the others drain
+    exports_stopped = asyncio.create_task(asyncio.to_thread(state.exports.stop))
+    for model in state.models.values():
+        await model.scheduler.drain(state.settings.drain_seconds)
+        await model.scheduler.stop()
+        await asyncio.to_thread(model.close)
+    await exports_stopped
+
+
+def create_app(settings: Settings | None = None, exporter: Exporter | None = None, engine_link: str | None = None) -> FastAPI:
+    """The app; `exporter`: how graphs missing at start-up are exported (the command line gives its
+    own; without one, a model without graphs fails to load, saying so). With `engine_link` (the
+    engine process's socket) the app is an HTTP worker's: the models run in the engine process,
+    which this app mirrors and asks (service.engine_link)."""
+    settings = settings or Settings()
+    if engine_link is None:
+        state = new_state(settings, exporter)
+        state.engine = LocalEngine(state)
+    else:
+        state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)))
+        state.engine = RemoteEngine(engine_link, state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if isinstance(state.engine, RemoteEngine):
+            await state.engine.connect()
+            yield
+            state.draining = True
+            await state.engine.close()
+            return
         loader = asyncio.create_task(_load_models(state))
         if settings.load_before_serving:
             await asyncio.shield(loader)
         yield
-        state.draining = True
-        loader.cancel()
-        # a model still exporting must not hold the process: stopped while the others drain
-        exports_stopped = asyncio.create_task(asyncio.to_thread(state.exports.stop))
-        for model in state.models.values():
-            await model.scheduler.drain(settings.drain_seconds)
-            await model.scheduler.stop()
-            await asyncio.to_thread(model.close)
-        await exports_stopped
+        await shut_down(state, loader)
 
     app = FastAPIOffline(
         title="nerserve",
@@ -226,31 +245,19 @@ def create_app(settings: Settings | None = None, exporter: Exporter | None = Non
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(CountResponses, metrics=state.metrics)  # sees every response the app makes
+    app.add_middleware(CountResponses, record=state.engine.record)  # sees every response the app makes
     return app
 
 
 def door(state: ServiceState) -> Door:
-    return Door(state.tenants, state.metrics, state.settings.protect_metrics)
+    return Door(state.tenants, state.engine.record, state.settings.protect_metrics)
 
 
 def with_admission(app: FastAPI) -> ASGIApp:
     """The application as served: CORS (when origins are allowed), the API-key door, then the
     edge admission, outside everything else."""
     state: ServiceState = app.state.service
-
-    def wait(model: str | None, pending: int, tenant: str) -> float | None:
-        """Others' work a request not yet read would wait on: for the model its route names, or the
-        least loaded model when the name is in the body (the scheduler then decides for the one it
-        names)."""
-        served = state.models if model is None else {model: state.models[model]} if model in state.models else {}
-        return min((m.scheduler.edge_wait(pending, tenant).others for m in served.values()), default=None)
-
-    def open_requests() -> int:
-        return sum(model.scheduler.open_requests for model in state.models.values())
-
-    admitted = EdgeAdmission(app, state.settings.max_queue_seconds, wait, open_requests, state.metrics)
-    served: ASGIApp = KeyAuth(admitted, door(state))
+    served: ASGIApp = KeyAuth(EdgeAdmission(app, state.engine, state.engine.record), door(state))
     if state.settings.cors_allow_origins:
         served = CORSMiddleware(
             served,
@@ -260,55 +267,3 @@ def with_admission(app: FastAPI) -> ASGIApp:
             expose_headers=["retry-after", "x-queue-time", "x-inference-time"],
         )
     return served
-
-
-class DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT: readiness off first, then uvicorn's graceful shutdown (stop accepting,
-    finish in-flight requests within the drain deadline, run the lifespan shutdown)."""
-
-    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
-        super().__init__(config)
-        self.service_state = state
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        self.service_state.draining = True
-        # As uvicorn's own handler, except that the signal is not re-raised after the graceful
-        # shutdown: a drained server exits 0, which orchestrators read as a clean stop.
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        else:
-            self.should_exit = True
-
-
-# The event loop shares the GIL with the graph thread's numpy decoding: at Python's default 5 ms
-# switch interval a refusal or a finished response can wait that long per hand-off under load.
-GIL_SWITCH_SECONDS = 0.001
-
-
-def run(settings: Settings, exporter: Exporter | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
-    try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
-        device = resolve_device(settings.device, settings.runtime.value)
-    except DeviceUnavailable as error:
-        raise SystemExit(f"nerserve: {error}") from None
-    if device != settings.device:
-        log.info("--device %s: running on %s", settings.device, device)
-        settings = settings.model_copy(update={"device": device})
-    app = create_app(settings, exporter)
-    HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
-    HeaderDeadlineProtocol.metrics = app.state.service.metrics
-    HeaderDeadlineProtocol.door = door(app.state.service)
-    config = uvicorn.Config(
-        with_admission(app),
-        host=settings.host,
-        port=settings.port,
-        http=HeaderDeadlineProtocol,
-        timeout_graceful_shutdown=int(settings.drain_seconds) or None,
-        log_level="info",
-        access_log=settings.access_log,
-    )
-    state = app.state.service
-    DrainingServer(config, state).run()
-    if state.fatal:
-        raise SystemExit(f"nerserve: {state.fatal}")

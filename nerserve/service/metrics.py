@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,10 @@ from prometheus_client import (
 
 from nerserve import __version__
 from nerserve.service.batching.scheduler import BatchRecord
+
+# (model, status, API key name or None, seconds or None) → counted: Metrics.record_response, or the
+# message that carries it to the engine process from an HTTP worker
+ResponseRecorder = Callable[[str, int, str | None, float | None], None]
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -85,6 +90,18 @@ class Metrics:
         self.key_request_seconds = Histogram(
             "nerserve_key_request_seconds", "End-to-end latency by API key name", ["key"], buckets=LATENCY_BUCKETS, registry=r
         )
+
+    def record_response(self, model: str, status: int, tenant: str | None, seconds: float | None) -> None:
+        """One answered request, whoever answered it (a route, the door, admission, the HTTP
+        protocol; in this process or an HTTP worker's): by model ("" when no route resolved one)
+        and status, its latency by model, and by key name where the door named one."""
+        self.requests.labels(model, str(status)).inc()
+        if model and seconds is not None:
+            self.request_seconds.labels(model).observe(seconds)
+        if tenant is not None:
+            self.key_requests.labels(tenant, str(status)).inc()
+            if seconds is not None:
+                self.key_request_seconds.labels(tenant).observe(seconds)
 
     def by_key(self) -> dict[str, dict[str, Any]]:
         """Per API key name since start: requests by status, refusals (429), sentences answered,

@@ -36,6 +36,18 @@ log = logging.getLogger("nerserve")
 Payload = tuple[Tokenized, Any]
 
 
+@dataclass(frozen=True)
+class ModelView:
+    """What the HTTP layer shows of a loaded model (GET /models, /info, the v2 metadata): made once
+    when it loads, and sent as is to the HTTP worker processes."""
+
+    name: str
+    version: str
+    architecture: str
+    labels: list[str]
+    info: dict[str, Any]
+
+
 @dataclass
 class ServedModel:
     name: str
@@ -68,6 +80,10 @@ class ServedModel:
         options = self.spec.request_options(self.defaults, raw, labels)
         self.program.check_options(options)
         return options
+
+    def view(self) -> ModelView:
+        manifest = self.manifest
+        return ModelView(self.name, manifest.version, manifest.architecture, list(manifest.labels), self.info())
 
     def info(self) -> dict[str, Any]:
         manifest = self.manifest

@@ -34,6 +34,7 @@ ERROR_STATUS: dict[str, int] = {
     "not_ready": 503,
     "model_failed": 503,
     "draining": 503,
+    "engine_unavailable": 503,  # an HTTP worker that lost its engine process (it is stopping)
     "deadline_exceeded": 504,
     "internal": 500,
 }

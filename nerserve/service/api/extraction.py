@@ -12,7 +12,7 @@ from fastapi import Request
 
 from nerserve.ner.archs.base import OptionError
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.state import ServiceState
+from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.auth import tenant_of
 from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
 from nerserve.service.models import ServedModel
@@ -34,7 +34,6 @@ class ExtractionQuery:
 
 @dataclass
 class Extraction:
-    model: ServedModel
     entities: list[list[dict[str, Any]]]  # per text
     queue_seconds: float
     inference_seconds: float
@@ -76,20 +75,30 @@ def _label_filter(model: ServedModel, labels: list[str] | None) -> set[str] | No
     return set(labels)
 
 
-async def _client_gone(request: Request) -> None:
+async def client_gone(request: Request) -> None:
     """Returns when the client disconnects (the body was read already: the next ASGI message is
     the disconnect). Event-driven, so in-flight requests cost nothing while they wait."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _await_all(request: Request, futures: list[asyncio.Future[ItemResult]]) -> list[ItemResult]:
-    """Wait for every sentence; if the client goes away, cancel them so the batcher drops them."""
+async def run_extraction(request: Request, model: str, query: ExtractionQuery) -> Extraction:
+    """A route's extraction, through the engine (in this process or the engine process), watching
+    for the client to go away meanwhile (the body is read already)."""
+    state = service_state(request)
+    gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))
+    try:
+        return await state.engine.extract(model, query, tenant_of(request.scope), gone)
+    finally:
+        gone.cancel()
+
+
+async def _await_all(futures: list[asyncio.Future[ItemResult]], gone: asyncio.Future[Any]) -> list[ItemResult]:
+    """Wait for every sentence; if the client goes away first (`gone` done), cancel them so the
+    batcher drops them."""
     gathered: asyncio.Future[Any] = asyncio.gather(*futures)
-    watcher: asyncio.Future[Any] = asyncio.ensure_future(_client_gone(request))
-    done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
     if gathered in done:
-        watcher.cancel()
         return gathered.result()
     for future in futures:
         future.cancel()
@@ -106,10 +115,10 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
 
 
 async def _run_units(
-    request: Request, model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None
+    model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None, tenant: str, gone: asyncio.Future[Any]
 ) -> list[ItemResult]:
     try:
-        futures = model.scheduler.submit(payloads, deadline, tenant_of(request.scope))
+        futures = model.scheduler.submit(payloads, deadline, tenant)
     except QueueFull as full:
         raise ApiError(
             "queue_full",
@@ -119,7 +128,7 @@ async def _run_units(
     except Draining:
         raise ApiError("draining", "server is shutting down; retry on another replica") from None
     try:
-        return await _await_all(request, futures)
+        return await _await_all(futures, gone)
     except DeadlineExceeded:
         raise ApiError("deadline_exceeded", "the request's deadline passed before it ran") from None
 
@@ -140,7 +149,11 @@ async def _plan(model: ServedModel, query: ExtractionQuery) -> list[PlannedText]
     return await asyncio.to_thread(model.planner.plan, query.texts, query.tokens)
 
 
-async def extract(state: ServiceState, request: Request, model: ServedModel, query: ExtractionQuery) -> Extraction:
+async def extract(
+    state: ServiceState, model: ServedModel, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]
+) -> Extraction:
+    """In the engine's process: `tenant`, the API key's name ("" without keys); `gone`, done when
+    the client goes away."""
     inputs = query.texts if query.texts is not None else query.tokens
     assert inputs is not None
     where = "texts" if query.texts is not None else "tokens"
@@ -164,7 +177,6 @@ async def extract(state: ServiceState, request: Request, model: ServedModel, que
             where,
         )
     results: list[ItemResult] = []
-    tenant = tenant_of(request.scope)
     over = state.tenants.charge(tenant, len(units))
     if over:
         raise ApiError(
@@ -174,7 +186,7 @@ async def extract(state: ServiceState, request: Request, model: ServedModel, que
             headers={"Retry-After": retry_after(over)},
         )
     if units:
-        results = await _run_units(request, model, [((u.sentence, options), u.cost) for u in units], deadline)
+        results = await _run_units(model, [((u.sentence, options), u.cost) for u in units], deadline, tenant, gone)
         if state.tenants.enabled:
             state.metrics.key_sentences.labels(tenant).inc(len(units))
     by_text: list[list[Any]] = [[] for _ in planned]
@@ -186,7 +198,6 @@ async def extract(state: ServiceState, request: Request, model: ServedModel, que
         found = keep_labels(found, wanted) if wanted is not None else found
         entities.append(flatten(found) if query.flat else found)
     return Extraction(
-        model,
         entities,
         queue_seconds=max((r.queue_seconds for r in results), default=0.0),
         inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once

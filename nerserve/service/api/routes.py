@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import math
 import platform
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from nerserve import __version__
-from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Extraction, ExtractionQuery, check_serving
-from nerserve.service.api.extraction import extract as run_extraction
+from nerserve.service.api.extraction import Extraction, ExtractionQuery, check_serving, run_extraction
 from nerserve.service.api.schemas import ErrorResponse, ExtractRequest, ExtractResponse, InfoResponse, ModelsResponse
 from nerserve.service.api.state import service_state
 
@@ -26,30 +23,20 @@ ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for co
 @router.post("/extract", response_model=ExtractResponse, responses=ERRORS, summary="Extract entities")
 async def extract(body: ExtractRequest, request: Request, response: Response) -> dict[str, Any]:
     state = service_state(request)
-    started = time.perf_counter()
     check_serving(state)
     model = state.model(body.model)
     request.state.model = model.name  # for the response counter (service.main.CountResponses)
-    try:
-        query = ExtractionQuery(
-            texts=body.texts,
-            tokens=body.tokens,
-            labels=body.labels,
-            options=body.options,
-            flat=body.flat,
-            deadline_ms=body.deadline_ms or _header_float(request, "x-deadline-ms"),
-        )
-        done = await run_extraction(state, request, model, query)
-        timing_headers(response, done)
-        return {
-            "model": model.name,
-            "version": model.manifest.version,
-            "results": [{"entities": entities} for entities in done.entities],
-        }
-    finally:
-        state.metrics.request_seconds.labels(model.name).observe(time.perf_counter() - started)
-        state.metrics.queue_depth.labels(model.name).set(model.scheduler.depth)
-        state.metrics.in_flight.labels(model.name).set(model.scheduler.in_flight)
+    query = ExtractionQuery(
+        texts=body.texts,
+        tokens=body.tokens,
+        labels=body.labels,
+        options=body.options,
+        flat=body.flat,
+        deadline_ms=body.deadline_ms or _header_float(request, "x-deadline-ms"),
+    )
+    done = await run_extraction(request, model.name, query)
+    timing_headers(response, done)
+    return {"model": model.name, "version": model.version, "results": [{"entities": found} for found in done.entities]}
 
 
 def timing_headers(response: Response, done: Extraction) -> None:
@@ -77,7 +64,7 @@ async def models(request: Request) -> dict[str, Any]:
     listed = []
     for name, model_state in state.model_states.items():
         if model_state == "ready":
-            listed.append({**state.models[name].info(), "state": "ready"})
+            listed.append({**state.views[name].info, "state": "ready"})
         else:
             listed.append({"name": name, "state": model_state, "error": state.model_errors.get(name)})
     return {"default": state.default_model, "models": listed}
@@ -105,25 +92,14 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
-    state = service_state(request)
-    for name, model in state.models.items():
-        state.metrics.queue_depth.labels(name).set(model.scheduler.depth)
-        state.metrics.in_flight.labels(name).set(model.scheduler.in_flight)
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(await service_state(request).engine.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/stats")
 async def stats(request: Request) -> dict[str, Any]:
     """The papers' efficiency table, live: sentences/s and tokens/s per model over 10 s, 1 min
     and since start, mean batch size and padding ratio."""
-    state = service_state(request)
-    table: dict[str, Any] = {
-        name: {**model.observer.stats.table(), "runtime": model.runtime, "queue_depth": model.scheduler.depth}
-        for name, model in state.models.items()
-    }
-    if state.tenants.enabled:  # requests (by status), sentences and latency by API key name
-        table["keys"] = state.metrics.by_key()
-    return table
+    return await service_state(request).engine.stats()
 
 
 @router.get("/info", response_model=InfoResponse)
@@ -131,19 +107,17 @@ async def info(request: Request) -> dict[str, Any]:
     """What an operator asks first: the version, what is served, on what, with which limits."""
     state = service_state(request)
     settings = state.settings
+    device_report = await state.engine.device_report()
     return {
         "version": __version__,
         "python": platform.python_version(),
         "runtime": settings.runtime.value,
         "device": settings.device,
-        **(
-            {"simulated_device": simulated_device(settings.simulated_device_costs).report()}
-            if settings.device == SIMULATED
-            else {}
-        ),
+        **({"simulated_device": device_report} if device_report is not None else {}),
+        "http_workers": settings.http_workers,
         "default_model": state.default_model,
         "models": state.model_states,
-        "execution_providers": {name: model.execution_providers for name, model in state.models.items()},
+        "execution_providers": {name: view.info["execution_providers"] for name, view in state.views.items()},
         "batching": {
             "max_batch_size": settings.batch_size_bound,
             "max_batch_tokens": settings.batch_tokens_bound,

@@ -132,6 +132,7 @@ class InfoResponse(BaseModel):
     simulated_device: dict[str, str | float | int] | None = Field(
         None, description="--device simulated: the card it stands in for, where its costs come from, busy seconds, passes"
     )
+    http_workers: int = Field(description="HTTP worker processes in front of the engine process (1: one process)")
     default_model: str | None
     models: dict[str, str] = Field(description="each model's state: loading, ready or failed")
     execution_providers: dict[str, dict[str, str]] = Field(

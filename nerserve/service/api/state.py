@@ -1,24 +1,30 @@
-"""What the HTTP layer knows of the running service: settings, metrics, the models and their states."""
+"""What the HTTP layer knows of the running service: settings, the models' states and facts, and the
+engine that runs them (in this process, or another one behind `--http-workers`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from nerserve.service.api.errors import ApiError
 from nerserve.service.config import Settings
 from nerserve.service.metrics import Metrics
-from nerserve.service.models import ServedModel
+from nerserve.service.models import ModelView, ServedModel
 from nerserve.service.start_up_exports import Exporter, StartUpExports
 from nerserve.service.tenants import Tenants
+
+if TYPE_CHECKING:
+    from nerserve.service.engine import Engine
 
 
 @dataclass
 class ServiceState:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
-    models: dict[str, ServedModel] = field(default_factory=dict)
+    models: dict[str, ServedModel] = field(default_factory=dict)  # the engine's own (none in an HTTP worker)
+    views: dict[str, ModelView] = field(default_factory=dict)  # every loaded model's facts
     ready: bool = False  # at least one model answers
     draining: bool = False
     model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed
@@ -27,6 +33,7 @@ class ServiceState:
     tenants: Tenants = field(default_factory=Tenants)  # API keys (none: every route open)
     exporter: Exporter | None = None  # how graphs missing at start-up are exported (none: they are an error)
     exports: StartUpExports = field(init=False)
+    engine: Engine = field(init=False)  # set by the app: service.engine.LocalEngine or a RemoteEngine
 
     def __post_init__(self) -> None:
         self.exports = StartUpExports(self.settings.locations, self.exporter)
@@ -35,20 +42,21 @@ class ServiceState:
     def default_model(self) -> str | None:
         # The configured default when it is served; otherwise the first served model (GET /models
         # names the one in use), so a store without span-conll03 still answers model-less requests.
-        if self.settings.default_model in self.models or self.model_states.get(self.settings.default_model or "") == "loading":
+        if self.settings.default_model in self.views or self.model_states.get(self.settings.default_model or "") == "loading":
             return self.settings.default_model
-        return next(iter(self.models), None)
+        return next(iter(self.views), None)
 
-    def model(self, name: str | None) -> ServedModel:
+    def model(self, name: str | None) -> ModelView:
+        """The model a request names (or the default), if it can answer; else the error saying why."""
         chosen = name or self.default_model
         if chosen is not None and self.model_states.get(chosen) == "loading":
             raise ApiError("not_ready", f"model {chosen!r} is still loading", "model", headers={"Retry-After": "5"})
         if chosen is not None and self.model_states.get(chosen) == "failed":
             raise ApiError("model_failed", f"model {chosen!r} failed to load: {self.model_errors[chosen]}", "model")
-        if chosen is None or chosen not in self.models:
-            known = ", ".join(self.models) or "none"
+        if chosen is None or chosen not in self.views:
+            known = ", ".join(self.views) or "none"
             raise ApiError("unknown_model", f"unknown model {chosen!r}; served models: {known}", "model")
-        return self.models[chosen]
+        return self.views[chosen]
 
 
 def service_state(request: Request) -> ServiceState:

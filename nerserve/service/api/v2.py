@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nerserve import __version__
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import ExtractionQuery, check_serving, extract
+from nerserve.service.api.extraction import ExtractionQuery, check_serving, run_extraction
 from nerserve.service.api.schemas import ExtractRequest
 from nerserve.service.api.state import service_state
-from nerserve.service.models import ServedModel
+from nerserve.service.models import ModelView
 
 v2 = APIRouter(prefix="/v2", tags=["KServe v2 (Open Inference Protocol)"])
 INPUT, OUTPUT = "text", "entities"
@@ -102,11 +102,11 @@ async def model_metadata(name: str, request: Request, version: str | None = None
     return JSONResponse(
         {
             "name": model.name,
-            "versions": [model.manifest.version],
-            "platform": f"nerserve_{model.manifest.architecture}",
+            "versions": [model.version],
+            "platform": f"nerserve_{model.architecture}",
             "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
             "outputs": [{"name": OUTPUT, "datatype": "BYTES", "shape": [-1]}],
-            "parameters": {"labels": model.manifest.labels, "options": model.spec.option_defaults(model.defaults)},
+            "parameters": {"labels": model.labels, "options": model.info["options"]},
         }
     )
 
@@ -226,7 +226,7 @@ def _labels(value: Parameter) -> list[str]:
     return names
 
 
-def _answer(request: InferRequest, model: ServedModel, entities: list[list[dict[str, Any]]]) -> Response:
+def _answer(request: InferRequest, model: ModelView, entities: list[list[dict[str, Any]]]) -> Response:
     strings = [json.dumps(found, ensure_ascii=False) for found in entities]
     asked = {o.name: o for o in request.outputs or []}
     if asked and set(asked) != {OUTPUT}:
@@ -242,7 +242,7 @@ def _answer(request: InferRequest, model: ServedModel, entities: list[list[dict[
         output["parameters"] = {"binary_data_size": len(blob)}
     else:
         output["data"] = strings
-    body: dict[str, Any] = {"model_name": model.name, "model_version": model.manifest.version, "outputs": [output]}
+    body: dict[str, Any] = {"model_name": model.name, "model_version": model.version, "outputs": [output]}
     if request.id is not None:
         body["id"] = request.id
     header = json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -270,8 +270,8 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         where = ".".join(str(p) for p in detail["loc"]) or "body"
         raise _invalid(f"{where}: {detail['msg']}") from None
     query = _query(_texts(parsed, binary), {**parsed.parameters, **parsed.inputs[0].parameters})
-    if version is not None and version != model.manifest.version:
-        message = f"model {name!r} has version {model.manifest.version!r}, not {version!r}"
+    if version is not None and version != model.version:
+        message = f"model {name!r} has version {model.version!r}, not {version!r}"
         raise ApiError("unknown_version", message, "version")
-    done = await extract(state, request, model, query)
+    done = await run_extraction(request, model.name, query)
     return _answer(parsed, model, done.entities)

@@ -1,0 +1,122 @@
+"""The engine: the one owner of the models, their schedulers (the fair queue), admission's count of
+requests in flight, the API keys' ceilings and the metrics. The HTTP layer asks it through the
+`Engine` interface: `LocalEngine` in the same process (one HTTP front, the default), or
+`service.engine_link.RemoteEngine` from an HTTP worker process (`--http-workers N`), the split
+vLLM makes between its API server and its engine core and TEI between its router and backend."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_client import generate_latest
+
+from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
+from nerserve.service.admission import EdgeCounter, Refusal
+from nerserve.service.api.errors import ApiError
+from nerserve.service.api.extraction import Extraction, ExtractionQuery, extract
+from nerserve.service.api.state import ServiceState
+from nerserve.service.models import ModelView
+
+
+class Engine(Protocol):
+    async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
+        """Entities for a request to MODEL (its name resolved by the HTTP layer); `gone` is done
+        when the client goes away. Refusals and bad input are ApiErrors."""
+        ...
+
+    async def admit(self, model: str | None, tenant: str) -> Refusal | None: ...
+
+    def release(self) -> None: ...
+
+    def record(self, model: str, status: int, tenant: str | None, seconds: float | None) -> None: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def device_report(self) -> dict[str, Any] | None:
+        """The simulated device's card, busy seconds and passes (--device simulated), else None."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """What an HTTP worker mirrors of the engine: readiness, the models' states and facts."""
+
+    ready: bool
+    draining: bool
+    fatal: str | None
+    model_states: dict[str, str]
+    model_errors: dict[str, str]
+    views: dict[str, ModelView]
+
+    @classmethod
+    def of(cls, state: ServiceState) -> EngineState:
+        return cls(
+            state.ready, state.draining, state.fatal, dict(state.model_states), dict(state.model_errors), dict(state.views)
+        )
+
+    def apply(self, state: ServiceState) -> None:
+        state.ready = self.ready
+        state.draining = state.draining or self.draining  # a worker told to stop stays stopping
+        state.fatal = self.fatal
+        state.model_states = self.model_states
+        state.model_errors = self.model_errors
+        state.views = self.views
+
+
+class LocalEngine:
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self.edge = EdgeCounter(state.settings.max_queue_seconds, self._wait, self._open_requests)
+
+    def _wait(self, model: str | None, pending: int, tenant: str) -> float | None:
+        """Others' work a request not yet read would wait on: for the model its route names, or the
+        least loaded model when the name is in the body (the scheduler then decides for the one it
+        names)."""
+        models = self.state.models
+        served = models if model is None else {model: models[model]} if model in models else {}
+        return min((m.scheduler.edge_wait(pending, tenant).others for m in served.values()), default=None)
+
+    def _open_requests(self) -> int:
+        return sum(model.scheduler.open_requests for model in self.state.models.values())
+
+    async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
+        self.state.model(model)  # still served (an HTTP worker resolved the name on its last view)
+        served = self.state.models.get(model)
+        if served is None:
+            raise ApiError("not_ready", f"model {model!r} is still loading", "model", headers={"Retry-After": "5"})
+        return await extract(self.state, served, query, tenant, gone)
+
+    async def admit(self, model: str | None, tenant: str) -> Refusal | None:
+        return self.edge.decide(model, tenant)
+
+    def release(self) -> None:
+        self.edge.release()
+
+    def record(self, model: str, status: int, tenant: str | None, seconds: float | None) -> None:
+        self.state.metrics.record_response(model, status, tenant, seconds)
+
+    async def metrics_text(self) -> bytes:
+        metrics = self.state.metrics
+        for name, model in self.state.models.items():
+            metrics.queue_depth.labels(name).set(model.scheduler.depth)
+            metrics.in_flight.labels(name).set(model.scheduler.in_flight)
+        return generate_latest(metrics.registry)
+
+    async def stats(self) -> dict[str, Any]:
+        """The papers' efficiency table, live: sentences/s and tokens/s per model over 10 s, 1 min
+        and since start, mean batch size and padding ratio."""
+        table: dict[str, Any] = {
+            name: {**model.observer.stats.table(), "runtime": model.runtime, "queue_depth": model.scheduler.depth}
+            for name, model in self.state.models.items()
+        }
+        if self.state.tenants.enabled:  # requests (by status), sentences and latency by API key name
+            table["keys"] = self.state.metrics.by_key()
+        return table
+
+    async def device_report(self) -> dict[str, Any] | None:
+        settings = self.state.settings
+        return simulated_device(settings.simulated_device_costs).report() if settings.device == SIMULATED else None

@@ -1,0 +1,280 @@
+"""The link between HTTP worker processes and the engine process (`--http-workers N`): one Unix
+socket in a folder only this user can open, length-prefixed pickled messages both ways.
+
+A worker asks (`call`, answered by a `reply` with the same id) or tells (no answer): `admit` and
+`release` for the edge admission, `extract`, `cancel` (its client went away), `record` (a response
+it answered, for /metrics), `metrics`, `stats`, `device_report`. The engine pushes its `state` (readiness, the
+models' states and facts) on connection and whenever it changes. The engine owns every count:
+what a worker had admitted is released when its connection closes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import struct
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from nerserve.service.admission import Refusal
+from nerserve.service.api.errors import ApiError
+from nerserve.service.api.extraction import Extraction, ExtractionQuery
+from nerserve.service.api.state import ServiceState
+from nerserve.service.engine import EngineState, LocalEngine
+
+log = logging.getLogger("nerserve")
+LENGTH = struct.Struct("!I")
+# How often the engine looks for a change worth pushing (a model ready or failed, draining): the
+# workers' view of readiness lags by at most this.
+PUBLISH_SECONDS = 0.05
+ErrorParts = tuple[str, str, str | None, dict[str, str]]  # an ApiError's code, message, field, headers
+
+
+def frame(message: Any) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return LENGTH.pack(len(data)) + data
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Any:
+    (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+    return pickle.loads(await reader.readexactly(size))  # a peer of this user only: the socket is in a 0700 folder
+
+
+def error_parts(error: ApiError) -> ErrorParts:
+    return error.code, error.message, error.field, error.headers
+
+
+@dataclass(eq=False)
+class _Worker:
+    """One worker's connection, as the engine sees it."""
+
+    writer: asyncio.StreamWriter
+    admitted: int = 0  # requests it let through the edge and has not released
+    watching: dict[int, asyncio.Future[Any]] = field(default_factory=dict)  # extract id → done when its client went away
+
+    def send(self, message: Any) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(frame(message))
+
+
+class EngineServer:
+    """Serves a LocalEngine to the HTTP workers."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self.engine = engine
+        self.workers: set[_Worker] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.published: EngineState | None = None
+        self.server: asyncio.AbstractServer | None = None
+        self.publisher: asyncio.Task[None] | None = None
+
+    async def start(self, path: str) -> None:
+        self.server = await asyncio.start_unix_server(self._serve, path)
+        self.publisher = asyncio.create_task(self._publish_changes())
+
+    async def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.cancel()
+        if self.server is not None:
+            self.server.close()
+        for worker in list(self.workers):
+            worker.writer.close()
+
+    def publish(self) -> None:
+        """Every worker gets the engine's state now (draining, say), if it changed."""
+        current = EngineState.of(self.engine.state)
+        if current != self.published:
+            self.published = current
+            for worker in self.workers:
+                worker.send(("state", current))
+
+    async def _publish_changes(self) -> None:
+        while True:
+            self.publish()
+            await asyncio.sleep(PUBLISH_SECONDS)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        worker = _Worker(writer)
+        self.workers.add(worker)
+        worker.send(("state", EngineState.of(self.engine.state)))
+        try:
+            while True:
+                self._dispatch(worker, *await read_frame(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.workers.discard(worker)
+            for _ in range(worker.admitted):  # a worker gone: what it had admitted no longer waits
+                self.engine.release()
+            for gone in worker.watching.values():
+                if not gone.done():
+                    gone.set_result(None)
+            writer.close()
+
+    def _dispatch(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
+        engine = self.engine
+        if method == "record":
+            engine.record(*args)
+        elif method == "admit":
+            refusal = engine.edge.decide(*args)
+            worker.admitted += refusal is None
+            worker.send(("reply", call_id, True, refusal))
+        elif method == "release":
+            engine.release()
+            worker.admitted -= 1
+        elif method == "cancel":
+            gone = worker.watching.get(args[0])
+            if gone is not None and not gone.done():
+                gone.set_result(None)
+        elif method in ("extract", "metrics", "stats", "device_report"):
+            task = asyncio.create_task(self._answer(worker, method, call_id, args))
+            self.tasks.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self.tasks.discard)
+        else:
+            worker.send(("reply", call_id, False, ("internal", f"unknown engine call {method!r}", None, {})))
+
+    async def _answer(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
+        try:
+            if method == "extract":
+                gone: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                worker.watching[call_id or 0] = gone
+                try:
+                    model, query, tenant = args
+                    value: Any = await self.engine.extract(model, query, tenant, gone)
+                finally:
+                    worker.watching.pop(call_id or 0, None)
+            elif method == "metrics":
+                value = await self.engine.metrics_text()
+            elif method == "stats":
+                value = await self.engine.stats()
+            else:
+                value = await self.engine.device_report()
+            worker.send(("reply", call_id, True, value))
+        except ApiError as error:
+            worker.send(("reply", call_id, False, error_parts(error)))
+        except Exception as error:
+            log.exception("engine call %s failed", method)
+            worker.send(("reply", call_id, False, ("internal", f"engine error: {type(error).__name__}", None, {})))
+
+
+class RemoteEngine:
+    """The engine as an HTTP worker reaches it; it keeps the worker's ServiceState a mirror of the
+    engine's. A worker that loses its engine cannot answer anything: it says so and stops."""
+
+    def __init__(self, path: str, state: ServiceState) -> None:
+        self.path = path
+        self.state = state
+        self.ids = count(1)
+        self.pending: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+
+    async def connect(self, timeout: float = 60.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                reader, self.writer = await asyncio.open_unix_connection(self.path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+        _, first = await read_frame(reader)
+        first.apply(self.state)
+        self.reader_task = asyncio.create_task(self._read(reader))
+
+    async def close(self) -> None:
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+        if self.writer is not None:
+            self.writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, *rest = await read_frame(reader)
+                if kind == "state":
+                    rest[0].apply(self.state)
+                    continue
+                call_id, ok, value = rest
+                reply = self.pending.pop(call_id, None)
+                if reply is not None and not reply.done():  # None: its client went away meanwhile
+                    reply.set_result((ok, value))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self._lost()
+
+    def _lost(self) -> None:
+        message = "the engine process is gone"
+        for reply in self.pending.values():
+            if not reply.done():
+                reply.set_result((False, ("engine_unavailable", message, None, {})))
+        self.pending.clear()
+        if self.state.fatal is None and not self.state.draining:
+            self.state.fatal = message
+            log.error("%s: this HTTP worker stops", message)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _send(self, method: str, args: tuple[Any, ...], call_id: int | None = None) -> None:
+        if self.writer is None or self.writer.is_closing():
+            raise ApiError("engine_unavailable", "the engine process is gone")
+        self.writer.write(frame((method, call_id, args)))
+
+    def _ask(self, method: str, *args: Any) -> tuple[int, asyncio.Future[tuple[bool, Any]]]:
+        call_id = next(self.ids)
+        reply: asyncio.Future[tuple[bool, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[call_id] = reply
+        self._send(method, args, call_id)
+        return call_id, reply
+
+    @staticmethod
+    def _value(reply: asyncio.Future[tuple[bool, Any]]) -> Any:
+        ok, value = reply.result()
+        if not ok:
+            raise ApiError(*value)
+        return value
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        _, reply = self._ask(method, *args)
+        await reply
+        return self._value(reply)
+
+    async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
+        call_id, reply = self._ask("extract", model, query, tenant)
+        await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not reply.done():
+            self.pending.pop(call_id, None)
+            reply.cancel()
+            self._send("cancel", (call_id,))
+            raise ApiError("client_gone", "the client closed the connection before the answer")
+        extraction: Extraction = self._value(reply)
+        return extraction
+
+    async def admit(self, model: str | None, tenant: str) -> Refusal | None:
+        refusal: Refusal | None = await self._call("admit", model, tenant)
+        return refusal
+
+    def release(self) -> None:
+        self._tell("release")
+
+    def record(self, model: str, status: int, tenant: str | None, seconds: float | None) -> None:
+        self._tell("record", model, status, tenant, seconds)
+
+    def _tell(self, method: str, *args: Any) -> None:
+        with contextlib.suppress(ApiError):  # the engine is gone: nothing left to count in
+            self._send(method, args)
+
+    async def metrics_text(self) -> bytes:
+        text: bytes = await self._call("metrics")
+        return text
+
+    async def stats(self) -> dict[str, Any]:
+        table: dict[str, Any] = await self._call("stats")
+        return table
+
+    async def device_report(self) -> dict[str, Any] | None:
+        report: dict[str, Any] | None = await self._call("device_report")
+        return report

@@ -1,0 +1,178 @@
+"""`nerserve serve`: one process (the HTTP front and the engine together, the default), or with
+`--http-workers N` (N ≥ 2) an engine process and N HTTP worker processes.
+
+The engine process (this one: the one Kubernetes signals) loads the models and owns the
+schedulers, admission's count, the API keys' ceilings and the metrics; it binds the listening
+socket and starts the workers, which accept on it in turn (the kernel hands each connection to one
+of them) and ask the engine over a Unix socket (service.engine_link). A worker that dies is
+replaced. On SIGTERM the engine marks itself draining (every worker's readiness goes off), tells
+the workers to stop (each stops accepting and answers what it admitted, within the drain deadline),
+waits for them, drains its own queues and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from nerserve.ner.runtime import DeviceUnavailable, resolve_device
+from nerserve.service.api.state import ServiceState
+from nerserve.service.config import Settings
+from nerserve.service.engine import LocalEngine
+from nerserve.service.engine_link import EngineServer
+from nerserve.service.http_protocol import HeaderDeadlineProtocol
+from nerserve.service.main import _load_models, create_app, door, new_state, shut_down, with_admission
+from nerserve.service.start_up_exports import Exporter
+
+log = logging.getLogger("nerserve")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The event loop shares the GIL with the graph thread's numpy decoding: at Python's default 5 ms
+# switch interval a refusal or a finished response can wait that long per hand-off under load.
+GIL_SWITCH_SECONDS = 0.001
+BACKLOG = 2048  # uvicorn's default
+SUPERVISE_SECONDS = 0.5  # how often the engine looks for a worker that died
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: readiness off first, then uvicorn's graceful shutdown (stop accepting,
+    finish in-flight requests within the drain deadline, run the lifespan shutdown)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
+        super().__init__(config)
+        self.service_state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.service_state.draining = True
+        # As uvicorn's own handler, except that the signal is not re-raised after the graceful
+        # shutdown: a drained server exits 0, which orchestrators read as a clean stop.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+
+def run(settings: Settings, exporter: Exporter | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
+        device = resolve_device(settings.device, settings.runtime.value)
+    except DeviceUnavailable as error:
+        raise SystemExit(f"nerserve: {error}") from None
+    if device != settings.device:
+        log.info("--device %s: running on %s", settings.device, device)
+        settings = settings.model_copy(update={"device": device})
+    if settings.http_workers > 1:
+        fatal = asyncio.run(_engine_process(settings, exporter))
+    else:
+        app = create_app(settings, exporter)
+        _serve(app, settings)
+        fatal = app.state.service.fatal
+    if fatal:
+        raise SystemExit(f"nerserve: {fatal}")
+
+
+def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    state: ServiceState = app.state.service
+    HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
+    HeaderDeadlineProtocol.record = state.engine.record
+    HeaderDeadlineProtocol.door = door(state)
+    config = uvicorn.Config(
+        with_admission(app),
+        host=settings.host,
+        port=settings.port,
+        http=HeaderDeadlineProtocol,
+        timeout_graceful_shutdown=int(settings.drain_seconds) or None,
+        log_level="info",
+        access_log=settings.access_log,
+        backlog=BACKLOG,
+    )
+    DrainingServer(config, state).run(sockets=sockets)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        raise SystemExit(f"nerserve: cannot listen on {host}:{port}: {error}") from None
+    sock.listen(BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+def http_worker(settings: Settings, sock: socket.socket, engine_link: str, index: int) -> None:
+    """An HTTP worker process's life: the app in front of the engine at `engine_link`."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    _serve(create_app(settings, engine_link=engine_link), settings, [sock])
+
+
+async def _engine_process(settings: Settings, exporter: Exporter | None) -> str | None:
+    """The engine process's life; returns why it could not serve, if so."""
+    sock = _listening_socket(settings.host, settings.port)
+    state = new_state(settings, exporter)
+    engine = LocalEngine(state)
+    state.engine = engine
+    folder = tempfile.mkdtemp(prefix="nerserve-engine-")  # 0700: only this user reaches the engine
+    link = EngineServer(engine)
+    await link.start(os.path.join(folder, "engine.sock"))
+    loader = asyncio.create_task(_load_models(state))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    spawn = multiprocessing.get_context("spawn")
+
+    def start(index: int) -> BaseProcess:
+        process = spawn.Process(
+            target=http_worker, args=(settings, sock, os.path.join(folder, "engine.sock"), index), name=f"nerserve-http-{index}"
+        )
+        process.start()
+        return process
+
+    workers = [start(index) for index in range(settings.http_workers)]
+    log.info("engine process %d; HTTP workers %s on %s:%d", os.getpid(), [w.pid for w in workers], settings.host, settings.port)
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), SUPERVISE_SECONDS)
+        except TimeoutError:
+            for index, worker in enumerate(workers):
+                if not worker.is_alive():
+                    log.error("HTTP worker %d (pid %s) exited with %s: starting another", index, worker.pid, worker.exitcode)
+                    workers[index] = start(index)
+    state.draining = True
+    link.publish()  # every worker's readiness off before any stops accepting
+    for worker in workers:
+        if worker.is_alive() and worker.pid is not None:
+            os.kill(worker.pid, signal.SIGTERM)
+    await asyncio.to_thread(_join, workers, settings.drain_seconds + 5)
+    await shut_down(state, loader)
+    await link.close()
+    sock.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return state.fatal
+
+
+def _join(workers: list[BaseProcess], seconds: float) -> None:
+    """Workers answer what they admitted within the drain deadline; one that does not is killed."""
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            log.error("HTTP worker %s did not stop within %.0f s: killed", worker.pid, seconds)
+            worker.kill()
+            worker.join()

@@ -1,0 +1,137 @@
+"""`--http-workers 2`: an engine process and two HTTP worker processes, end to end on a real server
+(the committed span-conll03 through ONNX Runtime): the one-process server's answers and errors, one
+/metrics for every worker, API keys at the workers' door with the counts in the engine, a worker
+that dies replaced, SIGTERM draining what was admitted."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serving import Server, assert_same_results
+
+pytestmark = pytest.mark.e2e
+SENTENCES = [
+    ["Peter", "Blackburn", "reported", "from", "Brussels", "on", "Friday", "."],
+    ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
+    ["Angela", "Merkel", "met", "Siemens", "executives", "in", "Munich", "."],
+]
+KEY = "sk-workers-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[Server, Server]]:
+    keys = json.dumps({"team-a": {"key": KEY, "max_sentences_per_second": 1000}})
+    single = Server(models="span-conll03", threads=1)
+    split = Server(models="span-conll03", threads=1, http_workers=2, api_keys=keys)
+    try:
+        single.wait_ready()
+        split.wait_ready()
+        yield single, split
+    finally:
+        single.stop()
+        split.stop()
+
+
+def post(server: Server, path: str, payload: object, key: str | None = KEY) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{server.url}{path}", json=payload, headers=headers, timeout=60)
+
+
+def worker_pids(engine: int) -> set[int]:
+    """The engine's HTTP worker children (not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{engine}/task/{engine}/children").read_text().split()
+    return {int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")}
+
+
+def counted(metrics: str, series: str) -> float:
+    found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.MULTILINE)
+    return float(found[1]) if found else 0.0
+
+
+def test_the_split_server_answers_as_the_one_process_server(servers: tuple[Server, Server]) -> None:
+    single, split = servers
+    texts = {"texts": ["Angela Merkel visited Paris with Siemens.", "No entity here."]}
+    want = post(single, "/extract", texts, key=None).json()
+    for _ in range(6):  # whichever worker takes the connection
+        got = post(split, "/extract", texts).json()
+        assert got["model"] == want["model"] and got["version"] == want["version"]
+        assert_same_results(got["results"], want["results"])
+    tokens = post(split, "/extract", {"tokens": SENTENCES}).json()["results"]
+    assert_same_results(tokens, post(single, "/extract", {"tokens": SENTENCES}, key=None).json()["results"])
+    for payload, status, field in [
+        ({"model": "nope", "texts": ["x"]}, 404, "model"),
+        ({"texts": ["x"], "options": {"threshold": 7}}, 422, "options.threshold"),
+        ({"texts": ["x"], "labels": ["XYZ"]}, 422, "labels[0]"),
+    ]:
+        answered = post(split, "/extract", payload)
+        assert answered.status_code == status and answered.json()["error"]["field"] == field
+        assert answered.json() == post(single, "/extract", payload, key=None).json()
+    v2 = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Angela Merkel visited Paris."]}]}
+    single_v2 = post(single, "/v2/models/span-conll03/infer", v2, key=None).json()
+    assert post(split, "/v2/models/span-conll03/infer", v2).json() == single_v2
+    info = httpx.get(f"{split.url}/info").json()
+    assert info["http_workers"] == 2 and info["models"] == {"span-conll03": "ready"}
+    models = httpx.get(f"{split.url}/models", headers={"authorization": f"Bearer {KEY}"}).json()
+    assert models == httpx.get(f"{single.url}/models").json()
+
+
+def test_one_metrics_for_every_worker_and_keys_at_their_door(servers: tuple[Server, Server]) -> None:
+    _, split = servers
+    before = httpx.get(f"{split.url}/metrics").text
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answered = list(pool.map(lambda _: post(split, "/extract", {"tokens": SENTENCES[:1]}), range(40)))
+    refused = [post(split, "/extract", {"tokens": SENTENCES[:1]}, key=key) for key in (None, "sk-wrong")]
+    assert all(r.status_code == 200 for r in answered)
+    assert [r.status_code for r in refused] == [401, 401] and refused[0].json()["error"]["field"] == "authorization"
+    time.sleep(0.2)  # a worker tells the engine of a response once it is written
+    after = httpx.get(f"{split.url}/metrics").text  # answered by either worker: the engine's one registry
+    for series, more in [
+        ('nerserve_requests_total{model="span-conll03",status="200"}', 40),
+        ('nerserve_key_requests_total{key="team-a",status="200"}', 40),
+        ('nerserve_key_requests_total{key="unknown",status="401"}', 2),
+        ('nerserve_key_sentences_total{key="team-a"}', 40),
+        ('nerserve_sentences_total{model="span-conll03"}', 40),
+    ]:
+        assert counted(after, series) - counted(before, series) == more, series
+    assert KEY not in after
+    stats = httpx.get(f"{split.url}/stats", headers={"authorization": f"Bearer {KEY}"}).json()
+    assert stats["span-conll03"]["sentences"] >= 40 and stats["keys"]["team-a"]["requests"]["200"] >= 40
+
+
+def test_a_worker_that_dies_is_replaced(servers: tuple[Server, Server]) -> None:
+    _, split = servers
+    workers = worker_pids(split.process.pid)
+    assert len(workers) == 2
+    victim = min(workers)
+    os.kill(victim, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and (len(worker_pids(split.process.pid)) < 2 or victim in worker_pids(split.process.pid)):
+        time.sleep(0.2)
+    now = worker_pids(split.process.pid)
+    assert len(now) == 2 and victim not in now
+    for _ in range(10):  # both serve again; the dead one's admissions were released
+        assert post(split, "/extract", {"tokens": SENTENCES[:1]}).status_code == 200
+
+
+def test_sigterm_drains_every_worker_then_exits() -> None:
+    server = Server(models="span-conll03", max_batch_size=4, threads=1, http_workers=2)
+    server.wait_ready()
+    sentences = SENTENCES * 40
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pending = [pool.submit(post, server, "/extract", {"tokens": sentences}, None) for _ in range(2)]
+        time.sleep(0.5)
+        server.process.send_signal(signal.SIGTERM)
+        responses = [p.result(timeout=120) for p in pending]
+    assert [r.status_code for r in responses] == [200, 200]
+    assert all(len(r.json()["results"]) == len(sentences) for r in responses)
+    assert server.process.wait(60) == 0
