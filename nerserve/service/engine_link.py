@@ -44,6 +44,30 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     return pickle.loads(await reader.readexactly(size))  # a peer of this user only: the socket is in a 0700 folder
 
 
+class FrameWriter:
+    """Messages written once per turn of the event loop: the many small messages a turn makes go
+    out in one system call (a write per message cost the engine's loop a sixth of its time)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.pending: list[bytes] = []
+
+    def send(self, message: Any) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.pending.append(frame(message))
+
+    def _flush(self) -> None:
+        data = b"".join(self.pending)
+        self.pending.clear()
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    @property
+    def closed(self) -> bool:
+        return self.writer.is_closing()
+
+
 def error_parts(error: ApiError) -> ErrorParts:
     return error.code, error.message, error.field, error.headers
 
@@ -52,13 +76,12 @@ def error_parts(error: ApiError) -> ErrorParts:
 class _Worker:
     """One worker's connection, as the engine sees it."""
 
-    writer: asyncio.StreamWriter
+    out: FrameWriter
     admitted: int = 0  # requests it let through the edge and has not released
     watching: dict[int, asyncio.Future[Any]] = field(default_factory=dict)  # extract id → done when its client went away
 
     def send(self, message: Any) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(frame(message))
+        self.out.send(message)
 
 
 class EngineServer:
@@ -82,7 +105,7 @@ class EngineServer:
         if self.server is not None:
             self.server.close()
         for worker in list(self.workers):
-            worker.writer.close()
+            worker.out.writer.close()
 
     def publish(self) -> None:
         """Every worker gets the engine's state now (draining, say), if it changed."""
@@ -98,7 +121,7 @@ class EngineServer:
             await asyncio.sleep(PUBLISH_SECONDS)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        worker = _Worker(writer)
+        worker = _Worker(FrameWriter(writer))
         self.workers.add(worker)
         worker.send(("state", EngineState.of(self.engine.state)))
         try:
@@ -170,19 +193,20 @@ class RemoteEngine:
         self.state = state
         self.ids = count(1)
         self.pending: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
-        self.writer: asyncio.StreamWriter | None = None
+        self.out: FrameWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
 
     async def connect(self, timeout: float = 60.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
-                reader, self.writer = await asyncio.open_unix_connection(self.path)
+                reader, writer = await asyncio.open_unix_connection(self.path)
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(0.05)
+        self.out = FrameWriter(writer)
         _, first = await read_frame(reader)
         first.apply(self.state)
         self.reader_task = asyncio.create_task(self._read(reader))
@@ -190,8 +214,8 @@ class RemoteEngine:
     async def close(self) -> None:
         if self.reader_task is not None:
             self.reader_task.cancel()
-        if self.writer is not None:
-            self.writer.close()
+        if self.out is not None:
+            self.out.writer.close()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -219,9 +243,9 @@ class RemoteEngine:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def _send(self, method: str, args: tuple[Any, ...], call_id: int | None = None) -> None:
-        if self.writer is None or self.writer.is_closing():
+        if self.out is None or self.out.closed:
             raise ApiError("engine_unavailable", "the engine process is gone")
-        self.writer.write(frame((method, call_id, args)))
+        self.out.send((method, call_id, args))
 
     def _ask(self, method: str, *args: Any) -> tuple[int, asyncio.Future[tuple[bool, Any]]]:
         call_id = next(self.ids)
