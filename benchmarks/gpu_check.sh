@@ -5,7 +5,8 @@
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
-#      at c = 16, the same with the graphs in their own process (--graph-process), then the batch-1
+#      at c = 16, the same with the graphs in their own process (--graph-process), the same again
+#      with HTTP worker processes in front of the engine process (--http-workers), then the batch-1
 #      server at c = 64; setgen- and bartner-conll03 served at c = 64;
 #      the load client in its own processes on its own cores, with its ceiling (served_check.py);
 #   4. half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
@@ -39,6 +40,10 @@ URL="http://127.0.0.1:$PORT"
 CORES=$(nproc)
 # the server on the first cores, the load client's processes on the last four (on few cores: shared)
 if [ "$CORES" -ge 8 ]; then SERVER_CORES="0-$((CORES - 5))"; CLIENT_CORES="$((CORES - 4))-$((CORES - 1))"; else SERVER_CORES="0-$((CORES - 1))"; CLIENT_CORES=""; fi
+# HTTP workers for the split server: the server's cores less two (the engine's loop and its batch
+# threads), at most 8
+SERVER_CORE_COUNT=$([ "$CORES" -ge 8 ] && echo $((CORES - 4)) || echo "$CORES")
+HTTP_WORKERS=$(( SERVER_CORE_COUNT - 2 > 8 ? 8 : (SERVER_CORE_COUNT - 2 < 2 ? 2 : SERVER_CORE_COUNT - 2) ))
 if [ "$QUICK" = 1 ]; then
   SIZES=1,32; LIMIT=64; OTHER_LIMIT=64; BATCH1_LIMIT=32; SECONDS_PER_LEVEL=2; LEVELS=1,16; HALF_LEVELS=16
   HALF_LIMIT=64; SERVED_MODELS="setgen-conll03"
@@ -100,6 +105,10 @@ onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this on
   step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
     --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
   if serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
+  if serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
+    served span-onnx-split span-conll03 "$LEVELS" 1
+    stop
+  fi
 }
 
 if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
@@ -119,6 +128,12 @@ fi
 # the graphs in a process of their own: their Python launches no longer share the HTTP front's lock
 if serve span-graph-process span-conll03 eager --graph-process; then
   served span-graph-process span-conll03 "$LEVELS" 1
+  stop
+fi
+# several HTTP worker processes in front of the engine process, the graphs in their own process
+if serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
+  served span-split-1 span-conll03 "$LEVELS" 1
+  served span-split-32 span-conll03 16 32
   stop
 fi
 if serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi

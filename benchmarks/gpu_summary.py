@@ -51,6 +51,10 @@ def _level(folder: Path, name: str, concurrency: int) -> dict[str, Any] | None:
     return None
 
 
+def _rate(row: dict[str, Any] | None) -> float | None:
+    return float(row["sentences_per_second"]) if row else None
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 4) if numerator is not None and denominator else None
 
@@ -65,9 +69,6 @@ def summary(folder: Path) -> dict[str, Any]:
     bare_best = bare["best"].get("fp32") if bare else None
     span = _offline_best(folder, "span-conll03")
     span_best = span["sentences_per_second_sorted"] if span else None
-    rate = lambda row: row["sentences_per_second"] if row else None  # noqa: E731
-    c1, c64, c256 = (_level(folder, "span-1", c) for c in (1, 64, 256))
-    c16x32 = _level(folder, "span-32", 16)
     setgen, bartner = _level(folder, "setgen-conll03", 64), _level(folder, "bartner-conll03", 64)
     return {
         "environment": (folder / "environment.txt").read_text() if (folder / "environment.txt").is_file() else None,
@@ -85,22 +86,38 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-1",
                 "span-32",
                 "span-graph-process",
+                "span-split-1",
+                "span-split-32",
                 "span-batch1",
                 "setgen-conll03",
                 "bartner-conll03",
                 "span-half",
                 "span-onnx",
+                "span-onnx-split",
             )
         },
         "half_precision": _lines(folder, "half-precision"),
         "bars": {
             "offline_over_bare_encoder": _bar(_ratio(span_best, bare_best), 1 / 3),
-            "served_c256_over_offline": _bar(_ratio(rate(c256), span_best), 0.5),
-            "served_c16x32_over_offline": _bar(_ratio(rate(c16x32), span_best), 0.7),
-            "p99_ms_c64": _bar(c64["latency_ms"]["p99"] if c64 else None, 100, at_most=True),
-            "p50_ms_c1": _bar(c1["latency_ms"]["p50"] if c1 else None, 10, at_most=True),
-            "setgen_over_bartner_c64": _bar(_ratio(rate(setgen), rate(bartner)), 2),
+            "setgen_over_bartner_c64": _bar(_ratio(_rate(setgen), _rate(bartner)), 2),
         },
+        # the served bars for each way of serving: one process, and HTTP workers in front of an
+        # engine process with the graphs in a process of their own
+        "served_bars": {
+            layout: _served_bars(folder, one, many, span_best)
+            for layout, one, many in (("one-process", "span-1", "span-32"), ("split", "span-split-1", "span-split-32"))
+        },
+    }
+
+
+def _served_bars(folder: Path, one: str, many: str, span_best: float | None) -> dict[str, Any]:
+    c1, c64, c256 = (_level(folder, one, c) for c in (1, 64, 256))
+    c16x32 = _level(folder, many, 16)
+    return {
+        "served_c256_over_offline": _bar(_ratio(_rate(c256), span_best), 0.5),
+        "served_c16x32_over_offline": _bar(_ratio(_rate(c16x32), span_best), 0.7),
+        "p99_ms_c64": _bar(c64["latency_ms"]["p99"] if c64 else None, 100, at_most=True),
+        "p50_ms_c1": _bar(c1["latency_ms"]["p50"] if c1 else None, 10, at_most=True),
     }
 
 
@@ -108,7 +125,7 @@ def summary(folder: Path) -> dict[str, Any]:
 def main(folder: Annotated[Path, typer.Option()] = Path("build/gpu-check")) -> None:
     report = summary(folder)
     (folder / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
-    typer.echo(json.dumps(report["bars"], indent=1))
+    typer.echo(json.dumps({**report["bars"], **report["served_bars"]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ device of that speed, never the device.
     taskset -c 0 nerserve serve --models span-conll03 --device simulated --threads 1 --port 8041 &
     taskset -c 1 python benchmarks/simulated_device.py --url http://127.0.0.1:8041 \
         --data ../shared/data/conll03 --concurrency 1,16,64,256 --out docs/reference-run/simulated-device.json
+
+With `--http-workers W` on the server, pass `--workers W --server-pid PID` (the server's process):
+each level then reports the CPU milliseconds per answered request of the engine and each worker.
 """
 
 from __future__ import annotations

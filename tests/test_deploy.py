@@ -80,6 +80,7 @@ CHART_VALUES: list[dict[str, object]] = [
         "models": ["span-conll03", "gner-open"],
         "modelStore": {"existingClaim": "models"},
         "threads": 4,
+        "httpWorkers": 4,
         "extraEnv": {"NERSERVE_MAX_BATCH_SIZE": "64"},
     },
     {"graphCache": {"existingClaim": "graphs"}, "podDisruptionBudget": {"enabled": False}, "service": {"type": "NodePort"}},
@@ -139,6 +140,18 @@ def test_helm_chart_passes_api_keys_from_a_secret() -> None:
     (open_deployment,) = [d for d in rendered({}) if d["kind"] == "Deployment"]
     open_env = open_deployment["spec"]["template"]["spec"]["containers"][0]["env"]  # type: ignore[index]
     assert "NERSERVE_API_KEYS" not in {e["name"] for e in open_env}  # no keys: open, as before
+
+
+def test_helm_chart_sets_http_workers_when_asked() -> None:
+    """`httpWorkers` > 1 becomes NERSERVE_HTTP_WORKERS (tests/test_http_workers.py serves with it);
+    the default, one process, sets nothing."""
+
+    def env(values: dict[str, object]) -> dict[str, object]:
+        (deployment,) = [d for d in rendered(values) if d["kind"] == "Deployment"]
+        return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # type: ignore[index]
+
+    assert env({"httpWorkers": 4})["NERSERVE_HTTP_WORKERS"] == "4"
+    assert "NERSERVE_HTTP_WORKERS" not in env({})
 
 
 def test_helm_chart_lints_clean() -> None:
