@@ -112,3 +112,32 @@ def test_soft_nms_decays_overlapping() -> None:
     kept = soft_nms(candidates, decay=0.5, iou_threshold=0.6)
     # [0,3) has IoU 0.75 with [0,4): its score is decayed below the distant [6,7)
     assert [(e.fragments, e.score) for e in kept] == [(((0, 4),), 0.9), (((6, 7),), 0.5), (((0, 3),), 0.425)]
+
+
+def test_soft_nms_is_the_papers_algorithm_on_random_candidates() -> None:
+    """Against Algorithm 1 written plainly (take the best, decay each remaining proposal whose IoU
+    with it is ≥ k, re-sort): the same entities, in the same order, with the same scores."""
+    from dataclasses import replace
+
+    def reference(items: list[Entity], decay: float, k: float) -> list[Entity]:
+        def iou(a: Entity, b: Entity) -> float:
+            inter = min(a.end, b.end) - max(a.start, b.start)
+            return inter / ((a.end - a.start) + (b.end - b.start) - inter) if inter > 0 else 0.0
+
+        pending, kept = sorted(items, key=lambda c: -c.score), []
+        while pending:
+            current = pending.pop(0)
+            kept.append(current)
+            pending = [replace(c, score=c.score * decay) if iou(c, current) >= k else c for c in pending]
+            pending.sort(key=lambda c: -c.score)
+        return kept
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        items = []
+        for _ in range(int(rng.integers(0, 9))):
+            start = int(rng.integers(0, 12))
+            score = float(rng.choice([0.5, 0.7, round(float(rng.random()), 3)]))  # ties included
+            items.append(Entity(str(rng.choice(["A", "B"])), ((start, start + int(rng.integers(1, 5))),), score))
+        decay, k = float(rng.choice([0.3, 0.5, 1.0])), float(rng.choice([0.0, 0.3, 0.6, 1.0]))
+        assert soft_nms(items, decay, k) == reference(items, decay, k)

@@ -51,28 +51,34 @@ def _clip(word: str) -> str:
     return word[:half] + word[-half:]
 
 
+# A word's character ids padded to MAX_WORD_CHARS, as the bytes of int16s: a batch's words become
+# one matrix by joining their bytes, with no Python loop over characters.
+_CHAR_DTYPE = np.dtype("<i2")
+_PADDING = bytes(MAX_WORD_CHARS * _CHAR_DTYPE.itemsize)
+
+
 @lru_cache(maxsize=1 << 17)  # words repeat: a sentence's are mostly ones seen before
-def word_features(word: str) -> tuple[tuple[int, ...], int]:
-    """A word's character ids (clipped) and its shape id."""
-    return tuple(char_id(c) for c in _clip(word)), shape_id(word)
+def word_features(word: str) -> tuple[bytes, int, int]:
+    """A word's character ids (clipped, padded to MAX_WORD_CHARS, int16 bytes), their count and its
+    shape id."""
+    ids = [char_id(c) for c in _clip(word)]
+    row = np.array(ids, dtype=_CHAR_DTYPE).tobytes()
+    return row + _PADDING[len(row) :], len(ids), shape_id(word)
 
 
 def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, np.ndarray]:
     """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both), filled in one scatter each."""
     features = list(map(word_features, itertools.chain.from_iterable(sentences)))
-    char_lists, shapes = zip(*features, strict=True) if features else ((), ())
-    lengths = np.fromiter(map(len, char_lists), dtype=np.int64, count=len(features))
-    width = max(int(lengths.max(initial=1)), 1)
+    rows, lengths, shapes = zip(*features, strict=True) if features else ((), (), ())
+    width = max(lengths, default=1) or 1
     words_per_sentence = np.fromiter((len(words) for words in sentences), dtype=np.int64, count=len(sentences))
     # the flat [B·N] slot of every word: its sentence's row, then its place within the sentence
     firsts = np.cumsum(words_per_sentence) - words_per_sentence  # each sentence's first word, flat
     places = np.arange(len(features)) - np.repeat(firsts, words_per_sentence)
     word_slots = np.repeat(np.arange(len(sentences)) * n_words, words_per_sentence) + places
     shape_ids = np.zeros(len(sentences) * n_words, dtype=np.int64)
-    shape_ids[word_slots] = np.fromiter(shapes, dtype=np.int64, count=len(features))
+    shape_ids[word_slots] = shapes
     char_ids = np.zeros((len(sentences) * n_words, width), dtype=np.int64)
-    flat = np.fromiter(itertools.chain.from_iterable(char_lists), dtype=np.int64, count=int(lengths.sum()))
-    rows = np.repeat(word_slots, lengths)
-    columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    char_ids[rows, columns] = flat
+    padded = np.frombuffer(b"".join(rows), dtype=_CHAR_DTYPE).reshape(len(features), MAX_WORD_CHARS)
+    char_ids[word_slots] = padded[:, :width]
     return char_ids.reshape(len(sentences), n_words, width), shape_ids.reshape(len(sentences), n_words)

@@ -16,13 +16,6 @@ from nerserve.ner.decoding.overlap import accept_best_first, best_per
 from nerserve.ner.types import Entity, EntitySet
 
 
-def iou(a: Entity, b: Entity) -> float:
-    inter = min(a.end, b.end) - max(a.start, b.start)
-    if inter <= 0:
-        return 0.0
-    return inter / ((a.end - a.start) + (b.end - b.start) - inter)
-
-
 def candidates(
     filter_prob: np.ndarray,
     spans: np.ndarray,
@@ -57,16 +50,19 @@ def decode_batch(
     thresholds = np.array([o.threshold for o in options], dtype=scores.dtype)[:, None]
     filters = np.array([o.filter_threshold for o in options], dtype=filter_prob.dtype)[:, None]
     keep = (seed_mask > 0) & (filter_prob > filters) & (classes > 0) & (scores > thresholds)
+    # every candidate of the batch at once, sentence by sentence (np.nonzero is row-major), as
+    # Python numbers: one conversion per array, not one per value
+    sentence, k = np.nonzero(keep)
+    types = (classes[sentence, k] - 1).tolist()
+    starts, ends = spans[sentence, k, 0].tolist(), spans[sentence, k, 1].tolist()
+    kept_scores = scores[sentence, k].tolist()
+    first = np.searchsorted(sentence, np.arange(len(options) + 1)).tolist()
     found: list[EntitySet] = []
     for b, chosen in enumerate(options):
-        rows = np.flatnonzero(keep[b])
-        if not len(rows):
+        if first[b] == first[b + 1]:
             found.append(EntitySet())
             continue
-        listed = (
-            Entity(labels[int(classes[b, k]) - 1], ((int(spans[b, k, 0]), int(spans[b, k, 1])),), float(scores[b, k]))
-            for k in rows
-        )
+        listed = (Entity(labels[types[i]], ((starts[i], ends[i]),), kept_scores[i]) for i in range(first[b], first[b + 1]))
         found.append(survivors(best_per(listed, key=lambda e: e.fragments), chosen))
     return found
 
@@ -78,14 +74,25 @@ def survivors(candidates_: list[Entity], options: DecodeOptions) -> EntitySet:
 
 
 def soft_nms(items: list[Entity], decay: float, iou_threshold: float) -> list[Entity]:
-    pending = sorted(items, key=lambda c: -c.score)
-    kept: list[Entity] = []
+    """Best first: every later proposal whose IoU with the one taken is ≥ the threshold has its score
+    multiplied by `decay`, and the rest are re-sorted (stably). Scores and bounds are worked on as
+    plain lists; an entity is rebuilt only where its score changed."""
+    scores = [c.score for c in items]
+    bounds = [(c.start, c.end) for c in items]
+    pending = sorted(range(len(items)), key=lambda i: -scores[i])
+    kept: list[int] = []
     while pending:
         current = pending.pop(0)
         kept.append(current)
-        pending = [replace(c, score=c.score * decay) if iou(c, current) >= iou_threshold else c for c in pending]
-        pending.sort(key=lambda c: -c.score)
-    return kept
+        start, end = bounds[current]
+        for i in pending:
+            other_start, other_end = bounds[i]
+            inter = min(end, other_end) - max(start, other_start)
+            overlap = inter / ((end - start) + (other_end - other_start) - inter) if inter > 0 else 0.0
+            if overlap >= iou_threshold:
+                scores[i] *= decay
+        pending.sort(key=lambda i: -scores[i])
+    return [items[i] if scores[i] == items[i].score else replace(items[i], score=scores[i]) for i in kept]
 
 
 def decode_sentence(
