@@ -53,6 +53,14 @@ def worker_pids(engine: int) -> set[int]:
     return {int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")}
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit is reaped by whoever adopted it, maybe never here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def counted(metrics: str, series: str) -> float:
     found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.MULTILINE)
     return float(found[1]) if found else 0.0
@@ -115,9 +123,10 @@ def test_a_worker_that_dies_is_replaced(servers: tuple[Server, Server]) -> None:
     victim = min(workers)
     os.kill(victim, signal.SIGKILL)
     end = time.monotonic() + 30
-    while time.monotonic() < end and (len(worker_pids(split.process.pid)) < 2 or victim in worker_pids(split.process.pid)):
-        time.sleep(0.2)
     now = worker_pids(split.process.pid)
+    while time.monotonic() < end and (len(now) < 2 or victim in now):  # one look at a time
+        time.sleep(0.2)
+        now = worker_pids(split.process.pid)
     assert len(now) == 2 and victim not in now
     for _ in range(10):  # both serve again; the dead one's admissions were released
         assert post(split, "/extract", {"tokens": SENTENCES[:1]}).status_code == 200
@@ -135,3 +144,22 @@ def test_sigterm_drains_every_worker_then_exits() -> None:
     assert [r.status_code for r in responses] == [200, 200]
     assert all(len(r.json()["results"]) == len(sentences) for r in responses)
     assert server.process.wait(60) == 0
+
+
+def test_a_model_that_cannot_load_ends_every_process_naming_it() -> None:
+    server = Server(models="no-such-model", http_workers=2)
+    assert server.process.wait(60) != 0
+    assert "no-such-model" in server.process.stderr.read().decode()  # type: ignore[union-attr]
+
+
+def test_workers_stop_when_the_engine_is_gone() -> None:
+    """A worker without its engine could answer nothing: it stops rather than hold the port."""
+    server = Server(models="span-conll03", threads=1, http_workers=2)
+    server.wait_ready()
+    workers = worker_pids(server.process.pid)
+    server.process.kill()
+    server.process.wait(10)
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any(map(running, workers)):
+        time.sleep(0.2)
+    assert not [pid for pid in workers if running(pid)]

@@ -31,7 +31,19 @@ LENGTH = struct.Struct("!I")
 # How often the engine looks for a change worth pushing (a model ready or failed, draining): the
 # workers' view of readiness lags by at most this.
 PUBLISH_SECONDS = 0.05
+# How long a worker waits for the engine's first message on a new connection before it tries again
+# (and checks that the engine still lives): the engine sends it as it accepts.
+FIRST_STATE_SECONDS = 1.0
 ErrorParts = tuple[str, str, str | None, dict[str, str]]  # an ApiError's code, message, field, headers
+
+
+@dataclass(frozen=True)
+class EngineAddress:
+    """Where a worker finds its engine: the socket, and the engine's process id (a worker whose
+    parent is no longer that process is an orphan and stops)."""
+
+    path: str
+    pid: int
 
 
 def frame(message: Any) -> bytes:
@@ -188,8 +200,9 @@ class RemoteEngine:
     """The engine as an HTTP worker reaches it; it keeps the worker's ServiceState a mirror of the
     engine's. A worker that loses its engine cannot answer anything: it says so and stops."""
 
-    def __init__(self, path: str, state: ServiceState) -> None:
-        self.path = path
+    def __init__(self, address: EngineAddress, state: ServiceState) -> None:
+        self.path = address.path
+        self.engine_pid = address.pid
         self.state = state
         self.ids = count(1)
         self.pending: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
@@ -197,18 +210,23 @@ class RemoteEngine:
         self.reader_task: asyncio.Task[None] | None = None
 
     async def connect(self, timeout: float = 60.0) -> None:
+        """Connects to the engine that started this process and takes its first state, waiting for
+        its socket to open; fails as soon as that engine is gone (this process is then an orphan)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
+            if os.getppid() != self.engine_pid or asyncio.get_running_loop().time() > deadline:
+                raise ConnectionError(f"no engine answers at {self.path}")
+            writer = None
             try:
                 reader, writer = await asyncio.open_unix_connection(self.path)
+                _, first = await asyncio.wait_for(read_frame(reader), FIRST_STATE_SECONDS)
                 break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
+            except (FileNotFoundError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+                if writer is not None:
+                    writer.close()
                 await asyncio.sleep(0.05)
-        self.out = FrameWriter(writer)
-        _, first = await read_frame(reader)
         first.apply(self.state)
+        self.out = FrameWriter(writer)
         self.reader_task = asyncio.create_task(self._read(reader))
 
     async def close(self) -> None:

@@ -36,7 +36,7 @@ from nerserve.service.api.v2 import v2
 from nerserve.service.auth import Door, KeyAuth, tenant_of
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
-from nerserve.service.engine_link import RemoteEngine
+from nerserve.service.engine_link import EngineAddress, RemoteEngine
 from nerserve.service.metrics import ResponseRecorder
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
 from nerserve.service.start_up_exports import Exporter
@@ -205,18 +205,20 @@ async def shut_down(state: ServiceState, loader: asyncio.Task[None]) -> None:
     await exports_stopped
 
 
-def create_app(settings: Settings | None = None, exporter: Exporter | None = None, engine_link: str | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, exporter: Exporter | None = None, engine: EngineAddress | None = None
+) -> FastAPI:
     """The app; `exporter`: how graphs missing at start-up are exported (the command line gives its
-    own; without one, a model without graphs fails to load, saying so). With `engine_link` (the
-    engine process's socket) the app is an HTTP worker's: the models run in the engine process,
-    which this app mirrors and asks (service.engine_link)."""
+    own; without one, a model without graphs fails to load, saying so). With `engine` (the engine
+    process's address) the app is an HTTP worker's: the models run in the engine process, which
+    this app mirrors and asks (service.engine_link)."""
     settings = settings or Settings()
-    if engine_link is None:
+    if engine is None:
         state = new_state(settings, exporter)
         state.engine = LocalEngine(state)
     else:
         state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)))
-        state.engine = RemoteEngine(engine_link, state)
+        state.engine = RemoteEngine(engine, state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

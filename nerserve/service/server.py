@@ -31,7 +31,7 @@ from nerserve.ner.runtime import DeviceUnavailable, resolve_device
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
-from nerserve.service.engine_link import EngineServer
+from nerserve.service.engine_link import EngineAddress, EngineServer
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.main import _load_models, create_app, door, new_state, shut_down, with_admission
 from nerserve.service.start_up_exports import Exporter
@@ -114,11 +114,11 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_worker(settings: Settings, sock: socket.socket, engine_link: str, index: int) -> None:
-    """An HTTP worker process's life: the app in front of the engine at `engine_link`."""
+def http_worker(settings: Settings, sock: socket.socket, engine: EngineAddress, index: int) -> None:
+    """An HTTP worker process's life: the app in front of the engine at `engine`."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
-    _serve(create_app(settings, engine_link=engine_link), settings, [sock])
+    _serve(create_app(settings, engine=engine), settings, [sock])
 
 
 async def _engine_process(settings: Settings, exporter: Exporter | None) -> str | None:
@@ -128,8 +128,9 @@ async def _engine_process(settings: Settings, exporter: Exporter | None) -> str 
     engine = LocalEngine(state)
     state.engine = engine
     folder = tempfile.mkdtemp(prefix="nerserve-engine-")  # 0700: only this user reaches the engine
+    address = EngineAddress(os.path.join(folder, "engine.sock"), os.getpid())
     link = EngineServer(engine)
-    await link.start(os.path.join(folder, "engine.sock"))
+    await link.start(address.path)
     loader = asyncio.create_task(_load_models(state))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -138,9 +139,7 @@ async def _engine_process(settings: Settings, exporter: Exporter | None) -> str 
     spawn = multiprocessing.get_context("spawn")
 
     def start(index: int) -> BaseProcess:
-        process = spawn.Process(
-            target=http_worker, args=(settings, sock, os.path.join(folder, "engine.sock"), index), name=f"nerserve-http-{index}"
-        )
+        process = spawn.Process(target=http_worker, args=(settings, sock, address, index), name=f"nerserve-http-{index}")
         process.start()
         return process
 
