@@ -28,6 +28,7 @@ from nerserve.service.engine import EngineState, LocalEngine
 
 log = logging.getLogger("nerserve")
 LENGTH = struct.Struct("!I")
+READ_BYTES = 1 << 16
 # How often the engine looks for a change worth pushing (a model ready or failed, draining): the
 # workers' view of readiness lags by at most this.
 PUBLISH_SECONDS = 0.05
@@ -51,9 +52,37 @@ def frame(message: Any) -> bytes:
     return LENGTH.pack(len(data)) + data
 
 
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
-    return pickle.loads(await reader.readexactly(size))  # a peer of this user only: the socket is in a 0700 folder
+class FrameReader:
+    """Messages as they arrive: every complete one in what the socket has, per read (a busy link
+    delivers many at once; reading each by its length prefix would cost two awaits a message)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self.buffer = bytearray()
+
+    async def read(self) -> list[Any]:
+        while True:
+            messages = self._complete()
+            if messages:
+                return messages
+            chunk = await self.reader.read(READ_BYTES)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(self.buffer), None)
+            self.buffer += chunk
+
+    def _complete(self) -> list[Any]:
+        messages, offset, end = [], 0, len(self.buffer)
+        with memoryview(self.buffer) as view:
+            while end - offset >= LENGTH.size:
+                (size,) = LENGTH.unpack_from(view, offset)
+                if end - offset - LENGTH.size < size:
+                    break
+                start = offset + LENGTH.size
+                # a peer of this user only: the socket is in a 0700 folder
+                messages.append(pickle.loads(view[start : start + size]))
+                offset = start + size
+        del self.buffer[:offset]
+        return messages
 
 
 class FrameWriter:
@@ -136,9 +165,11 @@ class EngineServer:
         worker = _Worker(FrameWriter(writer))
         self.workers.add(worker)
         worker.send(("state", EngineState.of(self.engine.state)))
+        incoming = FrameReader(reader)
         try:
             while True:
-                self._dispatch(worker, *await read_frame(reader))
+                for message in await incoming.read():
+                    self._dispatch(worker, *message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -219,15 +250,17 @@ class RemoteEngine:
             writer = None
             try:
                 reader, writer = await asyncio.open_unix_connection(self.path)
-                _, first = await asyncio.wait_for(read_frame(reader), FIRST_STATE_SECONDS)
+                incoming = FrameReader(reader)
+                first_messages = await asyncio.wait_for(incoming.read(), FIRST_STATE_SECONDS)
                 break
             except (FileNotFoundError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
                 if writer is not None:
                     writer.close()
                 await asyncio.sleep(0.05)
-        first.apply(self.state)
         self.out = FrameWriter(writer)
-        self.reader_task = asyncio.create_task(self._read(reader))
+        for message in first_messages:  # the engine's state first
+            self._handle(message)
+        self.reader_task = asyncio.create_task(self._read(incoming))
 
     async def close(self) -> None:
         if self.reader_task is not None:
@@ -235,19 +268,23 @@ class RemoteEngine:
         if self.out is not None:
             self.out.writer.close()
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    async def _read(self, incoming: FrameReader) -> None:
         try:
             while True:
-                kind, *rest = await read_frame(reader)
-                if kind == "state":
-                    rest[0].apply(self.state)
-                    continue
-                call_id, ok, value = rest
-                reply = self.pending.pop(call_id, None)
-                if reply is not None and not reply.done():  # None: its client went away meanwhile
-                    reply.set_result((ok, value))
+                for message in await incoming.read():
+                    self._handle(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             self._lost()
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind, *rest = message
+        if kind == "state":
+            rest[0].apply(self.state)
+            return
+        call_id, ok, value = rest
+        reply = self.pending.pop(call_id, None)
+        if reply is not None and not reply.done():  # None: its client went away meanwhile
+            reply.set_result((ok, value))
 
     def _lost(self) -> None:
         message = "the engine process is gone"

@@ -84,8 +84,16 @@ async def client_gone(request: Request) -> None:
 
 async def run_extraction(request: Request, model: str, query: ExtractionQuery) -> Extraction:
     """A route's extraction, through the engine (in this process or the engine process), watching
-    for the client to go away meanwhile (the body is read already)."""
+    for the client to go away meanwhile (the body is read already). What needs no model is checked
+    here, in the HTTP process, before the engine is asked."""
     state = service_state(request)
+    inputs = query.texts if query.texts is not None else query.tokens
+    assert inputs is not None
+    where = "texts" if query.texts is not None else "tokens"
+    if len(inputs) > state.settings.max_texts:
+        raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
+    if query.tokens is not None:
+        _validate_tokens(query.tokens)
     gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))
     try:
         return await state.engine.extract(model, query, tenant_of(request.scope), gone)
@@ -152,15 +160,9 @@ async def _plan(model: ServedModel, query: ExtractionQuery) -> list[PlannedText]
 async def extract(
     state: ServiceState, model: ServedModel, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]
 ) -> Extraction:
-    """In the engine's process: `tenant`, the API key's name ("" without keys); `gone`, done when
-    the client goes away."""
-    inputs = query.texts if query.texts is not None else query.tokens
-    assert inputs is not None
+    """In the engine's process, for a query run_extraction has checked: `tenant`, the API key's
+    name ("" without keys); `gone`, done when the client goes away."""
     where = "texts" if query.texts is not None else "tokens"
-    if len(inputs) > state.settings.max_texts:
-        raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
-    if query.tokens is not None:
-        _validate_tokens(query.tokens)
     wanted = _label_filter(model, query.labels)
     try:
         options = model.resolve_options(query.options, query.labels if wanted is None else None)
