@@ -21,7 +21,7 @@ from typing import Protocol
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nerserve.service.api.errors import ERROR_STATUS, error_body
-from nerserve.service.auth import tenant_of
+from nerserve.service.auth import key_name, tenant_of
 from nerserve.service.metrics import ResponseRecorder
 
 V2_INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
@@ -119,4 +119,4 @@ class EdgeAdmission:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         if self.record is not None:
-            self.record("", status, tenant_of(scope) if "tenant" in scope.get("state", {}) else None, None)
+            self.record("", status, key_name(scope), None)

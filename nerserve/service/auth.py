@@ -27,6 +27,12 @@ def tenant_of(scope: Scope) -> str:
     return str(scope.get("state", {}).get("tenant", ""))
 
 
+def key_name(scope: Scope) -> str | None:
+    """The key's name where the door asked for one and let the request through, else None (what
+    the per-key metrics count by)."""
+    return tenant_of(scope) if "tenant" in scope.get("state", {}) else None
+
+
 class Door:
     def __init__(self, tenants: Tenants, record: ResponseRecorder, protect_metrics: bool = False) -> None:
         self.tenants = tenants

@@ -33,7 +33,7 @@ from nerserve.service.api.errors import (
 from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
-from nerserve.service.auth import Door, KeyAuth, tenant_of
+from nerserve.service.auth import Door, KeyAuth, key_name
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineAddress, RemoteEngine
@@ -177,13 +177,16 @@ class CountResponses:
                 await response(scope, receive, watching_send)
         finally:
             model = str(scope.get("state", {}).get("model", ""))
-            tenant = tenant_of(scope) if "tenant" in scope.get("state", {}) else None  # a key the door let through
-            self.record(model, status or 500, tenant, time.perf_counter() - started)
+            self.record(model, status or 500, key_name(scope), time.perf_counter() - started)
+
+
+def api_keys(settings: Settings) -> Tenants:
+    return Tenants(read_api_keys(settings.api_keys, settings.api_keys_file))
 
 
 def new_state(settings: Settings, exporter: Exporter | None = None) -> ServiceState:
     """The service's state, its API keys read (said at start-up, never the keys themselves)."""
-    state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)), exporter=exporter)
+    state = ServiceState(settings, tenants=api_keys(settings), exporter=exporter)
     if state.tenants.enabled:
         names = ", ".join(state.tenants.names())
         log.info("API keys: %d (%s); /health, /info and the docs stay open", len(state.tenants.keys), names)
@@ -217,7 +220,7 @@ def create_app(
         state = new_state(settings, exporter)
         state.engine = LocalEngine(state)
     else:
-        state = ServiceState(settings, tenants=Tenants(read_api_keys(settings.api_keys, settings.api_keys_file)))
+        state = ServiceState(settings, tenants=api_keys(settings))
         state.engine = RemoteEngine(engine, state)
 
     @asynccontextmanager

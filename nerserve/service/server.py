@@ -101,19 +101,6 @@ def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None
     DrainingServer(config, state).run(sockets=sockets)
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        raise SystemExit(f"nerserve: cannot listen on {host}:{port}: {error}") from None
-    sock.listen(BACKLOG)
-    sock.set_inheritable(True)
-    return sock
-
-
 def http_worker(settings: Settings, sock: socket.socket, engine: EngineAddress, index: int) -> None:
     """An HTTP worker process's life: the app in front of the engine at `engine`."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
@@ -123,7 +110,9 @@ def http_worker(settings: Settings, sock: socket.socket, engine: EngineAddress, 
 
 async def _engine_process(settings: Settings, exporter: Exporter | None) -> str | None:
     """The engine process's life; returns why it could not serve, if so."""
-    sock = _listening_socket(settings.host, settings.port)
+    # bound here, as uvicorn binds for its own workers (an address in use ends the process, saying
+    # so); the config only binds: its app is never loaded in this process
+    sock = uvicorn.Config(with_admission, host=settings.host, port=settings.port, backlog=BACKLOG).bind_socket()
     state = new_state(settings, exporter)
     engine = LocalEngine(state)
     state.engine = engine
