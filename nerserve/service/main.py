@@ -227,6 +227,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if isinstance(state.engine, RemoteEngine):
             await state.engine.connect()
+            gc.freeze()  # the worker's start-up objects likewise, kept out of full collections
             yield
             state.draining = True
             await state.engine.close()

@@ -74,7 +74,14 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
         log.info("--device %s: running on %s", settings.device, device)
         settings = settings.model_copy(update={"device": device})
     if settings.http_workers > 1:
-        fatal = asyncio.run(_engine_process(settings, exporter))
+        # bound here, as uvicorn binds for its own workers (an address in use ends the process,
+        # saying so); this config only binds and names the event loop: its app is never loaded
+        front = uvicorn.Config(with_admission, host=settings.host, port=settings.port, backlog=BACKLOG)
+        sock = front.bind_socket()
+        # the engine's loop is the workers' (libuv where installed): its per-request Python is
+        # what caps the workers' requests/s, and it shares the graphs' cores
+        with asyncio.Runner(loop_factory=front.get_loop_factory()) as runner:
+            fatal = runner.run(_engine_process(settings, exporter, sock))
     else:
         app = create_app(settings, exporter)
         _serve(app, settings)
@@ -108,11 +115,8 @@ def http_worker(settings: Settings, sock: socket.socket, engine: EngineAddress, 
     _serve(create_app(settings, engine=engine), settings, [sock])
 
 
-async def _engine_process(settings: Settings, exporter: Exporter | None) -> str | None:
-    """The engine process's life; returns why it could not serve, if so."""
-    # bound here, as uvicorn binds for its own workers (an address in use ends the process, saying
-    # so); the config only binds: its app is never loaded in this process
-    sock = uvicorn.Config(with_admission, host=settings.host, port=settings.port, backlog=BACKLOG).bind_socket()
+async def _engine_process(settings: Settings, exporter: Exporter | None, sock: socket.socket) -> str | None:
+    """The engine process's life, its workers accepting on `sock`; returns why it could not serve, if so."""
     state = new_state(settings, exporter)
     engine = LocalEngine(state)
     state.engine = engine
