@@ -101,6 +101,33 @@ def test_a_lone_request_on_an_idle_device_does_not_wait_for_company() -> None:
     assert asyncio.run(scenario()) < 0.5
 
 
+@pytest.mark.parametrize("answer_per_turn", [True, False])
+def test_a_batchs_answers_go_out_one_a_turn_of_the_loop_where_the_front_shares_it(answer_per_turn: bool) -> None:
+    """Work that arrives while a batch's answers are handed out (here: a callback scheduled when the
+    first answer is taken) runs after one answer, not after all of them; an engine serving HTTP
+    workers hands them out in one turn (its answers then leave in one message)."""
+    order: list[str] = []
+
+    async def scenario() -> None:
+        limits = BatchLimits(max_batch_size=8, max_wait_ms=50)
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=limits, answer_per_turn=answer_per_turn)
+        scheduler.start()
+        futures = scheduler.submit([(str(i), 3) for i in range(8)])
+
+        def answered(index: int) -> None:
+            order.append(f"answer {index}")
+            if index == 0:
+                asyncio.get_running_loop().call_soon(order.append, "arrival")
+
+        for index, future in enumerate(futures):
+            future.add_done_callback(lambda _, index=index: answered(index))
+        await asyncio.gather(*futures)
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+    assert order.index("arrival") == (1 if answer_per_turn else 8)
+
+
 def test_a_batch_is_decoded_while_the_graphs_run_the_next() -> None:
     events: list[tuple[str, str, float]] = []
 

@@ -196,6 +196,7 @@ def load_served_model(
         on_idle=release_freed_memory,
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
         tenant_weight=tenant_weight,
+        answer_per_turn=settings.http_workers == 1,
     )
     served = ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
     for graph, provider in served.execution_providers.items():

@@ -132,6 +132,10 @@ class Scheduler:
     padded_tokens: Callable[[Any], int] | None = None
     # a tenant's weight in the fair order (the API key's share; 1 without keys)
     tenant_weight: Callable[[str], float] = field(default=lambda tenant: 1.0)
+    # A batch's answers one a turn of the event loop, where the HTTP front shares that loop: what
+    # arrived meanwhile (a 401, a refusal, a new request) then waits for one answer to be written,
+    # not for the batch's. An engine serving HTTP workers sends a turn's answers in one message.
+    answer_per_turn: bool = True
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
@@ -381,6 +385,8 @@ class Scheduler:
         for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(ItemResult(result, started - item.enqueued, seconds, number))
+                if self.answer_per_turn:
+                    await asyncio.sleep(0)
         self._finish(batch)
         self.observer.batch_done(
             BatchRecord(
