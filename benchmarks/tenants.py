@@ -47,10 +47,9 @@ def _statuses(run: dict[str, Any]) -> dict[str, int]:
 def refused_at_door(url: str, rate: float, seconds: float) -> dict[str, Any]:
     """Requests without a key and with a wrong one, alternately, evenly spaced at `rate` a second
     (one sender: evenly, so that none waits for the one before), each latency counted from when it
-    was due. Sent from a process of its own, over two keep-alive
-    sockets with the request bytes made once: what the figure measures is the server's answer, not
-    a client's own work (a probe on team-a's event loop adds that loop's lag, an HTTP library its
-    parsing: each ms at the p99 on a shared core)."""
+    was due. Sent from a process of its own over two keep-alive sockets, the request bytes made
+    once: the figure is the server's answer, not a client's own work (a probe on team-a's event
+    loop adds that loop's lag, an HTTP library its parsing: each a ms at the p99 on a shared core)."""
     target = urlsplit(url)
     body = json.dumps({"texts": ["EU rejects German call to boycott British lamb ."]}).encode()
     head = f"POST /extract?model=span-conll03 HTTP/1.1\r\nhost: {target.netloc}\r\ncontent-type: application/json\r\n"
