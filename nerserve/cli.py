@@ -129,6 +129,10 @@ def train(
     held_out: Annotated[
         str | None, typer.Option(help="gliner: comma-separated sets beside DATA (or in open/) left out of training")
     ] = None,
+    renamed_share: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="gliner: chance that an asked name is swapped for a synonym or paraphrase"),
+    ] = 0.3,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -148,6 +152,7 @@ def train(
         init_from=_locations(context).model_dir(init_from) if init_from else None,
         scored_share=scored_share,
         held_out=held_out,
+        renamed_share=renamed_share,
     )
     from nerserve.ner.loading import lazy
 

@@ -1,5 +1,9 @@
 import random
 
+import numpy as np
+import torch
+
+from nerserve.ner.encoder import pool_subwords
 from nerserve.ner.text.chars import SHAPES, encode_chars, shape_id
 from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, longest_first, pack_rows, packed_rows, packing_cost
@@ -51,6 +55,21 @@ def test_subword_map_covers_every_word(tiny_backbone) -> None:
     assert batch.subword_mask[0].sum(axis=1).min() >= 1  # the zero-width word maps to [UNK]
     assert batch.subword_mask[0, 0].sum() > 1  # a word split into several pieces
     assert batch.token_counts[1] == 3 and batch.sentence_positions == (2, max(batch.token_counts))
+
+
+def test_max_pooling_over_every_slot_is_the_max_over_a_words_subwords(tiny_backbone) -> None:
+    """A word's unused sub-word slots repeat its first sub-word, so the graphs' max pooling needs
+    no mask: it equals the max over the word's own sub-words."""
+    sentences = [["Unbelievably", "long", "words"], ["Hi", "Antidisestablishment"]]
+    batch = SubwordEncoder(load_tokenizer(tiny_backbone)).encode(sentences)
+    hidden = torch.randn(2, batch.subword_index.max() + 1, 8)
+    pooled = pool_subwords(hidden, torch.from_numpy(batch.subword_index), torch.from_numpy(batch.subword_mask), "max")
+    for b, words in enumerate(batch.word_mask):
+        for i in np.flatnonzero(words):
+            pieces = batch.subword_index[b, i, : int(batch.subword_mask[b, i].sum())]
+            assert torch.equal(pooled[b, i], hidden[b, pieces].max(dim=0).values)
+            assert set(batch.subword_index[b, i].tolist()) == set(pieces.tolist())
+    assert batch.subword_mask.sum(axis=2).max() > 1 and (batch.subword_mask == 0).any()
 
 
 def test_sentences_packed_into_rows_come_back_whole(tiny_backbone) -> None:

@@ -151,10 +151,12 @@ def pool_subwords(
         return gather_positions(hidden, subword_index[:, :, 0])
     gathered = gather_positions(hidden, subword_index.reshape(batch, words * pieces))
     gathered = gathered.reshape(batch, words, pieces, hidden.shape[2])
-    mask = subword_mask.unsqueeze(-1)
     if pooling == "mean":
+        mask = subword_mask.unsqueeze(-1)
         return (gathered * mask).sum(2) / mask.sum(2).clamp(min=1.0)
-    return gathered.masked_fill(mask == 0, -1e4).max(dim=2).values
+    # a word's unused slots repeat its first sub-word (text.subword), so the max needs no mask: a
+    # masked_fill over the [B, N, P, H] gather cost more than the gather itself
+    return gathered.max(dim=2).values
 
 
 class WordEncoder(nn.Module):

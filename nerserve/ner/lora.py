@@ -50,8 +50,10 @@ def trainable_state(network: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_weights(network: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Only what training changed (LoRA adapters + heads), as fp16: a few MB."""
-    state = {name: t.to(torch.float16).contiguous().cpu() for name, t in trainable_state(network).items()}
+    """Only what training changed (LoRA adapters + heads), as fp16: a few MB. Negative zeros are
+    written as zeros, so that equal tensors make equal files (a model's version is the file's
+    digest, and an optimiser step of size 0 can flip the sign of a zero)."""
+    state = {name: (t.to(torch.float16) + 0.0).contiguous().cpu() for name, t in trainable_state(network).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path), metadata=metadata)
 

@@ -12,7 +12,8 @@ would get alone in a row; on CPU a padded batch of CoNLL sentences costs more a 
 sentences run one at a time, a packed one less than half (docs/decisions/packing.md).
 `token_index` [B, T] takes the packed rows back to one row per sentence (position t of sentence b
 sits at flat position token_index[b, t] of the rows), in which the word map is expressed: word i
-of sentence b is made of sentence positions subword_index[b, i, :subword_mask[b, i].sum()].
+of sentence b is made of sentence positions subword_index[b, i, :subword_mask[b, i].sum()] (its
+other slots repeat its first sub-word, so a max over all of them needs no mask).
 """
 
 from __future__ import annotations
@@ -332,6 +333,9 @@ def _word_maps(
     subword_index = np.zeros((batch * n_words, per_word), dtype=np.int64)
     subword_mask = np.zeros((batch * n_words, per_word), dtype=np.float32)
     word_mask = np.zeros(batch * n_words, dtype=np.float32)
+    # a word's unused slots repeat its first sub-word: a max over all P slots is then the max over
+    # its sub-words, with no mask in the graph
+    subword_index[word_slots] = word_starts[:, None]
     subword_index[rows, columns] = np.repeat(word_starts, pieces) + columns
     subword_mask[rows, columns] = 1
     word_mask[word_slots] = 1

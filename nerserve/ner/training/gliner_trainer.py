@@ -105,13 +105,15 @@ def domain_negatives(sources: list[Source]) -> dict[str, list[str]]:
     return negatives
 
 
-def ask(sentence: Sentence, source: Source, negatives: list[str], rng: random.Random) -> tuple[Sentence, tuple[str, ...]]:
-    """One training example: the label names asked (dropped, renamed, negatives added, shuffled)
-    and the sentence's entities under those names."""
+def ask(
+    sentence: Sentence, source: Source, negatives: list[str], rng: random.Random, renamed_share: float = 0.3
+) -> tuple[Sentence, tuple[str, ...]]:
+    """One training example: the label names asked (dropped, some renamed with chance
+    `renamed_share`, negatives added, shuffled) and the sentence's entities under those names."""
     kept = list(source.labels)
     if len(kept) > 1 and rng.random() < 0.5:
         kept = [name for name in kept if rng.random() > 0.3] or [rng.choice(kept)]
-    renamed = {name: rng.choice(SYNONYMS[name]) if name in SYNONYMS and rng.random() < 0.3 else name for name in kept}
+    renamed = {name: rng.choice(SYNONYMS[name]) if name in SYNONYMS and rng.random() < renamed_share else name for name in kept}
     asked = list(renamed.values())
     room = MAX_LABELS - len(asked)
     if room > 0 and rng.random() < 0.8:
@@ -192,9 +194,10 @@ def train_gliner(
     label_rng = random.Random(settings.seed + 1)
 
     def loss_of(indices: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
-        examples = [
-            ask(mixture[i][0], sources[mixture[i][1]], negatives[sources[mixture[i][1]].name], label_rng) for i in indices
-        ]
+        examples = []
+        for i in indices:
+            sentence, source = mixture[i][0], sources[mixture[i][1]]
+            examples.append(ask(sentence, source, negatives[source.name], label_rng, settings.renamed_share))
         batch = program.prepare([list(sentence.tokens) for sentence, _ in examples])
         labels = [names for _, names in examples]
         feeds = program.feeds(batch, [Pass(b, 0, names) for b, names in enumerate(labels)])

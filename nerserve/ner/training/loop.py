@@ -51,6 +51,7 @@ class TrainSettings:
     init_from: Path | None = None  # the folder of a trained model that starts this one: its encoder, or all of it
     scored_share: float = 0.4  # gner: share of each epoch's open-label mixture drawn from the scored set
     held_out: str | None = None  # gliner: comma-separated sets of the data root left out of training
+    renamed_share: float = 0.3  # gliner: chance that an asked name is swapped for a synonym or paraphrase
 
 
 @dataclass
