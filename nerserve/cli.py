@@ -133,6 +133,12 @@ def train(
         float,
         typer.Option(min=0.0, max=1.0, help="gliner: chance that an asked name is swapped for a synonym or paraphrase"),
     ] = 0.3,
+    wordnet_share: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="gliner: chance that an asked name is swapped for a WordNet sub-type of its mentions"
+        ),
+    ] = 0.0,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -153,6 +159,7 @@ def train(
         scored_share=scored_share,
         held_out=held_out,
         renamed_share=renamed_share,
+        wordnet_share=wordnet_share,
     )
     from nerserve.ner.loading import lazy
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from nerserve.ner.runner import score
 from nerserve.ner.training.decode_tuning import tune_decoding
 from nerserve.ner.training.label_synonyms import SYNONYMS
 from nerserve.ner.training.loop import DEV_SLICE, ModelRecord, finish, fit, start_run, warm_start
-from nerserve.ner.types import EntitySet
+from nerserve.ner.training.wordnet_types import MentionTypes, WordNet
+from nerserve.ner.types import Entity, EntitySet
 
 BIOMEDICAL = frozenset({"anatem", "bc2gm", "bc5cdr", "ncbi", "genia", "cadec"})
 EVALUATION_HELD_OUT = ("harveyner", "broad_twitter_corpus", "fabner")  # unseen domains of the recipe run
@@ -105,22 +106,89 @@ def domain_negatives(sources: list[Source]) -> dict[str, list[str]]:
     return negatives
 
 
+@dataclass(frozen=True)
+class Widening:
+    """How often an asked name is swapped for another: a synonym or paraphrase of the name
+    (`renamed_share`), or a WordNet sub-type of its mentions (`wordnet_share`, with `types` to find
+    them and other-domain type names to ask as negatives)."""
+
+    renamed_share: float = 0.3
+    wordnet_share: float = 0.0
+    types: MentionTypes | None = None
+    negatives: dict[str, list[str]] = field(default_factory=dict)  # per source: WordNet names of the other domain
+
+
+def mention_words(sentence: Sentence, entity: Entity) -> tuple[str, ...]:
+    return tuple(sentence.tokens[i] for start, end in entity.fragments for i in range(start, end))
+
+
+def subtype(sentence: Sentence, name: str, taken: set[str], types: MentionTypes, rng: random.Random) -> str | None:
+    """A WordNet sub-type of one of the sentence's `name` mentions, where WordNet types every one
+    of them (so that a mention it does not cover never becomes a false negative)."""
+    ordered = sorted((e for e in sentence.entities if e.type == name), key=lambda e: e.fragments)  # set order varies by run
+    mentions = [types.types(mention_words(sentence, e), name) for e in ordered]
+    if not mentions or not all(mentions):
+        return None
+    choices = [t for t in rng.choice(mentions) if t not in taken]
+    return rng.choice(choices) if choices else None
+
+
 def ask(
-    sentence: Sentence, source: Source, negatives: list[str], rng: random.Random, renamed_share: float = 0.3
+    sentence: Sentence, source: Source, negatives: list[str], rng: random.Random, widening: Widening = Widening()
 ) -> tuple[Sentence, tuple[str, ...]]:
-    """One training example: the label names asked (dropped, some renamed with chance
-    `renamed_share`, negatives added, shuffled) and the sentence's entities under those names."""
+    """One training example: the label names asked (dropped, some renamed by a synonym or a WordNet
+    sub-type, negatives added, shuffled) and the sentence's entities under those names (under a
+    sub-type, only the mentions WordNet puts under it)."""
     kept = list(source.labels)
     if len(kept) > 1 and rng.random() < 0.5:
         kept = [name for name in kept if rng.random() > 0.3] or [rng.choice(kept)]
-    renamed = {name: rng.choice(SYNONYMS[name]) if name in SYNONYMS and rng.random() < renamed_share else name for name in kept}
+    renamed: dict[str, str] = {}
+    subtyped: set[str] = set()
+    taken = set(source.labels)
+    for name in kept:
+        draw = rng.random() if name in SYNONYMS or widening.wordnet_share > 0 else 1.0
+        if name in SYNONYMS and draw < widening.renamed_share:
+            renamed[name] = rng.choice(SYNONYMS[name])
+        elif widening.types and draw < widening.renamed_share + widening.wordnet_share:
+            other = subtype(sentence, name, taken | set(renamed.values()), widening.types, rng)
+            if other:
+                subtyped.add(name)
+            renamed[name] = other or name
+        else:
+            renamed[name] = name
     asked = list(renamed.values())
     room = MAX_LABELS - len(asked)
     if room > 0 and rng.random() < 0.8:
-        asked += rng.sample(negatives, min(len(negatives), room, rng.randint(1, 8)))
+        pool = [n for n in negatives if n not in asked]
+        wordnet_pool = [n for n in widening.negatives.get(source.name, []) if n not in asked and n not in pool]
+        count = min(room, rng.randint(1, 8))
+        from_wordnet = sum(rng.random() < widening.wordnet_share for _ in range(count)) if wordnet_pool else 0
+        asked += rng.sample(pool, min(len(pool), count - from_wordnet))
+        asked += rng.sample(wordnet_pool, min(len(wordnet_pool), from_wordnet))
     rng.shuffle(asked)
-    entities = [replace(e, type=renamed[e.type]) for e in sentence.entities if e.type in renamed]
+
+    def under_its_name(entity: Entity) -> bool:
+        if entity.type not in subtyped or widening.types is None:
+            return entity.type in renamed
+        return renamed[entity.type] in widening.types.types(mention_words(sentence, entity), entity.type)
+
+    entities = [replace(e, type=renamed[e.type]) for e in sentence.entities if under_its_name(e)]
     return Sentence(sentence.tokens, EntitySet(entities)), tuple(asked)
+
+
+def wordnet_negatives(sources: list[Source], types: MentionTypes) -> dict[str, list[str]]:
+    """Per source: the WordNet sub-types of the other domain's mentions (never its own domain's: a
+    sub-type of its own sets may name an unannotated mention)."""
+    per_source: dict[str, set[str]] = {}
+    for source in sources:
+        mentions = [(mention_words(sentence, e), e.type) for sentence in source.sentences for e in sentence.entities]
+        per_source[source.name] = {t for words, label in mentions for t in types.types(words, label)}
+    negatives = {}
+    for source in sources:
+        medical = source.name in BIOMEDICAL
+        names = set().union(*(per_source[s.name] for s in sources if (s.name in BIOMEDICAL) != medical))
+        negatives[source.name] = sorted(names - set(source.labels))
+    return negatives
 
 
 def selection_sets(data_root: Path) -> list[Source]:
@@ -171,6 +239,10 @@ def train_gliner(
     program: GlinerProgram = eager_program(SPEC, network, backbone, torch_device)
     sources = fitting(sources, program)
     negatives = domain_negatives(sources)
+    widening = Widening(settings.renamed_share)
+    if settings.wordnet_share > 0:
+        types = MentionTypes(WordNet.load())
+        widening = Widening(settings.renamed_share, settings.wordnet_share, types, wordnet_negatives(sources, types))
     selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
     size = settings.train_limit or 20000
     mixture = sample_mixture(sources, size, random.Random(f"{settings.seed}:0"))
@@ -185,6 +257,8 @@ def train_gliner(
         "held_out": list(held_out),
         "selection": list(SELECTION),
         "mixture": len(train),
+        "renamed_share": settings.renamed_share,
+        "wordnet_share": settings.wordnet_share,
     }
     if settings.init_from:
         extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
@@ -197,7 +271,7 @@ def train_gliner(
         examples = []
         for i in indices:
             sentence, source = mixture[i][0], sources[mixture[i][1]]
-            examples.append(ask(sentence, source, negatives[source.name], label_rng, settings.renamed_share))
+            examples.append(ask(sentence, source, negatives[source.name], label_rng, widening))
         batch = program.prepare([list(sentence.tokens) for sentence, _ in examples])
         labels = [names for _, names in examples]
         feeds = program.feeds(batch, [Pass(b, 0, names) for b, names in enumerate(labels)])

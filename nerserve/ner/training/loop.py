@@ -52,6 +52,7 @@ class TrainSettings:
     scored_share: float = 0.4  # gner: share of each epoch's open-label mixture drawn from the scored set
     held_out: str | None = None  # gliner: comma-separated sets of the data root left out of training
     renamed_share: float = 0.3  # gliner: chance that an asked name is swapped for a synonym or paraphrase
+    wordnet_share: float = 0.0  # gliner: chance that it is swapped for a WordNet sub-type of its mentions
 
 
 @dataclass
