@@ -139,6 +139,12 @@ def train(
             min=0.0, max=1.0, help="gliner: chance that an asked name is swapped for a WordNet sub-type of its mentions"
         ),
     ] = 0.0,
+    common_noun_share: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="gliner: chance that an example asks for WordNet kinds of its common nouns instead"
+        ),
+    ] = 0.0,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -160,6 +166,7 @@ def train(
         held_out=held_out,
         renamed_share=renamed_share,
         wordnet_share=wordnet_share,
+        common_noun_share=common_noun_share,
     )
     from nerserve.ner.loading import lazy
 

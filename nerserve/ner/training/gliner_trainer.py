@@ -116,6 +116,8 @@ class Widening:
     wordnet_share: float = 0.0
     types: MentionTypes | None = None
     negatives: dict[str, list[str]] = field(default_factory=dict)  # per source: WordNet names of the other domain
+    common_noun_share: float = 0.0  # chance that an example asks for kinds of its common nouns instead
+    kept_names: frozenset[str] = frozenset()  # the sets' names and their synonyms: never a common-noun kind
 
 
 def mention_words(sentence: Sentence, entity: Entity) -> tuple[str, ...]:
@@ -174,6 +176,41 @@ def ask(
 
     entities = [replace(e, type=renamed[e.type]) for e in sentence.entities if under_its_name(e)]
     return Sentence(sentence.tokens, EntitySet(entities)), tuple(asked)
+
+
+def common_noun_example(
+    sentence: Sentence, negatives: list[str], rng: random.Random, widening: Widening
+) -> tuple[Sentence, tuple[str, ...]] | None:
+    """An example that asks for one to three WordNet kinds of the sentence's common nouns ("road"
+    for "highway" and "street"), each noun outside its annotated entities a mention of every asked
+    kind it has, and an annotated entity one where WordNet types it so: what the sets' ~70 names,
+    all but a few for proper names, never teach (GLiNER's training data names ~13,000 kinds)."""
+    assert widening.types is not None
+    wordnet, inside = widening.types.wordnet, {i for e in sentence.entities for a, b in e.fragments for i in range(a, b)}
+    nouns = {i: wordnet.common_noun(w) for i, w in enumerate(sentence.tokens) if i not in inside}
+    kinds = {i: [k for k in wordnet.kinds(s) if k not in widening.kept_names] for i, s in nouns.items() if s is not None}
+    kinds = {i: k for i, k in kinds.items() if k}
+    if not kinds:
+        return None
+    asked = list(dict.fromkeys(rng.choice(kinds[rng.choice(sorted(kinds))]) for _ in range(rng.randint(1, 3))))
+    entities = [Entity(k, ((i, i + 1),)) for i, names in kinds.items() for k in asked if k in names]
+    for e in sentence.entities:
+        entities += [Entity(k, e.fragments) for k in widening.types.types(mention_words(sentence, e), e.type) if k in asked]
+    pool = [n for n in negatives if n not in asked]
+    asked += rng.sample(pool, min(len(pool), rng.randint(0, 6)))
+    rng.shuffle(asked)
+    return Sentence(sentence.tokens, EntitySet(entities)), tuple(asked)
+
+
+def example_of(
+    sentence: Sentence, source: Source, negatives: list[str], rng: random.Random, widening: Widening
+) -> tuple[Sentence, tuple[str, ...]]:
+    """A common-noun example with chance `common_noun_share` (where the sentence has such nouns), else `ask`."""
+    if widening.types and widening.common_noun_share > 0 and rng.random() < widening.common_noun_share:
+        example = common_noun_example(sentence, negatives + widening.negatives.get(source.name, []), rng, widening)
+        if example:
+            return example
+    return ask(sentence, source, negatives, rng, widening)
 
 
 def wordnet_negatives(sources: list[Source], types: MentionTypes) -> dict[str, list[str]]:
@@ -240,9 +277,17 @@ def train_gliner(
     sources = fitting(sources, program)
     negatives = domain_negatives(sources)
     widening = Widening(settings.renamed_share)
-    if settings.wordnet_share > 0:
+    if settings.wordnet_share > 0 or settings.common_noun_share > 0:
         types = MentionTypes(WordNet.load())
-        widening = Widening(settings.renamed_share, settings.wordnet_share, types, wordnet_negatives(sources, types))
+        kept_names = frozenset(n for s in sources for n in s.labels) | {n for names in SYNONYMS.values() for n in names}
+        widening = Widening(
+            settings.renamed_share,
+            settings.wordnet_share,
+            types,
+            wordnet_negatives(sources, types),
+            settings.common_noun_share,
+            kept_names,
+        )
     selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
     size = settings.train_limit or 20000
     mixture = sample_mixture(sources, size, random.Random(f"{settings.seed}:0"))
@@ -259,6 +304,7 @@ def train_gliner(
         "mixture": len(train),
         "renamed_share": settings.renamed_share,
         "wordnet_share": settings.wordnet_share,
+        "common_noun_share": settings.common_noun_share,
     }
     if settings.init_from:
         extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
@@ -271,7 +317,7 @@ def train_gliner(
         examples = []
         for i in indices:
             sentence, source = mixture[i][0], sources[mixture[i][1]]
-            examples.append(ask(sentence, source, negatives[source.name], label_rng, widening))
+            examples.append(example_of(sentence, source, negatives[source.name], label_rng, widening))
         batch = program.prepare([list(sentence.tokens) for sentence, _ in examples])
         labels = [names for _, names in examples]
         feeds = program.feeds(batch, [Pass(b, 0, names) for b, names in enumerate(labels)])

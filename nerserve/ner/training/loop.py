@@ -53,6 +53,7 @@ class TrainSettings:
     held_out: str | None = None  # gliner: comma-separated sets of the data root left out of training
     renamed_share: float = 0.3  # gliner: chance that an asked name is swapped for a synonym or paraphrase
     wordnet_share: float = 0.0  # gliner: chance that it is swapped for a WordNet sub-type of its mentions
+    common_noun_share: float = 0.0  # gliner: chance that an example asks for WordNet kinds of its common nouns
 
 
 @dataclass

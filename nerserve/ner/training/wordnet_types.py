@@ -25,6 +25,9 @@ LEVELS = 4  # hypernym steps above a mention's synset that still make a useful t
 SENSES = 2  # the first senses of a word or label (WordNet orders them by frequency)
 HYPERNYM_POINTERS = frozenset({"@", "@i"})
 HAS_DIGIT = re.compile(r"\d")
+# WordNet's morphy rules for nouns (wnmorph(7)): plural ending -> singular ending
+NOUN_ENDINGS: tuple[tuple[str, str], ...] = (("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"))
+NOUN_ENDINGS += (("men", "man"), ("ies", "y"), ("s", ""))
 
 
 @dataclass
@@ -35,6 +38,8 @@ class WordNet:
     hypernyms: dict[int, tuple[int, ...]]
     senses: dict[str, tuple[int, ...]]  # a lemma's synsets, most frequent first
     instances: frozenset[int]  # synsets that name one thing (Houston), not a kind of thing
+    other_parts: frozenset[str]  # lemmas that are also verbs, adjectives or adverbs ("fly", "light")
+    plurals: dict[str, str]  # WordNet's irregular noun forms (noun.exc): "aardwolves" -> "aardwolf"
     _depth: dict[int, int] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -64,7 +69,15 @@ class WordNet:
             fields = line.split()
             synsets = int(fields[2])
             senses[fields[0]] = tuple(int(x) for x in fields[-synsets:])
-        return cls(lemmas, hypernyms, senses, frozenset(instances))
+        other_parts = frozenset(
+            line.split(" ", 1)[0]
+            for part in ("verb", "adj", "adv")
+            for line in (folder / f"index.{part}").read_text(encoding="utf-8").splitlines()
+            if not line.startswith(" ")
+        )
+        exceptions = (folder / "noun.exc").read_text(encoding="utf-8").split("\n")
+        plurals = {f[0]: f[1] for f in (line.split() for line in exceptions) if len(f) >= 2}
+        return cls(lemmas, hypernyms, senses, frozenset(instances), other_parts, plurals)
 
     def depth(self, synset: int) -> int:
         """Fewest hypernym steps to the root."""
@@ -88,6 +101,24 @@ class WordNet:
 
     def name(self, synset: int) -> str:
         return self.lemmas[synset][0].replace("_", " ")
+
+    def common_noun(self, word: str) -> int | None:
+        """The first sense of a lowercase word that WordNet knows as a noun only (so that "fly" or
+        "light" never count, and no tagger is needed), singular by WordNet's own noun rules."""
+        if len(word) < 3 or not word.isalpha() or not word.islower():
+            return None
+        bases = [self.plurals[word]] if word in self.plurals else [word]
+        bases += [word[: -len(end)] + base for end, base in NOUN_ENDINGS if word.endswith(end)]
+        for base in bases:
+            if base in self.senses:
+                synset = self.senses[base][0]
+                return None if base in self.other_parts or synset in self.instances else synset
+        return None
+
+    def kinds(self, synset: int) -> tuple[str, ...]:
+        """The synset's own name and its hypernyms' up to LEVELS above, those deep enough to be specific."""
+        levels = [[synset], *self.ancestors(synset)][: LEVELS + 1]
+        return tuple(dict.fromkeys(self.name(s) for level in levels for s in level if self.depth(s) >= MIN_DEPTH))
 
 
 @dataclass
