@@ -6,7 +6,7 @@ import random
 import pytest
 
 from nerserve.ner.data import Sentence
-from nerserve.ner.training.gliner_trainer import Source, Widening, ask
+from nerserve.ner.training.gliner_trainer import Source, Widening, ask, common_noun_example
 from nerserve.ner.training.wordnet_types import MentionTypes, WordNet
 from nerserve.ner.types import Entity, EntitySet
 
@@ -33,9 +33,15 @@ SYNSETS: dict[int, tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]] = {
     19: (("statesman",), (18,), ()),
     20: (("Houston", "Sam_Houston"), (), (19,)),
     21: (("Lithuania",), (), (6,)),
+    22: (("road",), (6,), ()),
+    23: (("highway",), (22,), ()),
+    24: (("street",), (22,), ()),
+    25: (("light",), (3,), ()),
+    26: (("town",), (8,), ()),
 }
 SENSES = {"houston": (20, 10), "dallas": (11,), "city": (9,), "location": (4,), "river": (14,), "bayou": (15,),
-          "body_of_water": (12,), "person": (16,), "lithuania": (21,), "stream": (13,)}  # fmt: skip
+          "body_of_water": (12,), "person": (16,), "lithuania": (21,), "stream": (13,), "road": (22,),
+          "highway": (23,), "street": (24,), "light": (25,), "town": (26,)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,10 @@ def wordnet(tmp_path_factory: pytest.TempPathFactory) -> WordNet:
     (folder / "data.noun").write_text("\n".join(lines) + "\n", encoding="utf-8")
     index = [f"{lemma} n {len(s)} 1 @ {len(s)} 0 {' '.join(f'{x:08d}' for x in s)}  " for lemma, s in sorted(SENSES.items())]
     (folder / "index.noun").write_text("\n".join(["  1 licence header", *index]) + "\n", encoding="utf-8")
+    (folder / "index.verb").write_text("  1 licence header\nlight v 1 0 1 0 00000001  \n", encoding="utf-8")
+    for part in ("adj", "adv"):
+        (folder / f"index.{part}").write_text("  1 licence header\n", encoding="utf-8")
+    (folder / "noun.exc").write_text("cities city\n", encoding="utf-8")
     return WordNet.load(folder)
 
 
@@ -90,3 +100,38 @@ def test_a_renamed_name_asks_for_the_mentions_of_that_kind_only(wordnet: WordNet
         assert not {"city", "municipality", "urban area", "geographical area"} & set(asked)
         assert {e.type for e in example.entities} <= {"location"}
     assert renamed and renamed <= {"city", "municipality", "urban area", "geographical area"}
+
+
+def test_a_common_noun_is_a_lowercase_word_wordnet_knows_as_a_noun_only(wordnet: WordNet) -> None:
+    assert wordnet.common_noun("highways") == wordnet.common_noun("highway") == 23
+    assert wordnet.common_noun("cities") == 9  # an irregular form from noun.exc
+    assert wordnet.common_noun("lights") is None  # also a verb: no tagger says which
+    assert wordnet.common_noun("Houston") is None and wordnet.common_noun("houston") is None  # a name
+    assert wordnet.kinds(23) == ("highway", "road", "geographical area")  # region: too near the root
+
+
+def test_a_common_noun_example_asks_for_kinds_of_its_nouns(wordnet: WordNet) -> None:
+    types = MentionTypes(wordnet)
+    widening = Widening(types=types, kept_names=frozenset({"location"}))
+    # "streets" and "highway" are both roads; Houston, annotated, a municipality by WordNet; the
+    # town outside every entity
+    sentence = Sentence(
+        ("streets", "and", "a", "highway", "near", "the", "town", "of", "Houston"),
+        EntitySet([Entity("location", ((8, 9),))]),
+    )
+    rng = random.Random(2)
+    asked_kinds: set[str] = set()
+    for _ in range(60):
+        example = common_noun_example(sentence, ["chemical"], rng, widening)
+        assert example is not None
+        found, asked = example
+        asked_kinds |= set(asked) - {"chemical"}
+        assert "location" not in asked  # a set's own name keeps its set's meaning
+        spans = {(e.type, e.start) for e in found.entities}
+        if "road" in asked:
+            assert {("road", 0), ("road", 3)} <= spans
+        if "municipality" in asked:
+            assert {("municipality", 6), ("municipality", 8)} <= spans
+        assert all(e.type in asked for e in found.entities)
+    assert {"road", "highway", "street", "town", "municipality"} <= asked_kinds
+    assert common_noun_example(Sentence(("Houston",), EntitySet([])), [], rng, widening) is None
