@@ -112,7 +112,7 @@ def test_a_common_noun_is_a_lowercase_word_wordnet_knows_as_a_noun_only(wordnet:
 
 def test_a_common_noun_example_asks_for_kinds_of_its_nouns(wordnet: WordNet) -> None:
     types = MentionTypes(wordnet)
-    widening = Widening(types=types, kept_names=frozenset({"location"}))
+    kept_names = frozenset({"location"})
     # "streets" and "highway" are both roads; Houston, annotated, a municipality by WordNet; the
     # town outside every entity
     sentence = Sentence(
@@ -122,7 +122,7 @@ def test_a_common_noun_example_asks_for_kinds_of_its_nouns(wordnet: WordNet) -> 
     rng = random.Random(2)
     asked_kinds: set[str] = set()
     for _ in range(60):
-        example = common_noun_example(sentence, ["chemical"], rng, widening)
+        example = common_noun_example(sentence, ["chemical"], rng, types, kept_names)
         assert example is not None
         found, asked = example
         asked_kinds |= set(asked) - {"chemical"}
@@ -134,4 +134,4 @@ def test_a_common_noun_example_asks_for_kinds_of_its_nouns(wordnet: WordNet) -> 
             assert {("municipality", 6), ("municipality", 8)} <= spans
         assert all(e.type in asked for e in found.entities)
     assert {"road", "highway", "street", "town", "municipality"} <= asked_kinds
-    assert common_noun_example(Sentence(("Houston",), EntitySet([])), [], rng, widening) is None
+    assert common_noun_example(Sentence(("Houston",), EntitySet([])), [], rng, types, kept_names) is None

@@ -179,23 +179,22 @@ def ask(
 
 
 def common_noun_example(
-    sentence: Sentence, negatives: list[str], rng: random.Random, widening: Widening
+    sentence: Sentence, negatives: list[str], rng: random.Random, types: MentionTypes, kept_names: frozenset[str]
 ) -> tuple[Sentence, tuple[str, ...]] | None:
     """An example that asks for one to three WordNet kinds of the sentence's common nouns ("road"
     for "highway" and "street"), each noun outside its annotated entities a mention of every asked
     kind it has, and an annotated entity one where WordNet types it so: what the sets' ~70 names,
     all but a few for proper names, never teach (GLiNER's training data names ~13,000 kinds)."""
-    assert widening.types is not None
-    wordnet, inside = widening.types.wordnet, {i for e in sentence.entities for a, b in e.fragments for i in range(a, b)}
+    wordnet, inside = types.wordnet, {i for e in sentence.entities for a, b in e.fragments for i in range(a, b)}
     nouns = {i: wordnet.common_noun(w) for i, w in enumerate(sentence.tokens) if i not in inside}
-    kinds = {i: [k for k in wordnet.kinds(s) if k not in widening.kept_names] for i, s in nouns.items() if s is not None}
+    kinds = {i: [k for k in wordnet.kinds(s) if k not in kept_names] for i, s in nouns.items() if s is not None}
     kinds = {i: k for i, k in kinds.items() if k}
     if not kinds:
         return None
     asked = list(dict.fromkeys(rng.choice(kinds[rng.choice(sorted(kinds))]) for _ in range(rng.randint(1, 3))))
     entities = [Entity(k, ((i, i + 1),)) for i, names in kinds.items() for k in asked if k in names]
     for e in sentence.entities:
-        entities += [Entity(k, e.fragments) for k in widening.types.types(mention_words(sentence, e), e.type) if k in asked]
+        entities += [Entity(k, e.fragments) for k in types.types(mention_words(sentence, e), e.type) if k in asked]
     pool = [n for n in negatives if n not in asked]
     asked += rng.sample(pool, min(len(pool), rng.randint(0, 6)))
     rng.shuffle(asked)
@@ -207,7 +206,8 @@ def example_of(
 ) -> tuple[Sentence, tuple[str, ...]]:
     """A common-noun example with chance `common_noun_share` (where the sentence has such nouns), else `ask`."""
     if widening.types and widening.common_noun_share > 0 and rng.random() < widening.common_noun_share:
-        example = common_noun_example(sentence, negatives + widening.negatives.get(source.name, []), rng, widening)
+        pool = negatives + widening.negatives.get(source.name, [])
+        example = common_noun_example(sentence, pool, rng, widening.types, widening.kept_names)
         if example:
             return example
     return ask(sentence, source, negatives, rng, widening)
