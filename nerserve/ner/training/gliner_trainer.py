@@ -96,14 +96,21 @@ def sample_mixture(sources: list[Source], size: int, rng: random.Random) -> list
     return picked
 
 
-def domain_negatives(sources: list[Source]) -> dict[str, list[str]]:
-    """Per source: the label names of the other domain's sets that are not its own."""
+def other_domain(sources: list[Source], names: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Per source: the names of the other domain's sources (biomedical vs general) that are not
+    its own labels. Never its own domain's: a same-domain name may be an unannotated type of its set
+    ("date" in CoNLL-2003)."""
     negatives = {}
     for source in sources:
         medical = source.name in BIOMEDICAL
-        names = {n for s in sources if (s.name in BIOMEDICAL) != medical for n in s.labels}
-        negatives[source.name] = sorted(names - set(source.labels))
+        pooled = set().union(*(names[s.name] for s in sources if (s.name in BIOMEDICAL) != medical))
+        negatives[source.name] = sorted(pooled - set(source.labels))
     return negatives
+
+
+def domain_negatives(sources: list[Source]) -> dict[str, list[str]]:
+    """Per source: the label names of the other domain's sets that are not its own."""
+    return other_domain(sources, {s.name: set(s.labels) for s in sources})
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,7 @@ class Widening:
 
 
 def mention_words(sentence: Sentence, entity: Entity) -> tuple[str, ...]:
-    return tuple(sentence.tokens[i] for start, end in entity.fragments for i in range(start, end))
+    return tuple(sentence.tokens[i] for i in sorted(entity.words()))
 
 
 def subtype(sentence: Sentence, name: str, taken: set[str], types: MentionTypes, rng: random.Random) -> str | None:
@@ -185,7 +192,7 @@ def common_noun_example(
     for "highway" and "street"), each noun outside its annotated entities a mention of every asked
     kind it has, and an annotated entity one where WordNet types it so: what the sets' ~70 names,
     all but a few for proper names, never teach (GLiNER's training data names ~13,000 kinds)."""
-    wordnet, inside = types.wordnet, {i for e in sentence.entities for a, b in e.fragments for i in range(a, b)}
+    wordnet, inside = types.wordnet, set().union(*(e.words() for e in sentence.entities))
     nouns = {i: wordnet.common_noun(w) for i, w in enumerate(sentence.tokens) if i not in inside}
     kinds = {i: [k for k in wordnet.kinds(s) if k not in kept_names] for i, s in nouns.items() if s is not None}
     kinds = {i: k for i, k in kinds.items() if k}
@@ -214,18 +221,13 @@ def example_of(
 
 
 def wordnet_negatives(sources: list[Source], types: MentionTypes) -> dict[str, list[str]]:
-    """Per source: the WordNet sub-types of the other domain's mentions (never its own domain's: a
-    sub-type of its own sets may name an unannotated mention)."""
-    per_source: dict[str, set[str]] = {}
-    for source in sources:
+    """Per source: the WordNet sub-types of the other domain's mentions."""
+
+    def kinds_of(source: Source) -> set[str]:
         mentions = [(mention_words(sentence, e), e.type) for sentence in source.sentences for e in sentence.entities]
-        per_source[source.name] = {t for words, label in mentions for t in types.types(words, label)}
-    negatives = {}
-    for source in sources:
-        medical = source.name in BIOMEDICAL
-        names = set().union(*(per_source[s.name] for s in sources if (s.name in BIOMEDICAL) != medical))
-        negatives[source.name] = sorted(names - set(source.labels))
-    return negatives
+        return {t for words, label in mentions for t in types.types(words, label)}
+
+    return other_domain(sources, {s.name: kinds_of(s) for s in sources})
 
 
 def selection_sets(data_root: Path) -> list[Source]:

@@ -115,10 +115,13 @@ class WordNet:
                 return None if base in self.other_parts or synset in self.instances else synset
         return None
 
+    def specific_names(self, levels: list[list[int]]) -> list[str]:
+        """The names of the synsets deep enough to be specific, level by level."""
+        return [self.name(s) for level in levels for s in level if self.depth(s) >= MIN_DEPTH]
+
     def kinds(self, synset: int) -> tuple[str, ...]:
         """The synset's own name and its hypernyms' up to LEVELS above, those deep enough to be specific."""
-        levels = [[synset], *self.ancestors(synset)][: LEVELS + 1]
-        return tuple(dict.fromkeys(self.name(s) for level in levels for s in level if self.depth(s) >= MIN_DEPTH))
+        return tuple(dict.fromkeys(self.specific_names([[synset], *self.ancestors(synset)][: LEVELS + 1])))
 
 
 @dataclass
@@ -155,5 +158,4 @@ class MentionTypes:
             if reached is None:
                 return []
             chain = chain[:reached]
-        kept = [s for level in chain[:LEVELS] for s in level if self.wordnet.depth(s) >= MIN_DEPTH]
-        return [self.wordnet.name(s) for s in kept]
+        return self.wordnet.specific_names(chain[:LEVELS])
