@@ -471,14 +471,53 @@ def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:
         now = [0.0]
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, clock=lambda: now[0])
         item = WorkItem("x", 1, 0.01, None, asyncio.get_running_loop().create_future())
-        assert scheduler._cycle_rate([item], finished=0.1, run_seconds=0.05) == pytest.approx(20.0)  # first: run time
+        assert scheduler._cycle_rate(0, [item], finished=0.1, run_seconds=0.05) == pytest.approx(20.0)  # first: run time
         scheduler.rates.observe(1, 20.0)
         late = WorkItem("y", 1, 5.0, None, asyncio.get_running_loop().create_future())
-        assert scheduler._cycle_rate([late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
+        assert scheduler._cycle_rate(0, [late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
         waiting = [WorkItem("z", 1, 5.01, None, asyncio.get_running_loop().create_future()) for _ in range(4)]
-        return scheduler._cycle_rate(waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
+        return scheduler._cycle_rate(0, waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
 
     assert asyncio.run(scenario()) == pytest.approx(4 / 0.08)
+
+
+def test_with_lanes_a_cycle_counts_for_every_lane() -> None:
+    """Back to back in one lane while the other runs too: the capacity is the lanes' together,
+    each lane timed from its own previous batch."""
+
+    async def scenario() -> float | None:
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, lanes=2)
+        future = asyncio.get_running_loop().create_future
+        scheduler.rates.observe(1, 1.0)
+        scheduler._cycle_rate(0, [WorkItem("a", 10, 0.5, None, future())], finished=1.0, run_seconds=0.5)
+        scheduler._cycle_rate(1, [WorkItem("b", 10, 0.6, None, future())], finished=1.5, run_seconds=0.9)
+        return scheduler._cycle_rate(0, [WorkItem("c", 10, 0.7, None, future())], finished=2.0, run_seconds=1.0)
+
+    # lane 0 from its own previous end (1.0), not lane 1's (1.5), and for both lanes
+    assert asyncio.run(scenario()) == pytest.approx(2 * 10 / 1.0)
+
+
+def test_lanes_run_batches_at_once_and_share_the_queue() -> None:
+    """Two lanes: two batches in the graphs at the same time, each in a graph thread, and a queue
+    that finds both lanes free is split between them rather than sent as one batch."""
+    sizes: list[int] = []
+    inside = threading.Barrier(2, timeout=5)
+
+    def run(prepared: list[str]) -> list[str]:
+        sizes.append(len(prepared))
+        assert threading.current_thread().name.startswith("graphs")
+        inside.wait()  # returns only once the other lane's batch is running too
+        return [p.upper() for p in prepared]
+
+    async def scenario() -> list[str]:
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=BatchLimits(max_batch_size=8, max_wait_ms=20), lanes=2)
+        scheduler.start()
+        results = [r.value for r in await asyncio.gather(*scheduler.submit([(str(i), 3) for i in range(8)]))]
+        await scheduler.stop()
+        return results
+
+    assert asyncio.run(scenario()) == [str(i) for i in range(8)]
+    assert sizes == [4, 4]
 
 
 def test_rates_are_kept_by_batch_size() -> None:

@@ -65,6 +65,24 @@ def test_batch_bounds_fit_the_device() -> None:
     assert (chosen.batch_size_bound, chosen.batch_tokens_bound) == (64, 4096)
 
 
+def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nerserve.service import config
+    from nerserve.service.config import Settings
+
+    monkeypatch.setattr(config, "usable_cores", lambda: 8)
+    cpu = Settings(device="cpu")
+    assert (cpu.lanes, cpu.graph_threads) == (2, 4)  # the cores shared between the lanes
+    assert Settings(device="cpu", threads=3).graph_threads == 3
+    assert Settings(device="cpu", graph_lanes=1).graph_threads is None  # the runtime's own: every core
+    one_lane = [{"device": "cuda"}, {"device": "simulated"}, {"runtime": "eager"}, {"graph_process": True}]
+    assert [Settings(**where).lanes for where in one_lane] == [1, 1, 1, 1]
+    monkeypatch.setattr(config, "usable_cores", lambda: 1)
+    assert Settings(device="cpu").lanes == 1
+    for one_pipe in ({"graph_process": True}, {"device": "simulated"}):
+        with pytest.raises(ValueError, match="graph_lanes"):
+            Settings(graph_lanes=2, **one_pipe)
+
+
 def test_the_simulated_device_batches_as_a_gpu_and_needs_exported_graphs() -> None:
     from nerserve.service.config import Settings
 

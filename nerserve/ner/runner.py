@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tqdm import tqdm
@@ -24,14 +25,24 @@ def predict_all(
     sentences: Sequence[Sentence],
     batch_size: int = 32,
     progress: bool = False,
+    lanes: int = 1,
 ) -> tuple[list[EntitySet], float]:
-    """Predictions in input order, and the wall time spent (tokenisation, graphs and decoding)."""
+    """Predictions in input order, and the wall time spent (tokenisation, graphs and decoding).
+    `lanes`: batches run at once from that many threads, as the service's graph lanes run them."""
     predictions: list[EntitySet] = [EntitySet()] * len(sentences)
     batches = length_batches([len(s.tokens) for s in sentences], batch_size)
+
+    def run(batch: list[int]) -> list[EntitySet]:
+        return predict([list(sentences[i].tokens) for i in batch])
+
     started = time.perf_counter()
-    for batch in tqdm(batches, desc="predict", unit="batch", disable=not progress, leave=False):
-        for index, entities in zip(batch, predict([list(sentences[i].tokens) for i in batch]), strict=True):
-            predictions[index] = entities
+    # one lane runs in the caller's thread: a caller's torch.no_grad() (thread-local) still holds
+    with ThreadPoolExecutor(max_workers=lanes) as pool:
+        answers = pool.map(run, batches) if lanes > 1 else map(run, batches)
+        shown = tqdm(answers, total=len(batches), desc="predict", unit="batch", disable=not progress, leave=False)
+        for batch, found in zip(batches, shown, strict=True):
+            for index, entities in zip(batch, found, strict=True):
+                predictions[index] = entities
     return predictions, time.perf_counter() - started
 
 
@@ -40,8 +51,9 @@ def score(
     sentences: Sequence[Sentence],
     batch_size: int = 32,
     progress: bool = False,
+    lanes: int = 1,
 ) -> dict[str, Any]:
-    predictions, seconds = predict_all(predict, sentences, batch_size, progress)
+    predictions, seconds = predict_all(predict, sentences, batch_size, progress, lanes)
     report = evaluate((s.entities, p) for s, p in zip(sentences, predictions, strict=True))
     words = sum(len(s.tokens) for s in sentences)
     report["seconds"] = seconds

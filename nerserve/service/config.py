@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -23,6 +24,14 @@ CPU_MAX_REQUEST_TOKENS = 256
 # one only holds newcomers longer; a GPU's throughput keeps rising to hundreds (docs/gpu.md).
 CPU_MAX_BATCH_SIZE, CPU_MAX_BATCH_TOKENS = 32, 8192
 CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
+# ONNX Runtime on the CPU runs two batches on one core each faster than one batch on two cores
+# (docs/decisions/graph-lanes.md): by default two lanes where there are two cores.
+CPU_GRAPH_LANES = 2
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (taskset and cgroup cpusets narrow them)."""
+    return len(os.sched_getaffinity(0))
 
 
 class Settings(Locations):
@@ -68,7 +77,18 @@ class Settings(Locations):
         description="HTTP worker processes in front of one engine process (parsing, validation and JSON off the "
         "engine's interpreter lock); 1: the front and the engine share one process",
     )
-    threads: int | None = Field(None, ge=1, description="intra-op threads per graph (default: all cores)")
+    threads: int | None = Field(
+        None, ge=1, description="intra-op threads per graph (default: the cores this process may use, shared by the lanes)"
+    )
+    graph_lanes: int | None = Field(
+        None,
+        ge=1,
+        le=8,
+        description="batches of one model the graphs run at once, each from a thread of its own on one shared "
+        "session, the cores split among them; default 2 for ONNX graphs on a CPU of two or more cores (ONNX "
+        "Runtime gains less from a second core within one batch than from a second batch), else 1 "
+        "(docs/decisions/graph-lanes.md)",
+    )
     max_batch_size: int | None = Field(
         None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"
     )
@@ -164,6 +184,15 @@ class Settings(Locations):
         return self
 
     @model_validator(mode="after")
+    def one_lane_for_one_pipe(self) -> Settings:
+        if (self.graph_lanes or 1) > 1 and (self.graph_process or self.device == "simulated"):
+            raise ValueError(
+                "graph_lanes above 1 with graph_process or the simulated device: the graph process takes one batch "
+                "at a time over its pipe, and the simulated device cannot tell how a card overlaps two batches"
+            )
+        return self
+
+    @model_validator(mode="after")
     def half_precision_on_cuda(self) -> Settings:
         if self.precision != "fp32" and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
             raise ValueError(
@@ -171,6 +200,22 @@ class Settings(Locations):
                 f"(asked for runtime {self.runtime.value} on device {self.device})"
             )
         return self
+
+    @property
+    def lanes(self) -> int:
+        """`graph_lanes`, or its default for where the graphs run."""
+        if self.graph_lanes is not None:
+            return self.graph_lanes
+        cpu_graphs = self.device == "cpu" and self.runtime == Runtime.onnx and not self.graph_process
+        return CPU_GRAPH_LANES if cpu_graphs and usable_cores() >= CPU_GRAPH_LANES else 1
+
+    @property
+    def graph_threads(self) -> int | None:
+        """Intra-op threads per graph: `threads`, or with several lanes the usable cores shared among
+        them (None: the runtime's own default, every core)."""
+        if self.threads is not None or self.lanes == 1:
+            return self.threads
+        return max(1, usable_cores() // self.lanes)
 
     @property
     def batches_as_gpu(self) -> bool:

@@ -142,7 +142,7 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
                 raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
             folder = exports.run(name, settings.runtime.value, background)
     return GraphSource(
-        settings.runtime, folder, settings.device, settings.threads, settings.precision, settings.simulated_device_costs
+        settings.runtime, folder, settings.device, settings.graph_threads, settings.precision, settings.simulated_device_costs
     )
 
 
@@ -197,6 +197,7 @@ def load_served_model(
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
         tenant_weight=tenant_weight,
         answer_per_turn=settings.http_workers == 1,
+        lanes=settings.lanes,
     )
     served = ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
     for graph, provider in served.execution_providers.items():

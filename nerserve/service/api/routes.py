@@ -124,6 +124,8 @@ async def info(request: Request) -> dict[str, Any]:
             "max_wait_ms": settings.max_wait_ms,
             "max_queue": settings.max_queue,
             "max_queue_seconds": settings.max_queue_seconds,
+            "graph_lanes": settings.lanes,
+            "graph_threads": settings.graph_threads,
         },
         "limits": {
             "max_texts": settings.max_texts,

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from nerserve.service.batching.fair_queue import FairQueue
@@ -136,6 +136,11 @@ class Scheduler:
     # arrived meanwhile (a 401, a refusal, a new request) then waits for one answer to be written,
     # not for the batch's. An engine serving HTTP workers sends a turn's answers in one message.
     answer_per_turn: bool = True
+    # Batches the graphs run at once, each in a graph thread of its own. On a CPU whose runtime
+    # scales poorly across cores within one batch, two batches of one thread each finish sooner
+    # than one batch on two (docs/decisions/graph-lanes.md); the prepared batch behind them waits
+    # for the first lane to free.
+    lanes: int = 1
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
@@ -144,14 +149,20 @@ class Scheduler:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight)
         self._arrived = asyncio.Event()
         self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
-        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graphs", initializer=_lower_worker_priority)
+        self._runner = ThreadPoolExecutor(
+            max_workers=self.lanes, thread_name_prefix="graphs", initializer=_lower_worker_priority
+        )
+        self._free_lanes: asyncio.Queue[int] = asyncio.Queue()
+        for lane in range(self.lanes):
+            self._free_lanes.put_nowait(lane)
+        self._running: set[asyncio.Task[None]] = set()
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_lower_worker_priority)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode", initializer=_lower_worker_priority)
         self._finishing: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         # sub-words per second end to end by batch sub-words (see _cycle_rate): admission, Retry-After
         self.rates = BatchRates(self.limits.max_batch_tokens)
-        self._last_finished = 0.0
+        self._last_finished = [0.0] * self.lanes  # by lane
         # sub-words a sentence of the last accepted requests (each request's mean): their median
         # sizes a sentence at the edge, before a body is read (a mean of all sentences would be
         # moved by one request of a thousand windows)
@@ -256,9 +267,9 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for task in list(self._finishing):
+        for task in [*self._running, *self._finishing]:
             task.cancel()
-        await asyncio.gather(*self._finishing, return_exceptions=True)
+        await asyncio.gather(*self._running, *self._finishing, return_exceptions=True)
         for item in self._queue.clear():
             if not item.future.done():
                 item.future.set_exception(Draining("server stopped"))
@@ -324,11 +335,22 @@ class Scheduler:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
+        limits = self._lane_limits(limits)
         window = self._queue.order(limits.max_batch_size * limits.lookahead, self.clock())
         batch = [window[i] for i in sorted(select_batch(window, limits))]
         self._queue.take(batch)
         self._taken_tokens += sum(item.cost for item in batch)
         return batch
+
+    def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
+        """With lanes free, what is queued is shared among them: two half batches on one core each
+        finish sooner than one whole batch that leaves a lane idle."""
+        waiting_for_a_lane = 0 if self._handoff.empty() else 1
+        free = self.lanes - len(self._running) - waiting_for_a_lane
+        if free <= 1:
+            return limits
+        share = math.ceil(len(self._queue) / free)
+        return replace(limits, max_batch_size=max(1, min(limits.max_batch_size, share)))
 
     async def _collect_loop(self) -> None:
         while True:
@@ -344,33 +366,42 @@ class Scheduler:
             await self._handoff.put((batch, prepared))
 
     async def _run_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
+            # a lane first, then the prepared batch: while every lane is busy the hand-off slot stays
+            # full, so the collector keeps growing the next batch instead of closing another
+            lane = await self._free_lanes.get()
             handed = await self._handoff.get()
             self._arrived.set()  # the hand-off slot is free: wake the collector to close the next batch
-            batch, prepared = handed
+            task = asyncio.create_task(self._run_batch(lane, *handed))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run_batch(self, lane: int, batch: list[WorkItem], prepared: Any) -> None:
+        """One batch through the graphs in a lane, then its decoding handed to the decode thread."""
+        try:
             live = [item for item in batch if not item.future.done()]
             if not live:
                 self._finish(batch)
                 self.observer.dropped("client_gone", len(batch))
-                continue
+                return
             started = self.clock()
             for item in batch:
                 item.started = started
             try:
-                outputs = await loop.run_in_executor(self._runner, self.run, prepared)
+                outputs = await asyncio.get_running_loop().run_in_executor(self._runner, self.run, prepared)
             except Exception as error:
                 await self._isolate(batch, error)
-                continue
-            finished = self.clock()
-            self._batches += 1
-            tokens = [item.cost for item in batch]
-            rate = self._cycle_rate(batch, finished, finished - started)
-            if rate is not None:
-                self.rates.observe(sum(tokens), rate)
-            task = asyncio.create_task(self._decode(batch, prepared, outputs, started, finished, self._batches))
-            self._finishing.add(task)
-            task.add_done_callback(self._finishing.discard)
+                return
+        finally:
+            self._free_lanes.put_nowait(lane)
+        finished = self.clock()
+        self._batches += 1
+        rate = self._cycle_rate(lane, batch, finished, finished - started)
+        if rate is not None:
+            self.rates.observe(sum(item.cost for item in batch), rate)
+        task = asyncio.create_task(self._decode(batch, prepared, outputs, started, finished, self._batches))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     async def _decode(
         self, batch: list[WorkItem], prepared: Any, outputs: Any, started: float, ran: float, number: int
@@ -407,19 +438,20 @@ class Scheduler:
         with contextlib.suppress(Exception):  # housekeeping: never a reason to fail a request
             await asyncio.get_running_loop().run_in_executor(self._runner, self.on_idle)
 
-    def _cycle_rate(self, batch: list[WorkItem], finished: float, run_seconds: float) -> float | None:
-        """Sub-words per second over a batch's whole cycle, from the previous batch's end to its own,
-        when it was waiting as that one ended (back to back: the capacity). The graphs' run time
-        alone over-states the rate: preparing the next batch, the event loop and the decoding
-        share the cores with it, so waits promised from run times alone come out too short. A
-        batch after an idle spell says how busy the service was, not how fast it is (such samples
-        refuse bursts it could serve): none is taken from it, except the first estimate from its
-        run time (docs/decisions/admission.md)."""
-        previous, self._last_finished = self._last_finished, finished
+    def _cycle_rate(self, lane: int, batch: list[WorkItem], finished: float, run_seconds: float) -> float | None:
+        """Sub-words per second over a batch's whole cycle in its lane, from the previous batch's end
+        there to its own, when it was waiting as that one ended (back to back: the capacity), times
+        the lanes (back to back in one, the others are busy too). The graphs' run time alone
+        over-states the rate: preparing the next batch, the event loop and the decoding share the
+        cores with it, so waits promised from run times alone come out too short. A batch after an
+        idle spell says how busy the service was, not how fast it is (such samples refuse bursts it
+        could serve): none is taken from it, except the first estimate from its run time
+        (docs/decisions/admission.md)."""
+        previous, self._last_finished[lane] = self._last_finished[lane], finished
         tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:
-            return tokens / max(finished - previous, 1e-6)
-        return None if self.rates else tokens / max(run_seconds, 1e-6)
+            return self.lanes * tokens / max(finished - previous, 1e-6)
+        return None if self.rates else self.lanes * tokens / max(run_seconds, 1e-6)
 
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
