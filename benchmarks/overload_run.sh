@@ -8,6 +8,7 @@
 #   bars: goodput (200s within 2 s, per second of the offered window) ≥ 0.9 × capacity; admitted
 #   p99 ≤ 2 s; 429 p99 ≤ 50 ms; no 5xx, no timeouts or connection errors
 # A training run sharing the machine: PAUSE_PID=<pid> stops it for the run (kill -STOP / -CONT).
+# SERVER_CORES=0,1 gives the server both cores (two graph lanes by default; the client shares core 1).
 # Usage: benchmarks/overload_run.sh [OUT]   (default docs/reference-run/overload; PORT=8041 RUNS=3 ROUTE=extract)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ OUT=${1:-docs/reference-run/overload}
 PORT=${PORT:-8041}
 RUNS=${RUNS:-3}
 ROUTE=${ROUTE:-extract}
+SERVER_CORES=${SERVER_CORES:-0}
 BIN=.venv/bin
 mkdir -p "$OUT"
 
@@ -22,7 +24,7 @@ if [ -n "${PAUSE_PID:-}" ]; then
   kill -STOP "$PAUSE_PID"
   trap 'kill -CONT "$PAUSE_PID"' EXIT
 fi
-taskset -c 0 "$BIN/nerserve" serve --models span-conll03 --threads 1 --port "$PORT" 2> "$OUT/server.log" &
+taskset -c "$SERVER_CORES" "$BIN/nerserve" serve --models span-conll03 --threads 1 --port "$PORT" 2> "$OUT/server.log" &
 SERVER=$!
 trap 'kill "$SERVER"; wait "$SERVER" || true; [ -z "${PAUSE_PID:-}" ] || kill -CONT "$PAUSE_PID"' EXIT
 until curl -sf "localhost:$PORT/health/ready" > /dev/null; do sleep 1; done
