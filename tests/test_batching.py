@@ -498,19 +498,25 @@ def test_with_lanes_a_cycle_counts_for_every_lane() -> None:
 
 
 def test_lanes_run_batches_at_once_and_share_the_queue() -> None:
-    """Two lanes: two batches in the graphs at the same time, each in a graph thread, and a queue
-    that finds both lanes free is split between them rather than sent as one batch."""
+    """Two lanes: two batches in the graphs at the same time, each in a graph thread of its own set
+    up once, and a queue that finds both lanes free is split between them, not sent as one batch."""
     sizes: list[int] = []
+    set_up: list[str] = []
+    ran_in: set[str] = set()
     inside = threading.Barrier(2, timeout=5)
 
     def run(prepared: list[str]) -> list[str]:
         sizes.append(len(prepared))
-        assert threading.current_thread().name.startswith("graphs")
+        ran_in.add(threading.current_thread().name)
         inside.wait()  # returns only once the other lane's batch is running too
         return [p.upper() for p in prepared]
 
+    def lane_setup() -> None:
+        set_up.append(threading.current_thread().name)
+
     async def scenario() -> list[str]:
-        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=BatchLimits(max_batch_size=8, max_wait_ms=20), lanes=2)
+        limits = BatchLimits(max_batch_size=8, max_wait_ms=20)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits, lanes=2, lane_setup=lane_setup)
         scheduler.start()
         results = [r.value for r in await asyncio.gather(*scheduler.submit([(str(i), 3) for i in range(8)]))]
         await scheduler.stop()
@@ -518,6 +524,9 @@ def test_lanes_run_batches_at_once_and_share_the_queue() -> None:
 
     assert asyncio.run(scenario()) == [str(i) for i in range(8)]
     assert sizes == [4, 4]
+    # each lane's graph thread set up once as it started (a CUDA stream of its own on a GPU)
+    assert sorted(set_up) == sorted(ran_in) and len(ran_in) == 2
+    assert all(name.startswith("graphs") for name in ran_in)
 
 
 def test_rates_are_kept_by_batch_size() -> None:

@@ -83,6 +83,16 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
             Settings(graph_lanes=2, **one_pipe)
 
 
+def test_eager_lanes_on_cuda_launch_on_streams_of_their_own() -> None:
+    from nerserve.service.config import Settings
+    from nerserve.service.models import _lane_stream
+
+    on_streams = _lane_stream(Settings(device="cuda", runtime="eager", graph_lanes=2))
+    assert on_streams is not None and on_streams.args == ("cuda",)
+    for one_stream in ({"device": "cuda", "runtime": "eager"}, {"device": "cuda", "graph_lanes": 2}, {"graph_lanes": 2}):
+        assert _lane_stream(Settings(**one_stream)) is None  # one lane, ONNX Runtime's own streams, or the CPU
+
+
 def test_the_simulated_device_batches_as_a_gpu_and_needs_exported_graphs() -> None:
     from nerserve.service.config import Settings
 

@@ -31,6 +31,13 @@ def from_tensors(
     return {name: out if name in keep else _host_array(out) for name, out in zip(names, outputs, strict=True)}
 
 
+def own_cuda_stream(device: str) -> None:
+    """Give the calling thread a CUDA stream of its own (torch's current stream is per thread), so
+    that batches run from several threads (the service's graph lanes) queue their kernels on
+    separate streams and can overlap on the device instead of waiting in one stream's order."""
+    torch.cuda.set_stream(torch.cuda.Stream(torch.device(device)))
+
+
 def _host_array(out: torch.Tensor) -> np.ndarray:
     """A half-precision output comes back as float32 (numpy decoding is written for it), cast after
     the copy, so that only half the bytes cross to the host."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,11 +199,21 @@ def load_served_model(
         tenant_weight=tenant_weight,
         answer_per_turn=settings.http_workers == 1,
         lanes=settings.lanes,
+        lane_setup=_lane_stream(settings),
     )
     served = ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)
     return served
+
+
+def _lane_stream(settings: Settings) -> Callable[[], None] | None:
+    """Eager torch on CUDA with several lanes: each lane's thread launches on a stream of its own."""
+    if settings.runtime != Runtime.eager or not settings.device.startswith("cuda") or settings.lanes == 1:
+        return None
+    from nerserve.ner.torch_graph import own_cuda_stream  # torch only here: the eager runtime
+
+    return partial(own_cuda_stream, settings.device)
 
 
 def decoder_loop_length(name: str, locations: Locations) -> int:

@@ -141,6 +141,8 @@ class Scheduler:
     # than one batch on two (docs/decisions/graph-lanes.md); the prepared batch behind them waits
     # for the first lane to free.
     lanes: int = 1
+    # run once in each graph thread as it starts (a CUDA stream of its own per lane)
+    lane_setup: Callable[[], None] | None = None
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
@@ -149,9 +151,7 @@ class Scheduler:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight)
         self._arrived = asyncio.Event()
         self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
-        self._runner = ThreadPoolExecutor(
-            max_workers=self.lanes, thread_name_prefix="graphs", initializer=_lower_worker_priority
-        )
+        self._runner = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="graphs", initializer=self._start_lane)
         self._free_lanes: asyncio.Queue[int] = asyncio.Queue()
         for lane in range(self.lanes):
             self._free_lanes.put_nowait(lane)
@@ -472,6 +472,11 @@ class Scheduler:
             self._batches += 1
             item.future.set_result(ItemResult(results[0], 0.0, 0.0, self._batches))
             self._finish([item])
+
+    def _start_lane(self) -> None:
+        _lower_worker_priority()
+        if self.lane_setup is not None:
+            self.lane_setup()
 
     def _run_one(self, payload: Any) -> list[Any]:
         prepared = self.prepare([payload])
