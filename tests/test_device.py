@@ -83,6 +83,23 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
             Settings(graph_lanes=2, **one_pipe)
 
 
+def test_usable_cores_follow_a_containers_cpu_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from nerserve.service import config
+
+    cores = len(os.sched_getaffinity(0))
+    limit = tmp_path / "cpu.max"
+    monkeypatch.setattr(config, "CGROUP_CPU_MAX", limit)
+    assert config.usable_cores() == cores  # no such file: no limit
+    limit.write_text("max 100000\n")
+    assert config.usable_cores() == cores
+    limit.write_text("150000 100000\n")  # one and a half CPUs: one whole
+    assert config.usable_cores() == 1
+    limit.write_text(f"{100000 * (cores + 4)} 100000\n")  # more than the cores: the cores
+    assert config.usable_cores() == cores
+
+
 def test_eager_lanes_on_cuda_launch_on_streams_of_their_own() -> None:
     from nerserve.service.config import Settings
     from nerserve.service.models import _lane_stream

@@ -29,9 +29,20 @@ CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 CPU_GRAPH_LANES = 2
 
 
+# a container's CPU limit (cgroup v2): "max 100000", or "200000 100000" for two CPUs
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
 def usable_cores() -> int:
-    """The cores this process may run on (taskset and cgroup cpusets narrow them)."""
-    return len(os.sched_getaffinity(0))
+    """The cores this process may run on: those taskset or a cpuset allow, fewer where a container's
+    CPU limit (a Kubernetes `limits.cpu`) allows less time than that, whole CPUs of it."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
+        limit = int(quota) // int(period)
+    except (OSError, ValueError):  # no cgroup v2 limit here, or "max": the cores themselves
+        return cores
+    return max(1, min(cores, limit))
 
 
 class Settings(Locations):
