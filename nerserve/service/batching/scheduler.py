@@ -11,8 +11,9 @@ sub-words per second measured for back-to-back batches.
 
 Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item),
 drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
-pad) in a thread. Stage B runs the graphs in its own worker thread. A one-slot hand-off between
-them lets the next batch be prepared while the current one runs.
+pad) in a thread. Stage B runs the graphs in lanes, each a worker thread of its own (one by
+default; two on a CPU, where two batches at once beat one batch on two cores). A one-slot hand-off
+between them lets the next batch be prepared while the current ones run.
 """
 
 from __future__ import annotations
