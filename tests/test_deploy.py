@@ -80,6 +80,7 @@ CHART_VALUES: list[dict[str, object]] = [
         "models": ["span-conll03", "gner-open"],
         "modelStore": {"existingClaim": "models"},
         "threads": 4,
+        "graphLanes": 2,
         "httpWorkers": 4,
         "extraEnv": {"NERSERVE_MAX_BATCH_SIZE": "64"},
     },
@@ -142,7 +143,7 @@ def test_helm_chart_passes_api_keys_from_a_secret() -> None:
     assert "NERSERVE_API_KEYS" not in {e["name"] for e in open_env}  # no keys: open, as before
 
 
-def test_helm_chart_sets_http_workers_when_asked() -> None:
+def test_helm_chart_sets_http_workers_and_graph_lanes_when_asked() -> None:
     """`httpWorkers` > 1 becomes NERSERVE_HTTP_WORKERS (tests/test_http_workers.py serves with it);
     the default, one process, sets nothing."""
 
@@ -152,6 +153,9 @@ def test_helm_chart_sets_http_workers_when_asked() -> None:
 
     assert env({"httpWorkers": 4})["NERSERVE_HTTP_WORKERS"] == "4"
     assert "NERSERVE_HTTP_WORKERS" not in env({})
+    # graph lanes likewise: set when asked, else the server's own default for its device and CPUs
+    assert env({"graphLanes": 1})["NERSERVE_GRAPH_LANES"] == "1"
+    assert "NERSERVE_GRAPH_LANES" not in env({})
 
 
 def test_helm_chart_lints_clean() -> None:
