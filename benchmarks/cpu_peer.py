@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from nerserve.ner.graph_format import EXPORT_JSON
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runner import length_batches, score
 from nerserve.ner.runtime.graph_set import load_graph_set
+from nerserve.service.config import usable_cores
 
 # the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
 LOCATIONS = Locations()
@@ -94,7 +94,7 @@ def main() -> None:
     test = read_split(args.data, "test")
     sentences = [list(s.tokens) for s in test]
     words = sum(map(len, sentences))
-    threads = args.threads or (None if args.lanes == 1 else max(1, len(os.sched_getaffinity(0)) // args.lanes))
+    threads = args.threads or (None if args.lanes == 1 else max(1, usable_cores() // args.lanes))
     results: dict[str, Any] = {
         "sentences": len(sentences),
         "words": words,
