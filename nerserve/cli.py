@@ -145,6 +145,10 @@ def train(
             min=0.0, max=1.0, help="gliner: chance that an example asks for WordNet kinds of its common nouns instead"
         ),
     ] = 0.0,
+    lowercase_share: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="gliner: chance that an example's words are all lowercased (as queries are typed)"),
+    ] = 0.0,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -167,6 +171,7 @@ def train(
         renamed_share=renamed_share,
         wordnet_share=wordnet_share,
         common_noun_share=common_noun_share,
+        lowercase_share=lowercase_share,
     )
     from nerserve.ner.loading import lazy
 

@@ -13,12 +13,12 @@ from nerserve.ner.archs.gliner import SPEC
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_sentence
 from nerserve.ner.archs.gliner.loss import pair_mask, targets_of
-from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans
+from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans, names_something
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.data import Sentence
 from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.lora import LoraSettings
-from nerserve.ner.training.gliner_trainer import Source, ask, domain_negatives
+from nerserve.ner.training.gliner_trainer import Source, Widening, ask, domain_negatives, example_of
 from nerserve.ner.training.label_synonyms import SYNONYMS
 from nerserve.ner.types import Entity, EntitySet
 
@@ -61,6 +61,19 @@ def test_requests_with_different_label_lists_share_a_batch(program: GlinerProgra
 
 def test_spans_cover_every_width_up_to_the_bound() -> None:
     assert enumerate_spans(3, 2) == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3)]
+
+
+def test_a_span_of_symbols_alone_is_never_a_candidate(program: GlinerProgram) -> None:
+    words = ["@", "colgo", "--", "!", "hi"]
+    spans = enumerate_spans(len(words), 2)
+    kept = names_something(words, spans).tolist()
+    assert [s for s, k in zip(spans, kept, strict=True) if not k] == [(0, 1), (2, 3), (2, 4), (3, 4)]
+    batch = program.prepare([words])
+    masked = {tuple(s) for s, m in zip(batch.spans[0].tolist(), batch.span_mask[0].tolist(), strict=True) if not m}
+    assert {(0, 1), (2, 3), (3, 4)} <= masked and (1, 2) not in masked and (0, 2) not in masked
+    options = GlinerOptions(labels=("person",), threshold=0.0)  # every candidate above it
+    found = program.decode(batch, program.run(batch, options), options)[0]
+    assert found and all(any(ch.isalnum() for w in words[e.start : e.end] for ch in w) for e in found)
 
 
 def test_targets_mark_the_asked_names_only() -> None:
@@ -113,6 +126,17 @@ def test_training_examples_read_names_not_sets() -> None:
         if not any(name in asked for name in ("chemical", *SYNONYMS["chemical"])):
             assert not example.entities  # a name dropped: its entity is not asked for
     assert seen_names & set(SYNONYMS["chemical"]) and "person" in seen_names
+
+
+def test_some_general_examples_come_lowercased_never_biomedical_ones() -> None:
+    news = Source("conll03", [], ("person",))
+    medical = Source("genia", [], ("protein",))
+    sentence = Sentence(("Peter", "met", "IL-2"), EntitySet([Entity("person", ((0, 1),))]))
+    rng, widening = random.Random(5), Widening(renamed_share=0.0, lowercase_share=0.5)
+    general = [example_of(sentence, news, ["protein"], rng, widening)[0] for _ in range(200)]
+    assert {s.tokens for s in general} == {sentence.tokens, ("peter", "met", "il-2")}
+    assert all(s.entities == sentence.entities for s in general)  # the entities stay where they were
+    assert all(example_of(sentence, medical, [], rng, widening)[0].tokens == sentence.tokens for _ in range(50))
 
 
 def test_every_training_name_has_other_names() -> None:

@@ -125,6 +125,7 @@ class Widening:
     negatives: dict[str, list[str]] = field(default_factory=dict)  # per source: WordNet names of the other domain
     common_noun_share: float = 0.0  # chance that an example asks for kinds of its common nouns instead
     kept_names: frozenset[str] = frozenset()  # the sets' names and their synonyms: never a common-noun kind
+    lowercase_share: float = 0.0  # chance that an example's words are all lowercased
 
 
 def mention_words(sentence: Sentence, entity: Entity) -> tuple[str, ...]:
@@ -208,10 +209,22 @@ def common_noun_example(
     return Sentence(sentence.tokens, EntitySet(entities)), tuple(asked)
 
 
+def lowercased(sentence: Sentence) -> Sentence:
+    """The sentence as a query or a tweet is often typed: no capitals, the entities where they were.
+    The backbone is uncased, but the character CNN and the shape embedding see case, and without
+    such examples a name's capital letters become what finds it."""
+    return Sentence(tuple(word.lower() for word in sentence.tokens), sentence.entities)
+
+
 def example_of(
     sentence: Sentence, source: Source, negatives: list[str], rng: random.Random, widening: Widening
 ) -> tuple[Sentence, tuple[str, ...]]:
-    """A common-noun example with chance `common_noun_share` (where the sentence has such nouns), else `ask`."""
+    """An example of the sentence, lowercased with chance `lowercase_share` (general-domain sets
+    only: biomedical text is not typed so, and its case tells genes apart): a common-noun example
+    with chance `common_noun_share` (where the sentence has such nouns), else `ask`."""
+    general = source.name not in BIOMEDICAL
+    if general and widening.lowercase_share > 0 and rng.random() < widening.lowercase_share:
+        sentence = lowercased(sentence)
     if widening.types and widening.common_noun_share > 0 and rng.random() < widening.common_noun_share:
         pool = negatives + widening.negatives.get(source.name, [])
         example = common_noun_example(sentence, pool, rng, widening.types, widening.kept_names)
@@ -278,7 +291,7 @@ def train_gliner(
     program: GlinerProgram = eager_program(SPEC, network, backbone, torch_device)
     sources = fitting(sources, program)
     negatives = domain_negatives(sources)
-    widening = Widening(settings.renamed_share)
+    widening = Widening(settings.renamed_share, lowercase_share=settings.lowercase_share)
     if settings.wordnet_share > 0 or settings.common_noun_share > 0:
         types = MentionTypes(WordNet.load())
         kept_names = frozenset(n for s in sources for n in s.labels) | {n for names in SYNONYMS.values() for n in names}
@@ -289,6 +302,7 @@ def train_gliner(
             wordnet_negatives(sources, types),
             settings.common_noun_share,
             kept_names,
+            settings.lowercase_share,
         )
     selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
     size = settings.train_limit or 20000
@@ -307,6 +321,7 @@ def train_gliner(
         "renamed_share": settings.renamed_share,
         "wordnet_share": settings.wordnet_share,
         "common_noun_share": settings.common_noun_share,
+        "lowercase_share": settings.lowercase_share,
     }
     if settings.init_from:
         extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)

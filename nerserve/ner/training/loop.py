@@ -54,6 +54,7 @@ class TrainSettings:
     renamed_share: float = 0.3  # gliner: chance that an asked name is swapped for a synonym or paraphrase
     wordnet_share: float = 0.0  # gliner: chance that it is swapped for a WordNet sub-type of its mentions
     common_noun_share: float = 0.0  # gliner: chance that an example asks for WordNet kinds of its common nouns
+    lowercase_share: float = 0.0  # gliner: chance that an example's words are all lowercased (typed queries, tweets)
 
 
 @dataclass

@@ -45,6 +45,16 @@ def enumerate_spans(n_words: int, max_width: int) -> list[tuple[int, int]]:
     return [(i, i + w) for i in range(n_words) for w in range(1, max_width + 1) if i + w <= n_words]
 
 
+def names_something(words: Sequence[str], spans: list[tuple[int, int]]) -> np.ndarray:
+    """Per span: whether a word of it has a letter or a digit. A span of symbols alone ("@", "--")
+    names nothing; one tweet set's conversion marks the "@" of every user mention as an entity of its
+    own, which a model trained on it would return to every user."""
+    wordy = np.fromiter((any(ch.isalnum() for ch in word) for word in words), dtype=np.int64, count=len(words))
+    before = np.concatenate([[0], np.cumsum(wordy)])
+    bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    return np.asarray(before[bounds[:, 1]] > before[bounds[:, 0]], dtype=bool)
+
+
 class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
     # a sentence window leaves the prompt at least the rest of the backbone's 512 positions
     window_subwords = 256
@@ -103,7 +113,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         span_mask = np.zeros((len(ready), width), dtype=bool)
         for b, found in enumerate(listed):
             spans[b, : len(found)] = found
-            span_mask[b, : len(found)] = True
+            span_mask[b, : len(found)] = names_something(ready[b].words, found)
         longest = max((s.subwords for s in ready), default=0)
         return GlinerBatch(ready, lengths, len(ready) * (longest + self.subwords.special_count), spans, span_mask)
 
