@@ -35,6 +35,7 @@ def main(
     open_labels: Annotated[bool, typer.Option(help="send the data's label names as `labels`")] = True,
     options: Annotated[str, typer.Option(help="the request's `options` as JSON, e.g. '{\"nested\": true}'")] = "{}",
     json_out: Annotated[Path | None, typer.Option(help="also write the result here")] = None,
+    lowercase: Annotated[bool, typer.Option(help="send every word lowercased (as queries are often typed)")] = False,
 ) -> None:
     # an open-label model is asked for the natural names and answers with them; any other model
     # answers with the data's own types
@@ -44,7 +45,7 @@ def main(
     # the client retries a 429 after its Retry-After, so several evaluations may share one server
     with Client(url, timeout=600, batch_size=batch, max_retries=100, max_wait=3600) as client:
         answers = client.extract_stream(
-            [list(s.tokens) for s in sentences],
+            [[word.lower() if lowercase else word for word in s.tokens] for s in sentences],
             model,
             labels=list(labels) if open_labels else None,
             options=json.loads(options),
@@ -61,6 +62,7 @@ def main(
         "sentences": len(sentences),
         "labels": list(labels) if open_labels else None,
         "options": json.loads(options),
+        "lowercase": lowercase,
         "seconds": seconds,
         **summary,
     }
