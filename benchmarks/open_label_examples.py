@@ -31,6 +31,10 @@ EXAMPLES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("material", "manufacturing process", "machine or equipment"),
     ),
     ("Book a table for two at an Italian restaurant near Union Square tonight.", ("cuisine", "location", "time", "party size")),
+    # typed as queries and tweets are: no capitals, user mentions
+    ("show me movies directed by steven spielberg starring tom hanks", ("director", "actor", "movie")),
+    ("any cheap italian places near union square open after midnight", ("cuisine", "price", "location", "hours")),
+    ("great effort from @GWS_Giants tonight, congrats @colgo and the team in sydney", ("person", "organization", "location")),
 )
 
 

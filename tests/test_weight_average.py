@@ -48,11 +48,15 @@ def test_adapters_sharing_a_down_projection_average_exactly() -> None:
 def test_plain_tensors_average_and_lora_pairs_travel_together() -> None:
     rng = np.random.default_rng(2)
     names = ("layer.q.lora_A.default.weight", "layer.q.lora_B.default.weight")
+    scalar = "head.offset"  # a 0-d tensor (gliner's score offset): its average must stay an array to be saved
     first = dict(zip(names, adapter(rng), strict=True)) | {"head.bias": np.array([1.0, 3.0], dtype=np.float32)}
     second = dict(zip(names, adapter(rng), strict=True)) | {"head.bias": np.array([3.0, 5.0], dtype=np.float32)}
+    first[scalar], second[scalar] = np.array(-4.0, dtype=np.float16), np.array(-2.0, dtype=np.float16)
     averaged, dropped = average_tensors(first, second, 0.5)
     assert averaged.keys() == first.keys() and dropped > 0
     np.testing.assert_array_equal(averaged["head.bias"], [2.0, 4.0])
+    assert isinstance(averaged[scalar], np.ndarray) and averaged[scalar].shape == () and averaged[scalar] == -3.0
+    assert averaged[scalar].dtype == np.float16
     expected, _, _ = average_low_rank((first[names[0]], first[names[1]]), (second[names[0]], second[names[1]]), 0.5)
     np.testing.assert_array_equal(averaged[names[0]], expected)
     with pytest.raises(AverageError, match="different tensors"):

@@ -70,7 +70,7 @@ def average_tensors(
             averaged[name], averaged[up], worst = down_avg, up_avg, max(worst, dropped)
         elif name not in up_projections:
             mixed = weight * value.astype(np.float32) + (1.0 - weight) * second[name].astype(np.float32)
-            averaged[name] = mixed.astype(value.dtype)
+            averaged[name] = np.asarray(mixed, dtype=value.dtype)  # a 0-d tensor's arithmetic gives a scalar
     return averaged, worst
 
 
