@@ -295,14 +295,13 @@ def train_gliner(
     if settings.wordnet_share > 0 or settings.common_noun_share > 0:
         types = MentionTypes(WordNet.load())
         kept_names = frozenset(n for s in sources for n in s.labels) | {n for names in SYNONYMS.values() for n in names}
-        widening = Widening(
-            settings.renamed_share,
-            settings.wordnet_share,
-            types,
-            wordnet_negatives(sources, types),
-            settings.common_noun_share,
-            kept_names,
-            settings.lowercase_share,
+        widening = replace(
+            widening,
+            wordnet_share=settings.wordnet_share,
+            types=types,
+            negatives=wordnet_negatives(sources, types),
+            common_noun_share=settings.common_noun_share,
+            kept_names=kept_names,
         )
     selection = [Source(s.name, within_window(s.sentences, program), s.labels) for s in selection_sets(data_root)]
     size = settings.train_limit or 20000

@@ -45,7 +45,7 @@ def enumerate_spans(n_words: int, max_width: int) -> list[tuple[int, int]]:
     return [(i, i + w) for i in range(n_words) for w in range(1, max_width + 1) if i + w <= n_words]
 
 
-def names_something(words: Sequence[str], spans: list[tuple[int, int]]) -> np.ndarray:
+def names_something(words: Sequence[str], spans: np.ndarray | Sequence[tuple[int, int]]) -> np.ndarray:
     """Per span: whether a word of it has a letter or a digit. A span of symbols alone ("@", "--")
     names nothing; one tweet set's conversion marks the "@" of every user mention as an entity of its
     own, which a model trained on it would return to every user."""
@@ -113,7 +113,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         span_mask = np.zeros((len(ready), width), dtype=bool)
         for b, found in enumerate(listed):
             spans[b, : len(found)] = found
-            span_mask[b, : len(found)] = names_something(ready[b].words, found)
+            span_mask[b, : len(found)] = names_something(ready[b].words, spans[b, : len(found)])
         longest = max((s.subwords for s in ready), default=0)
         return GlinerBatch(ready, lengths, len(ready) * (longest + self.subwords.special_count), spans, span_mask)
 
