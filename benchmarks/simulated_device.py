@@ -1,6 +1,6 @@
 """How busy the engine keeps a GPU it does not have: a server started with `--device simulated`
 (stand-in graphs that wait a measured card's batch costs, zeros for outputs) driven in a closed loop,
-one sentence a request, at each concurrency; its device's busy seconds are read from `/info` before
+one sentence a request (or `--per-request N`), at each concurrency; its device's busy seconds are read from `/info` before
 and after each level. Every figure is simulated: it measures the engine and the HTTP front around a
 device of that speed, never the device.
 
@@ -59,7 +59,14 @@ def cpu_per_request(before: dict[str, float], after: dict[str, float], requests:
 
 
 async def measure(
-    url: str, model: str, sentences: list[list[str]], levels: list[int], duration: float, workers: int, pid: int | None
+    url: str,
+    model: str,
+    sentences: list[list[str]],
+    levels: list[int],
+    duration: float,
+    workers: int,
+    pid: int | None,
+    per_request: int = 1,
 ) -> dict[str, Any]:
     rows = []
     processes = server_processes(pid) if pid is not None else {}
@@ -68,7 +75,7 @@ async def measure(
         for concurrency in levels:
             before = (await _info(client))["simulated_device"]
             cpu_before = {role: cpu_seconds(p) for role, p in processes.items()}
-            run = await closed_loop(client, model, sentences, concurrency, duration)
+            run = await closed_loop(client, model, sentences, concurrency, duration, per_request=per_request)
             cpu_after = {role: cpu_seconds(p) for role, p in processes.items()}
             after = (await _info(client))["simulated_device"]
             busy = after["busy_seconds"] - before["busy_seconds"]
@@ -80,7 +87,7 @@ async def measure(
                     "requests_per_second_per_worker": round(run["ok"] / run["seconds"] / workers, 1),
                     "device_busy": round(busy / run["seconds"], 4),
                     "device_passes_per_second": round(passes / run["seconds"], 1),
-                    "sentences_per_pass": round(run["ok"] / passes, 1) if passes else None,
+                    "sentences_per_pass": round(run["sentences_per_second"] * run["seconds"] / passes, 1) if passes else None,
                     "latency_ms": {k: run["latency_ms"][k] for k in ("p50", "p99") if k in run["latency_ms"]},
                     "refused": run["http_429"],
                     "errors": run["errors"] - run["http_429"],
@@ -95,6 +102,7 @@ async def measure(
         "device": {k: device[k] for k in ("card", "source")},
         "model": model,
         "http_workers": workers,
+        "sentences_per_request": per_request,
         "seconds_per_level": duration,
         "client_machine": platform.processor() or platform.machine(),
         "levels": rows,
@@ -113,10 +121,13 @@ def main(
     server_pid: Annotated[
         int | None, typer.Option(help="the server's process id: CPU time per request of the engine and each worker")
     ] = None,
+    per_request: Annotated[int, typer.Option(min=1, help="sentences in each request")] = 1,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
-    report = asyncio.run(measure(url, model, read_sentences(data), levels, duration, workers, server_pid))
+    report = asyncio.run(
+        measure(url, model, read_sentences(data), levels, duration, workers, server_pid, per_request)
+    )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
