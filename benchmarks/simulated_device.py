@@ -125,9 +125,7 @@ def main(
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
-    report = asyncio.run(
-        measure(url, model, read_sentences(data), levels, duration, workers, server_pid, per_request)
-    )
+    report = asyncio.run(measure(url, model, read_sentences(data), levels, duration, workers, server_pid, per_request))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,7 +1,7 @@
 import itertools
 
 from nerserve.ner.types import Entity, EntitySet
-from nerserve.service.pipeline import Planner, assemble, windows
+from nerserve.service.pipeline import Planner, Unit, assemble, windows
 
 
 def test_window_cores_partition_the_sentence() -> None:
@@ -67,3 +67,20 @@ def test_windows_of_long_words_advance_by_half_a_window() -> None:
     cores = [(cs, ce) for _, _, cs, ce in spans]
     assert cores[0][0] == 0 and cores[-1][1] == 100
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cores))
+
+
+def test_a_sentence_that_fits_is_one_unit_as_the_window_rule_would_make_it(tiny_backbone) -> None:
+    """The planner's shortcut for a sentence within the budget (nearly all of them) gives the unit
+    `windows` would; one sub-word more and the sentence is windowed."""
+    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+
+    encoder = SubwordEncoder(load_tokenizer(tiny_backbone))
+    words = ["Peter", "Blackburn", "visited", "Köln", "."]
+    [tokenized] = encoder.tokenize([words])
+    counts = [len(piece) for piece in tokenized.pieces]
+    fits = sum(counts) + encoder.special_count
+    [planned] = Planner(encoder, window_subwords=fits, overlap_words=2).plan(tokens=[words])
+    assert windows(counts, fits - encoder.special_count, 2) == [(0, len(words), 0, len(words))]
+    assert planned.units == [Unit(0, tokenized, 0, (0, len(words)), fits)]
+    [windowed] = Planner(encoder, window_subwords=fits - 1, overlap_words=2).plan(tokens=[words])
+    assert len(windowed.units) > 1 and all(unit.cost < fits for unit in windowed.units)

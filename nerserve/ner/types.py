@@ -6,6 +6,7 @@ Standard library only: every layer of the project may import this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Fragment = tuple[int, int]  # word indices [start, end), end excluded
 
@@ -65,9 +66,10 @@ class EntitySet(frozenset[Entity]):
         return {entity.key() for entity in self}
 
 
-@dataclass(frozen=True)
-class Word:
-    """A word of a text with its character offsets [start, end) in Unicode code points."""
+class Word(NamedTuple):
+    """A word of a text with its character offsets [start, end) in Unicode code points. A named
+    tuple rather than a dataclass: every request makes one per word, and a tuple is made in half
+    the time."""
 
     text: str
     start: int
@@ -85,6 +87,6 @@ def fragments_of(words: list[int]) -> tuple[Fragment, ...]:
     return tuple((a, b) for a, b in fragments)
 
 
-def fragment_char_spans(entity: Entity, words: list[Word]) -> list[tuple[int, int]]:
+def fragment_char_spans(fragments: tuple[Fragment, ...], words: list[Word]) -> list[tuple[int, int]]:
     """Character spans of an entity's fragments: from its first word's start to its last word's end."""
-    return [(words[start].start, words[end - 1].end) for start, end in entity.fragments]
+    return [(words[start].start, words[end - 1].end) for start, end in fragments]

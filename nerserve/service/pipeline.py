@@ -10,17 +10,16 @@ by single spaces for character offsets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nerserve.ner.text.segment import split_sentences, words_of_tokens
 from nerserve.ner.text.subword import SubwordEncoder, Tokenized
-from nerserve.ner.types import Entity, EntitySet, Word, fragment_char_spans
+from nerserve.ner.types import EntitySet, Word, fragment_char_spans
 
 
-@dataclass(frozen=True)
-class Unit:
+class Unit(NamedTuple):
     """One graph input: a sentence, or a window of a long one, tokenised once here (the batcher
-    and the program reuse the sub-words)."""
+    and the program reuse the sub-words). A named tuple: a request makes one a sentence."""
 
     text_index: int
     sentence: Tokenized
@@ -89,13 +88,19 @@ class Planner:
                 text, words = words_of_tokens(token_list)
                 sentences.append((t, 0, words))
                 planned.append(PlannedText(text, words, []))
-        tokenized = self.subwords.tokenize([[w.text for w in words] for _, _, words in sentences]) if sentences else []
+        tokenized = self.subwords.tokenize([[word.text for word in words] for _, _, words in sentences]) if sentences else []
+        specials = self.subwords.special_count
         for (t, first, _), tokens_of in zip(sentences, tokenized, strict=True):
+            counts = list(map(len, tokens_of.pieces))
+            subwords = sum(counts)
+            if subwords <= self.budget:  # nearly every sentence: one window, the whole of it
+                planned[t].units.append(Unit(t, tokens_of, first, (first, first + len(counts)), subwords + specials))
+                continue
             tokens_of = self.clipped(tokens_of)
-            counts = [len(piece) for piece in tokens_of.pieces]
+            counts = list(map(len, tokens_of.pieces))
             for s, e, core_start, core_end in windows(counts, self.budget, self.overlap):
                 window = tokens_of.window(s, e)
-                cost = window.subwords + self.subwords.special_count
+                cost = window.subwords + specials
                 planned[t].units.append(Unit(t, window, first + s, (first + core_start, first + core_end), cost))
         return planned
 
@@ -112,7 +117,7 @@ def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, A
             found[key] = max(found.get(key, 0.0), entity.score)
     out = []
     for (label, fragments), score in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        spans = fragment_char_spans(Entity(label, fragments), planned.words)
+        spans = fragment_char_spans(fragments, planned.words)
         out.append(
             {
                 "type": label,

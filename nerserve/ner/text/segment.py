@@ -7,6 +7,8 @@ training data (punctuation split off, abbreviations such as "U.S." and hyphenate
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 
 from nerserve.ner.types import Word
@@ -61,7 +63,14 @@ def _split_clitic(word: Word) -> list[Word]:
 
 
 def words_of(text: str) -> list[Word]:
-    return [piece for m in _WORD.finditer(text) for piece in _split_clitic(Word(m.group(), m.start(), m.end()))]
+    words: list[Word] = []
+    for match in _WORD.finditer(text):
+        word = Word(match.group(), *match.span())
+        if "'" in word.text or "’" in word.text:  # every clitic has an apostrophe: most words skip the search
+            words.extend(_split_clitic(word))
+        else:
+            words.append(word)
+    return words
 
 
 # A line that ends in one of these goes on in the next line (hard-wrapped prose), whatever follows.
@@ -133,9 +142,6 @@ def split_sentences(text: str) -> list[list[Word]]:
 
 def words_of_tokens(tokens: list[str]) -> tuple[str, list[Word]]:
     """Pre-tokenised input: the text is the tokens joined by single spaces (the API's convention)."""
-    words: list[Word] = []
-    position = 0
-    for token in tokens:
-        words.append(Word(token, position, position + len(token)))
-        position += len(token) + 1
-    return " ".join(tokens), words
+    lengths = list(map(len, tokens))
+    starts = list(itertools.accumulate((length + 1 for length in lengths[:-1]), initial=0))
+    return " ".join(tokens), list(map(Word, tokens, starts, map(operator.add, starts, lengths)))
