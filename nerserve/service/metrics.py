@@ -181,17 +181,24 @@ class ModelObserver:
         self.metrics = metrics
         self.model = model
         self.stats = RollingStats()
+        # the model's own series, looked up once: a batch observes one queue time per sentence
+        self.queue_seconds = metrics.queue_seconds.labels(model)
+        self.inference_seconds = metrics.inference_seconds.labels(model)
+        self.batch_sentences = metrics.batch_sentences.labels(model)
+        self.batch_tokens = metrics.batch_tokens.labels(model)
+        self.padding_ratio = metrics.padding_ratio.labels(model)
+        self.sentences = metrics.sentences.labels(model)
+        self.tokens = metrics.tokens.labels(model)
 
     def batch_done(self, record: BatchRecord) -> None:
-        m, name = self.metrics, self.model
         for seconds in record.queue_seconds:
-            m.queue_seconds.labels(name).observe(seconds)
-        m.inference_seconds.labels(name).observe(record.run_seconds)
-        m.batch_sentences.labels(name).observe(record.sentences)
-        m.batch_tokens.labels(name).observe(record.padded_tokens)
-        m.padding_ratio.labels(name).observe(1 - record.tokens / record.padded_tokens if record.padded_tokens else 0)
-        m.sentences.labels(name).inc(record.sentences)
-        m.tokens.labels(name).inc(record.tokens)
+            self.queue_seconds.observe(seconds)
+        self.inference_seconds.observe(record.run_seconds)
+        self.batch_sentences.observe(record.sentences)
+        self.batch_tokens.observe(record.padded_tokens)
+        self.padding_ratio.observe(1 - record.tokens / record.padded_tokens if record.padded_tokens else 0)
+        self.sentences.inc(record.sentences)
+        self.tokens.inc(record.tokens)
         self.stats.add(record)
 
     def dropped(self, reason: str, count: int) -> None:
