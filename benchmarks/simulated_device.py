@@ -1,7 +1,7 @@
 """How busy the engine keeps a GPU it does not have: a server started with `--device simulated`
 (stand-in graphs that wait a measured card's batch costs, zeros for outputs) driven in a closed loop,
-one sentence a request (or `--per-request N`), at each concurrency; its device's busy seconds are read from `/info` before
-and after each level. Every figure is simulated: it measures the engine and the HTTP front around a
+one sentence a request (or `--per-request N`), at each concurrency; its device's busy seconds are
+read from `/info` before and after each level. Every figure is simulated: it measures the engine and the HTTP front around a
 device of that speed, never the device.
 
     taskset -c 0 nerserve serve --models span-conll03 --device simulated --threads 1 --port 8041 &

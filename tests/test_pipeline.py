@@ -70,8 +70,8 @@ def test_windows_of_long_words_advance_by_half_a_window() -> None:
 
 
 def test_a_sentence_that_fits_is_one_unit_as_the_window_rule_would_make_it(tiny_backbone) -> None:
-    """The planner's shortcut for a sentence within the budget (nearly all of them) gives the unit
-    `windows` would; one sub-word more and the sentence is windowed."""
+    """A sentence within the budget (nearly all of them) is one window, the whole sentence, at its
+    own cost; one sub-word more and the sentence is windowed."""
     from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
     encoder = SubwordEncoder(load_tokenizer(tiny_backbone))

@@ -40,8 +40,11 @@ def windows(counts: list[int], budget: int, overlap: int) -> list[tuple[int, int
     consecutive windows overlap by up to `overlap` words, and by at most half of a window's words,
     so each window advances by at least half of itself: a sentence of long words (few per window)
     costs at most about twice its sub-words, not a window per word. Cores meet halfway."""
+    n = len(counts)
+    if sum(counts) <= budget:  # nearly every sentence: one window, the whole of it
+        return [(0, n, 0, n)]
     spans: list[tuple[int, int]] = []
-    start, n = 0, len(counts)
+    start = 0
     while True:
         end, total = start, 0
         while end < n and total + counts[end] <= budget:
@@ -69,8 +72,6 @@ class Planner:
     def clipped(self, sentence: Tokenized) -> Tokenized:
         """A word longer than a whole window (e.g. "a-a-a-…", a long CJK run) keeps only the
         sub-words that fit: it is still one word with its own offsets, and its window still fits."""
-        if all(len(piece) <= self.budget for piece in sentence.pieces):
-            return sentence
         return Tokenized(sentence.words, tuple(piece[: self.budget] for piece in sentence.pieces))
 
     def plan(self, texts: list[str] | None = None, tokens: list[list[str]] | None = None) -> list[PlannedText]:
@@ -92,16 +93,13 @@ class Planner:
         specials = self.subwords.special_count
         for (t, first, _), tokens_of in zip(sentences, tokenized, strict=True):
             counts = list(map(len, tokens_of.pieces))
-            subwords = sum(counts)
-            if subwords <= self.budget:  # nearly every sentence: one window, the whole of it
-                planned[t].units.append(Unit(t, tokens_of, first, (first, first + len(counts)), subwords + specials))
-                continue
-            tokens_of = self.clipped(tokens_of)
-            counts = list(map(len, tokens_of.pieces))
+            if max(counts, default=0) > self.budget:
+                tokens_of = self.clipped(tokens_of)
+                counts = list(map(len, tokens_of.pieces))
             for s, e, core_start, core_end in windows(counts, self.budget, self.overlap):
-                window = tokens_of.window(s, e)
-                cost = window.subwords + specials
-                planned[t].units.append(Unit(t, window, first + s, (first + core_start, first + core_end), cost))
+                cost = sum(counts[s:e]) + specials
+                unit = Unit(t, tokens_of.window(s, e), first + s, (first + core_start, first + core_end), cost)
+                planned[t].units.append(unit)
         return planned
 
 

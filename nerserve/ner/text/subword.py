@@ -70,6 +70,8 @@ class Tokenized:
         return sum(len(p) for p in self.pieces)
 
     def window(self, start: int, end: int) -> Tokenized:
+        if start == 0 and end == len(self.words):
+            return self  # the whole sentence, as nearly every window is: no copy
         return Tokenized(self.words[start:end], self.pieces[start:end])
 
 
