@@ -76,6 +76,16 @@ def test_the_split_server_answers_as_the_one_process_server(servers: tuple[Serve
         assert_same_results(got["results"], want["results"])
     tokens = post(split, "/extract", {"tokens": SENTENCES}).json()["results"]
     assert_same_results(tokens, post(single, "/extract", {"tokens": SENTENCES}, key=None).json()["results"])
+    # planned and assembled in the worker: several sentences a text, a sentence long enough for
+    # windows (a request large enough to be planned off the worker's loop), labels kept, flat answers
+    long_sentence = " ".join(["Angela Merkel met Siemens executives in Munich and"] * 120) + " Paris ."
+    for payload in [
+        {"texts": ["Peter Blackburn reported from Brussels. EU rejects German call.", long_sentence]},
+        {"texts": [long_sentence], "labels": ["PER", "LOC"], "flat": True},
+    ]:
+        want_planned = post(single, "/extract", payload, key=None).json()["results"]
+        assert sum(len(found["entities"]) for found in want_planned) > 100  # every window answers
+        assert_same_results(post(split, "/extract", payload).json()["results"], want_planned)
     for payload, status, field in [
         ({"model": "nope", "texts": ["x"]}, 404, "model"),
         ({"texts": ["x"], "options": {"threshold": 7}}, 422, "options.threshold"),

@@ -84,3 +84,23 @@ def test_a_sentence_that_fits_is_one_unit_as_the_window_rule_would_make_it(tiny_
     assert planned.units == [Unit(0, tokenized, 0, (0, len(words)), fits)]
     [windowed] = Planner(encoder, window_subwords=fits - 1, overlap_words=2).plan(tokens=[words])
     assert len(windowed.units) > 1 and all(unit.cost < fits for unit in windowed.units)
+
+
+def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
+    """An HTTP worker rebuilds a model's planner from its PlanningRule and sends the units it
+    planned to the engine; the engine sends back entity sets. Both cross a process by pickle."""
+    import pickle
+
+    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+    from nerserve.service.pipeline import PlanningRule
+
+    rule = PlanningRule(tiny_backbone, window_subwords=8, overlap_words=2)
+    texts = ["Peter Blackburn visited Köln. He met Angela Merkel in Brussels on Friday afternoon."]
+    engine_side = rule.planner(SubwordEncoder(load_tokenizer(tiny_backbone))).plan(texts)
+    worker_side = pickle.loads(pickle.dumps(rule)).planner().plan(texts)
+    units = [(unit.sentence, unit.cost) for unit in worker_side[0].units]
+    assert len(units) > 2  # windows too
+    assert pickle.loads(pickle.dumps(units)) == [(unit.sentence, unit.cost) for unit in engine_side[0].units]
+    found = EntitySet({Entity("PER", ((0, 2),), 0.75), Entity("LOC", ((1, 2), (3, 4)), 0.5)})
+    back = pickle.loads(pickle.dumps(found))
+    assert back == found and {e.score for e in back} == {0.75, 0.5}

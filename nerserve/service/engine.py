@@ -15,9 +15,9 @@ from prometheus_client import generate_latest
 from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
 from nerserve.service.admission import EdgeCounter, Refusal
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Extraction, ExtractionQuery, extract
+from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, extract, run_planned
 from nerserve.service.api.state import ServiceState
-from nerserve.service.models import ModelView
+from nerserve.service.models import ModelView, ServedModel
 
 
 class Engine(Protocol):
@@ -83,12 +83,19 @@ class LocalEngine:
     def _open_requests(self) -> int:
         return sum(model.scheduler.open_requests for model in self.state.models.values())
 
-    async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
+    def served(self, model: str) -> ServedModel:
         self.state.model(model)  # still served (an HTTP worker resolved the name on its last view)
         served = self.state.models.get(model)
         if served is None:
             raise ApiError("not_ready", f"model {model!r} is still loading", "model", headers={"Retry-After": "5"})
-        return await extract(self.state, served, query, tenant, gone)
+        return served
+
+    async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
+        return await extract(self.state, self.served(model), query, tenant, gone)
+
+    async def run_planned(self, model: str, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any]) -> UnitAnswers:
+        """A request an HTTP worker planned: its units through the model's batcher."""
+        return await run_planned(self.state, self.served(model), query, tenant, gone)
 
     async def admit(self, model: str | None, tenant: str) -> Refusal | None:
         return self.edge.decide(model, tenant)

@@ -2,7 +2,8 @@
 socket in a folder only this user can open, length-prefixed pickled messages both ways.
 
 A worker asks (`call`, answered by a `reply` with the same id) or tells (no answer): `admit` and
-`release` for the edge admission, `extract`, `cancel` (its client went away), `record` (a response
+`release` for the edge admission, `run_planned` (a request the worker planned: sub-word units in,
+an entity set per unit out; the worker assembles the answer), `cancel` (its client went away), `record` (a response
 it answered, for /metrics), `metrics`, `stats`, `device_report`. The engine pushes its `state` (readiness, the
 models' states and facts) on connection and whenever it changes. The engine owns every count:
 what a worker had admitted is released when its connection closes."""
@@ -22,9 +23,10 @@ from typing import Any
 
 from nerserve.service.admission import Refusal
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Extraction, ExtractionQuery
+from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, answer, plan_query
 from nerserve.service.api.state import ServiceState
 from nerserve.service.engine import EngineState, LocalEngine
+from nerserve.service.pipeline import Planner, PlanningRule
 
 log = logging.getLogger("nerserve")
 LENGTH = struct.Struct("!I")
@@ -196,7 +198,7 @@ class EngineServer:
             gone = worker.watching.get(args[0])
             if gone is not None and not gone.done():
                 gone.set_result(None)
-        elif method in ("extract", "metrics", "stats", "device_report"):
+        elif method in ("run_planned", "metrics", "stats", "device_report"):
             task = asyncio.create_task(self._answer(worker, method, call_id, args))
             self.tasks.add(task)  # held until done: the loop keeps only weak references to tasks
             task.add_done_callback(self.tasks.discard)
@@ -205,12 +207,12 @@ class EngineServer:
 
     async def _answer(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
         try:
-            if method == "extract":
+            if method == "run_planned":
                 gone: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 worker.watching[call_id or 0] = gone
                 try:
                     model, query, tenant = args
-                    value: Any = await self.engine.extract(model, query, tenant, gone)
+                    value: Any = await self.engine.run_planned(model, query, tenant, gone)
                 finally:
                     worker.watching.pop(call_id or 0, None)
             elif method == "metrics":
@@ -239,6 +241,7 @@ class RemoteEngine:
         self.pending: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self.out: FrameWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
+        self.planners: dict[PlanningRule, Planner] = {}
 
     async def connect(self, timeout: float = 60.0) -> None:
         """Connects to the engine that started this process and takes its first state, waiting for
@@ -321,16 +324,27 @@ class RemoteEngine:
         await reply
         return self._value(reply)
 
+    def planner(self, model: str) -> Planner:
+        """The model's planner in this worker, made on its first request (the tokenizer is read
+        from the engine's folder; models with the same rule share one)."""
+        rule = self.state.model(model).planning
+        planner = self.planners.get(rule)
+        if planner is None:
+            planner = self.planners[rule] = rule.planner()
+        return planner
+
     async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
-        call_id, reply = self._ask("extract", model, query, tenant)
+        """Planned and assembled here; the engine runs the units."""
+        planned = await plan_query(self.planner(model), query)
+        call_id, reply = self._ask("run_planned", model, PlannedQuery.of(query, planned), tenant)
         await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not reply.done():
             self.pending.pop(call_id, None)
             reply.cancel()
             self._send("cancel", (call_id,))
             raise ApiError("client_gone", "the client closed the connection before the answer")
-        extraction: Extraction = self._value(reply)
-        return extraction
+        answers: UnitAnswers = self._value(reply)
+        return answer(query, planned, answers)
 
     async def admit(self, model: str | None, tenant: str) -> Refusal | None:
         refusal: Refusal | None = await self._call("admit", model, tenant)

@@ -16,6 +16,7 @@ from typing import Any
 
 from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
 from nerserve.ner.archs.registry import architecture
+from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.graph import execution_providers
 from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
@@ -28,7 +29,7 @@ from nerserve.service.config import Settings
 from nerserve.service.graph_process import GraphProcess
 from nerserve.service.memory import release_freed_memory
 from nerserve.service.metrics import Metrics, ModelObserver
-from nerserve.service.pipeline import Planner
+from nerserve.service.pipeline import Planner, PlanningRule
 from nerserve.service.start_up_exports import ModelLoadError, StartUpExports
 
 log = logging.getLogger("nerserve")
@@ -47,6 +48,7 @@ class ModelView:
     architecture: str
     labels: list[str]
     info: dict[str, Any]
+    planning: PlanningRule  # an HTTP worker plans this model's requests itself
 
 
 @dataclass
@@ -55,6 +57,7 @@ class ServedModel:
     manifest: Manifest
     spec: ArchitectureSpec[Any, Any]
     program: ProgramBase[Any, Any, Any]
+    planning: PlanningRule
     planner: Planner
     scheduler: Scheduler
     observer: ModelObserver
@@ -84,7 +87,7 @@ class ServedModel:
 
     def view(self) -> ModelView:
         manifest = self.manifest
-        return ModelView(self.name, manifest.version, manifest.architecture, list(manifest.labels), self.info())
+        return ModelView(self.name, manifest.version, manifest.architecture, list(manifest.labels), self.info(), self.planning)
 
     def info(self) -> dict[str, Any]:
         manifest = self.manifest
@@ -132,6 +135,13 @@ class GraphSource:
     def program(self) -> ProgramBase[Any, Any, Any]:
         return self.load()[1]
 
+    def tokenizer_folder(self, manifest: Manifest) -> Path:
+        """Where the program's tokenizer is read from: a graph set carries its own; the eager
+        runtime reads the backbone's."""
+        if self.runtime == Runtime.eager:
+            return resolve_backbone(manifest.backbone.name).path
+        return self.folder
+
 
 def _graph_source(name: str, settings: Settings, background: bool, exports: StartUpExports) -> GraphSource:
     if settings.runtime == Runtime.eager:
@@ -163,7 +173,8 @@ def load_served_model(
     # with a graph process, this process's own program only prepares and decodes: it loads on the CPU
     manifest, program = source.load("cpu" if graphs else None)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
-    planner = Planner(program.subwords, window, settings.window_overlap_words)
+    planning = PlanningRule(source.tokenizer_folder(manifest), window, settings.window_overlap_words)
+    planner = planning.planner(program.subwords)
     observer = ModelObserver(metrics, folder.name)
 
     def prepare(payloads: list[Payload]) -> tuple[Any, list[Any]]:
@@ -201,7 +212,9 @@ def load_served_model(
         lanes=settings.lanes,
         lane_setup=_lane_stream(settings),
     )
-    served = ServedModel(folder.name, manifest, spec, program, planner, scheduler, observer, settings.runtime.value, graphs)
+    served = ServedModel(
+        folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs
+    )
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)
     return served

@@ -10,10 +10,11 @@ by single spaces for character offsets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from nerserve.ner.text.segment import split_sentences, words_of_tokens
-from nerserve.ner.text.subword import SubwordEncoder, Tokenized
+from nerserve.ner.text.subword import SubwordEncoder, Tokenized, load_tokenizer
 from nerserve.ner.types import EntitySet, Word, fragment_char_spans
 
 
@@ -101,6 +102,21 @@ class Planner:
                 unit = Unit(t, tokens_of.window(s, e), first + s, (first + core_start, first + core_end), cost)
                 planned[t].units.append(unit)
         return planned
+
+
+@dataclass(frozen=True)
+class PlanningRule:
+    """How a model's requests are planned, in a form another process can rebuild it from (an HTTP
+    worker plans its own requests): the tokenizer's folder, the window and its overlap."""
+
+    tokenizer_folder: Path
+    window_subwords: int
+    overlap_words: int
+
+    def planner(self, subwords: SubwordEncoder | None = None) -> Planner:
+        """The planner; `subwords`, the model's own encoder where the model is loaded."""
+        encoder = subwords or SubwordEncoder(load_tokenizer(self.tokenizer_folder))
+        return Planner(encoder, self.window_subwords, self.overlap_words)
 
 
 def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, Any]]:

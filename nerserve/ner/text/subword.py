@@ -69,6 +69,10 @@ class Tokenized:
     def subwords(self) -> int:
         return sum(len(p) for p in self.pieces)
 
+    def __reduce__(self) -> tuple[type[Tokenized], tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]]:
+        # pickled as its two tuples: an HTTP worker sends every sentence it planned to the engine
+        return (Tokenized, (self.words, self.pieces))
+
     def window(self, start: int, end: int) -> Tokenized:
         if start == 0 and end == len(self.words):
             return self  # the whole sentence, as nearly every window is: no copy

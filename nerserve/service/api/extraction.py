@@ -1,5 +1,10 @@
 """Texts (or token lists) → entities through one served model: validation that needs the model,
-planning, the batcher, assembly. Shared by POST /extract and the KServe v2 infer route."""
+planning, the batcher, assembly. Shared by POST /extract and the KServe v2 infer route.
+
+Planning (sentences, windows, sub-words) and assembly (character offsets) happen where the request
+was received; only `run_planned` needs the engine. With HTTP worker processes the workers plan and
+assemble, and the engine process receives sub-word units and answers entity sets: its time is
+what caps a server's sentences a second, whatever the number of workers."""
 
 from __future__ import annotations
 
@@ -11,12 +16,14 @@ from typing import Any
 from fastapi import Request
 
 from nerserve.ner.archs.base import OptionError
+from nerserve.ner.text.subword import Tokenized
+from nerserve.ner.types import EntitySet
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.auth import tenant_of
 from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
 from nerserve.service.models import ServedModel
-from nerserve.service.pipeline import PlannedText, assemble, flatten, keep_labels
+from nerserve.service.pipeline import PlannedText, Planner, assemble, flatten, keep_labels
 from nerserve.service.tenants import retry_after
 
 
@@ -147,38 +154,66 @@ async def _run_units(
 INLINE_PLAN_CHARACTERS = 2_000
 
 
-async def _plan(model: ServedModel, query: ExtractionQuery) -> list[PlannedText]:
+async def plan_query(planner: Planner, query: ExtractionQuery) -> list[PlannedText]:
+    """The request's texts (or token lists) as planned texts: sentences, windows, sub-words."""
     if query.texts is not None:
         size = sum(len(text) for text in query.texts)
     else:
         size = sum(len(token) + 1 for sentence in query.tokens or [] for token in sentence)
     if size <= INLINE_PLAN_CHARACTERS:
-        return model.planner.plan(query.texts, query.tokens)
-    return await asyncio.to_thread(model.planner.plan, query.texts, query.tokens)
+        return planner.plan(query.texts, query.tokens)
+    return await asyncio.to_thread(planner.plan, query.texts, query.tokens)
 
 
-async def extract(
-    state: ServiceState, model: ServedModel, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]
-) -> Extraction:
-    """In the engine's process, for a query run_extraction has checked: `tenant`, the API key's
-    name ("" without keys); `gone`, done when the client goes away."""
-    where = "texts" if query.texts is not None else "tokens"
+@dataclass
+class PlannedQuery:
+    """A request as the engine runs it, planned where it was received: each unit's sentence and
+    cost, with the request's labels, options and deadline."""
+
+    units: list[tuple[Tokenized, int]]
+    labels: list[str] | None
+    options: dict[str, Any]
+    deadline_ms: float | None
+    where: str  # the request's field of texts ("texts" or "tokens"), for its errors
+
+    @classmethod
+    def of(cls, query: ExtractionQuery, planned: list[PlannedText]) -> PlannedQuery:
+        units = [(unit.sentence, unit.cost) for text in planned for unit in text.units]
+        where = "texts" if query.texts is not None else "tokens"
+        return cls(units, query.labels, query.options, query.deadline_ms, where)
+
+
+@dataclass
+class UnitAnswers:
+    """What the engine answers a planned request: an entity set per unit, the labels a closed-label
+    model's answer keeps (None: all), and the request's time in the queue and on the graphs."""
+
+    entities: list[EntitySet]
+    wanted: set[str] | None
+    queue_seconds: float
+    inference_seconds: float
+
+
+async def run_planned(
+    state: ServiceState, model: ServedModel, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any]
+) -> UnitAnswers:
+    """In the engine's process: the request's checks that need the model or the engine's counts,
+    then its units through the model's batcher. `tenant`, the API key's name ("" without keys);
+    `gone`, done when the client goes away."""
     wanted = _label_filter(model, query.labels)
     try:
         options = model.resolve_options(query.options, query.labels if wanted is None else None)
     except OptionError as error:
         raise ApiError("invalid_option", str(error), error.field) from None
     deadline = time.monotonic() + query.deadline_ms / 1000 if query.deadline_ms else None
-    planned = await _plan(model, query)
-    units = [unit for text in planned for unit in text.units]
+    units = query.units
     if len(units) > state.settings.max_request_sentences:
         raise ApiError(
             "too_many_sentences",
-            f"{where}: {len(units)} sentences (long ones count once per window), at most "
+            f"{query.where}: {len(units)} sentences (long ones count once per window), at most "
             f"{state.settings.max_request_sentences} a request: send the texts in several requests",
-            where,
+            query.where,
         )
-    results: list[ItemResult] = []
     over = state.tenants.charge(tenant, len(units))
     if over:
         raise ApiError(
@@ -187,20 +222,37 @@ async def extract(
             "sentences a second",
             headers={"Retry-After": retry_after(over)},
         )
-    if units:
-        results = await _run_units(model, [((u.sentence, options), u.cost) for u in units], deadline, tenant, gone)
-        if state.tenants.enabled:
-            state.metrics.key_sentences.labels(tenant).inc(len(units))
-    by_text: list[list[Any]] = [[] for _ in planned]
-    for unit, result in zip(units, results, strict=True):
-        by_text[unit.text_index].append(result.value)
-    entities = []
-    for index, text in enumerate(planned):
-        found = assemble(text, by_text[index])
-        found = keep_labels(found, wanted) if wanted is not None else found
-        entities.append(flatten(found) if query.flat else found)
-    return Extraction(
-        entities,
-        queue_seconds=max((r.queue_seconds for r in results), default=0.0),
+    if not units:
+        return UnitAnswers([], wanted, 0.0, 0.0)
+    results = await _run_units(model, [((sentence, options), cost) for sentence, cost in units], deadline, tenant, gone)
+    if state.tenants.enabled:
+        state.metrics.key_sentences.labels(tenant).inc(len(units))
+    return UnitAnswers(
+        [r.value for r in results],
+        wanted,
+        queue_seconds=max(r.queue_seconds for r in results),
         inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once
     )
+
+
+def answer(query: ExtractionQuery, planned: list[PlannedText], answers: UnitAnswers) -> Extraction:
+    """The units' entity sets → each text's entities with character offsets, where the request was
+    planned."""
+    by_text: list[list[EntitySet]] = [[] for _ in planned]
+    units = (unit for text in planned for unit in text.units)
+    for unit, found in zip(units, answers.entities, strict=True):
+        by_text[unit.text_index].append(found)
+    entities = []
+    for text, results in zip(planned, by_text, strict=True):
+        assembled = assemble(text, results)
+        assembled = keep_labels(assembled, answers.wanted) if answers.wanted is not None else assembled
+        entities.append(flatten(assembled) if query.flat else assembled)
+    return Extraction(entities, answers.queue_seconds, answers.inference_seconds)
+
+
+async def extract(
+    state: ServiceState, model: ServedModel, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]
+) -> Extraction:
+    """A request planned, run and assembled in the engine's own process (one HTTP front)."""
+    planned = await plan_query(model.planner, query)
+    return answer(query, planned, await run_planned(state, model, PlannedQuery.of(query, planned), tenant, gone))
