@@ -241,7 +241,7 @@ class RemoteEngine:
         self.pending: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self.out: FrameWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
-        self.planners: dict[PlanningRule, Planner] = {}
+        self.planners: dict[PlanningRule, asyncio.Future[Planner]] = {}
 
     async def connect(self, timeout: float = 60.0) -> None:
         """Connects to the engine that started this process and takes its first state, waiting for
@@ -283,6 +283,7 @@ class RemoteEngine:
         kind, *rest = message
         if kind == "state":
             rest[0].apply(self.state)
+            self._prepare_planners()
             return
         call_id, ok, value = rest
         reply = self.pending.pop(call_id, None)
@@ -324,18 +325,30 @@ class RemoteEngine:
         await reply
         return self._value(reply)
 
-    def planner(self, model: str) -> Planner:
-        """The model's planner in this worker, made on its first request (the tokenizer is read
-        from the engine's folder; models with the same rule share one)."""
+    def _prepare_planners(self) -> None:
+        """A planner for each model the engine serves, made in a thread as soon as the model is
+        known (reading a tokenizer takes tens of milliseconds the event loop would otherwise spend
+        on the model's first request); models with the same rule share one."""
+        for view in self.state.views.values():
+            if view.planning not in self.planners:
+                self.planners[view.planning] = asyncio.ensure_future(asyncio.to_thread(view.planning.planner))
+
+    async def planner(self, model: str) -> Planner:
         rule = self.state.model(model).planning
-        planner = self.planners.get(rule)
-        if planner is None:
-            planner = self.planners[rule] = rule.planner()
-        return planner
+        if rule not in self.planners:
+            self._prepare_planners()
+        try:
+            return await self.planners[rule]
+        except Exception as error:  # the next request tries again
+            self.planners.pop(rule, None)
+            log.exception("model %s: this HTTP worker cannot read its tokenizer", model)
+            raise ApiError(
+                "model_failed", f"model {model!r}: this HTTP worker cannot read its tokenizer ({error})", "model"
+            ) from None
 
     async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
         """Planned and assembled here; the engine runs the units."""
-        planned = await plan_query(self.planner(model), query)
+        planned = await plan_query(await self.planner(model), query)
         call_id, reply = self._ask("run_planned", model, PlannedQuery.of(query, planned), tenant)
         await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not reply.done():
