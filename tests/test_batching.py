@@ -560,3 +560,44 @@ def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
         return scheduler.depth
 
     assert asyncio.run(scenario()) == 201
+
+
+def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_client() -> None:
+    """What a request's sentences are awaited with: every result in order; the first failure at
+    once, the others' failures retrieved (asyncio logs none as lost); the client gone: every
+    sentence cancelled, so that the batcher drops them."""
+    from nerserve.service.api.errors import ApiError
+    from nerserve.service.api.extraction import _await_all
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        lost: list[dict[str, object]] = []
+        loop.set_exception_handler(lambda _, context: lost.append(context))
+        assert await _await_all([], loop.create_future()) == []
+        futures = [loop.create_future() for _ in range(3)]
+        for index, future in enumerate(reversed(futures)):
+            loop.call_later(0.01 * index, future.set_result, len(futures) - 1 - index)
+        assert await _await_all(futures, loop.create_future()) == [0, 1, 2]
+
+        futures = [loop.create_future() for _ in range(3)]
+        loop.call_soon(futures[1].set_exception, DeadlineExceeded())
+        with pytest.raises(DeadlineExceeded):
+            await _await_all(futures, loop.create_future())
+        futures[0].set_exception(DeadlineExceeded())
+        futures[2].set_result("late")
+
+        futures = [loop.create_future() for _ in range(2)]
+        futures[0].set_result("done")
+        gone = loop.create_future()
+        loop.call_soon(gone.set_result, None)
+        with pytest.raises(ApiError) as refused:
+            await _await_all(futures, gone)
+        assert refused.value.code == "client_gone" and futures[1].cancelled()
+        del futures
+        await asyncio.sleep(0.01)
+        import gc
+
+        gc.collect()
+        assert lost == []
+
+    asyncio.run(scenario())

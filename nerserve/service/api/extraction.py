@@ -109,24 +109,41 @@ async def run_extraction(request: Request, model: str, query: ExtractionQuery) -
 
 
 async def _await_all(futures: list[asyncio.Future[ItemResult]], gone: asyncio.Future[Any]) -> list[ItemResult]:
-    """Wait for every sentence; if the client goes away first (`gone` done), cancel them so the
-    batcher drops them."""
-    gathered: asyncio.Future[Any] = asyncio.gather(*futures)
-    done, _ = await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if gathered in done:
-        return gathered.result()
+    """Wait for every sentence, or for the first that fails; if the client goes away first (`gone`
+    done), cancel them so the batcher drops them. One future awaited, which every sentence's
+    callback counts down (asyncio.gather and asyncio.wait cost a request of one sentence several
+    times that, on the engine's event loop)."""
+    if not futures:
+        return []
+    settled = asyncio.get_running_loop().create_future()
+    remaining = len(futures)
+
+    def one_done(future: asyncio.Future[ItemResult]) -> None:
+        nonlocal remaining
+        remaining -= 1
+        failed = not future.cancelled() and future.exception() is not None  # retrieved: never logged as lost
+        if (failed or remaining == 0) and not settled.done():
+            settled.set_result(future if failed else None)
+
+    def client_gone(_: asyncio.Future[Any]) -> None:
+        if not settled.done():
+            settled.set_result(gone)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    gone.add_done_callback(client_gone)
+    try:
+        outcome = await settled
+    finally:
+        gone.remove_done_callback(client_gone)
+    if outcome is None:
+        return [future.result() for future in futures]
+    if outcome is not gone:
+        return [outcome.result()]  # raises the failure
     for future in futures:
         future.cancel()
-    gathered.cancel()
-    gathered.add_done_callback(_retrieved)
     # answered to nobody, but counted in /metrics under its own status rather than as a failure
     raise ApiError("client_gone", "the client closed the connection before the answer")
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """A cancelled gather's outcome, taken so that asyncio does not log it as never retrieved."""
-    if not future.cancelled():
-        future.exception()
 
 
 async def _run_units(
