@@ -94,7 +94,7 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
     from nerserve.service.pipeline import PlanningRule
 
-    rule = PlanningRule(tiny_backbone, window_subwords=8, overlap_words=2)
+    rule = PlanningRule.of(tiny_backbone, window_subwords=8, overlap_words=2)
     texts = ["Peter Blackburn visited Köln. He met Angela Merkel in Brussels on Friday afternoon."]
     engine_side = rule.planner(SubwordEncoder(load_tokenizer(tiny_backbone))).plan(texts)
     worker_side = pickle.loads(pickle.dumps(rule)).planner().plan(texts)

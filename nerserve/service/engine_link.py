@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
+from nerserve.ner.text.subword import SubwordEncoder
 from nerserve.service.admission import Refusal
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, answer, plan_query
@@ -242,6 +243,7 @@ class RemoteEngine:
         self.out: FrameWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         self.planners: dict[PlanningRule, asyncio.Future[Planner]] = {}
+        self.encoders: dict[str, asyncio.Future[SubwordEncoder]] = {}  # by tokenizer
 
     async def connect(self, timeout: float = 60.0) -> None:
         """Connects to the engine that started this process and takes its first state, waiting for
@@ -328,10 +330,18 @@ class RemoteEngine:
     def _prepare_planners(self) -> None:
         """A planner for each model the engine serves, made in a thread as soon as the model is
         known (reading a tokenizer takes tens of milliseconds the event loop would otherwise spend
-        on the model's first request); models with the same rule share one."""
+        on the model's first request); models whose tokenizers are the same file share one encoder
+        (and its cache of words), several megabytes each."""
         for view in self.state.views.values():
-            if view.planning not in self.planners:
-                self.planners[view.planning] = asyncio.ensure_future(asyncio.to_thread(view.planning.planner))
+            rule = view.planning
+            if rule not in self.planners:
+                if rule.tokenizer not in self.encoders:
+                    self.encoders[rule.tokenizer] = asyncio.ensure_future(asyncio.to_thread(rule.subword_encoder))
+                self.planners[rule] = asyncio.ensure_future(self._planner_of(rule, self.encoders[rule.tokenizer]))
+
+    @staticmethod
+    async def _planner_of(rule: PlanningRule, encoder: asyncio.Future[SubwordEncoder]) -> Planner:
+        return rule.planner(await encoder)
 
     async def planner(self, model: str) -> Planner:
         rule = self.state.model(model).planning
@@ -341,6 +351,7 @@ class RemoteEngine:
             return await self.planners[rule]
         except Exception as error:  # the next request tries again
             self.planners.pop(rule, None)
+            self.encoders.pop(rule.tokenizer, None)
             log.exception("model %s: this HTTP worker cannot read its tokenizer", model)
             raise ApiError(
                 "model_failed", f"model {model!r}: this HTTP worker cannot read its tokenizer ({error})", "model"

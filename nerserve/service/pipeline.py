@@ -9,6 +9,7 @@ by single spaces for character offsets.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -107,16 +108,27 @@ class Planner:
 @dataclass(frozen=True)
 class PlanningRule:
     """How a model's requests are planned, in a form another process can rebuild it from (an HTTP
-    worker plans its own requests): the tokenizer's folder, the window and its overlap."""
+    worker plans its own requests): the tokenizer's folder, what identifies its tokenizer (models
+    whose tokenizers are the same file share one encoder there), the window and its overlap."""
 
     tokenizer_folder: Path
+    tokenizer: str
     window_subwords: int
     overlap_words: int
 
+    @classmethod
+    def of(cls, tokenizer_folder: Path, window_subwords: int, overlap_words: int) -> PlanningRule:
+        found = tokenizer_folder / "tokenizer.json"
+        identity = hashlib.sha256(found.read_bytes()).hexdigest() if found.is_file() else str(tokenizer_folder.resolve())
+        return cls(tokenizer_folder, identity, window_subwords, overlap_words)
+
+    def subword_encoder(self) -> SubwordEncoder:
+        return SubwordEncoder(load_tokenizer(self.tokenizer_folder))
+
     def planner(self, subwords: SubwordEncoder | None = None) -> Planner:
-        """The planner; `subwords`, the model's own encoder where the model is loaded."""
-        encoder = subwords or SubwordEncoder(load_tokenizer(self.tokenizer_folder))
-        return Planner(encoder, self.window_subwords, self.overlap_words)
+        """The planner; `subwords`, an encoder of this tokenizer already made (the model's own,
+        where the model is loaded)."""
+        return Planner(subwords or self.subword_encoder(), self.window_subwords, self.overlap_words)
 
 
 def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, Any]]:
