@@ -27,7 +27,7 @@ from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, answer, plan_query
 from nerserve.service.api.state import ServiceState
 from nerserve.service.engine import EngineState, LocalEngine
-from nerserve.service.pipeline import Planner, PlanningRule
+from nerserve.service.pipeline import Planner
 
 log = logging.getLogger("nerserve")
 LENGTH = struct.Struct("!I")
@@ -242,8 +242,7 @@ class RemoteEngine:
         self.pending: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self.out: FrameWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
-        self.planners: dict[PlanningRule, asyncio.Future[Planner]] = {}
-        self.encoders: dict[str, asyncio.Future[SubwordEncoder]] = {}  # by tokenizer
+        self.encoders: dict[str, asyncio.Future[SubwordEncoder]] = {}  # by PlanningRule.tokenizer
 
     async def connect(self, timeout: float = 60.0) -> None:
         """Connects to the engine that started this process and takes its first state, waiting for
@@ -328,29 +327,22 @@ class RemoteEngine:
         return self._value(reply)
 
     def _prepare_planners(self) -> None:
-        """A planner for each model the engine serves, made in a thread as soon as the model is
-        known (reading a tokenizer takes tens of milliseconds the event loop would otherwise spend
-        on the model's first request); models whose tokenizers are the same file share one encoder
-        (and its cache of words), several megabytes each."""
+        """The tokenizer of each model the engine serves, read in a thread as soon as the model is
+        known (tens of milliseconds the event loop would otherwise spend on the model's first
+        request); models whose tokenizers are the same file share one encoder (and its cache of
+        words), several megabytes each."""
         for view in self.state.views.values():
             rule = view.planning
-            if rule not in self.planners:
-                if rule.tokenizer not in self.encoders:
-                    self.encoders[rule.tokenizer] = asyncio.ensure_future(asyncio.to_thread(rule.subword_encoder))
-                self.planners[rule] = asyncio.ensure_future(self._planner_of(rule, self.encoders[rule.tokenizer]))
-
-    @staticmethod
-    async def _planner_of(rule: PlanningRule, encoder: asyncio.Future[SubwordEncoder]) -> Planner:
-        return rule.planner(await encoder)
+            if rule.tokenizer not in self.encoders:
+                self.encoders[rule.tokenizer] = asyncio.ensure_future(asyncio.to_thread(rule.subword_encoder))
 
     async def planner(self, model: str) -> Planner:
         rule = self.state.model(model).planning
-        if rule not in self.planners:
+        if rule.tokenizer not in self.encoders:
             self._prepare_planners()
         try:
-            return await self.planners[rule]
+            return rule.planner(await self.encoders[rule.tokenizer])
         except Exception as error:  # the next request tries again
-            self.planners.pop(rule, None)
             self.encoders.pop(rule.tokenizer, None)
             log.exception("model %s: this HTTP worker cannot read its tokenizer", model)
             raise ApiError(

@@ -9,6 +9,7 @@ what caps a server's sentences a second, whatever the number of workers."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,7 +140,7 @@ async def _await_all(futures: list[asyncio.Future[ItemResult]], gone: asyncio.Fu
     if outcome is None:
         return [future.result() for future in futures]
     if outcome is not gone:
-        return [outcome.result()]  # raises the failure
+        raise outcome.exception()  # the first sentence that failed
     for future in futures:
         future.cancel()
     # answered to nobody, but counted in /metrics under its own status rather than as a failure
@@ -255,13 +256,10 @@ async def run_planned(
 def answer(query: ExtractionQuery, planned: list[PlannedText], answers: UnitAnswers) -> Extraction:
     """The units' entity sets → each text's entities with character offsets, where the request was
     planned."""
-    by_text: list[list[EntitySet]] = [[] for _ in planned]
-    units = (unit for text in planned for unit in text.units)
-    for unit, found in zip(units, answers.entities, strict=True):
-        by_text[unit.text_index].append(found)
+    found = iter(answers.entities)  # the units' sets in the order the texts' units were sent
     entities = []
-    for text, results in zip(planned, by_text, strict=True):
-        assembled = assemble(text, results)
+    for text in planned:
+        assembled = assemble(text, list(itertools.islice(found, len(text.units))))
         assembled = keep_labels(assembled, answers.wanted) if answers.wanted is not None else assembled
         entities.append(flatten(assembled) if query.flat else assembled)
     return Extraction(entities, answers.queue_seconds, answers.inference_seconds)
