@@ -11,11 +11,12 @@ import torch
 
 from nerserve.ner.archs.diffusion import SPEC
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
-from nerserve.ner.archs.diffusion.decode import decode_sentence
+from nerserve.ner.archs.diffusion.decode import decode_batch
 from nerserve.ner.archs.diffusion.graphs import DenoiserGraph
 from nerserve.ner.archs.diffusion.loss import clean_spans, diffusion_loss, gold_spans, match
 from nerserve.ner.archs.diffusion.schedule import Sampler, alphas_cumprod, spans_to_noise, step_pairs
 from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.decoding.overlap import accept_best_first
 from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.lora import LoraSettings
 from nerserve.ner.types import Entity, EntitySet
@@ -66,7 +67,7 @@ def test_ddim_with_exact_predictions_reaches_the_prediction() -> None:
 
 
 def options(**changes: object) -> DiffusionDecodeOptions:
-    return DiffusionDecodeOptions(threshold=0.5, **changes)  # type: ignore[arg-type]
+    return DiffusionDecodeOptions(**{"threshold": 0.5, **changes})  # type: ignore[arg-type]
 
 
 def proposals(rows: list[tuple[int, int, int, float]], words: int = 6, pad: int = 2) -> tuple[np.ndarray, ...]:
@@ -80,6 +81,18 @@ def proposals(rows: list[tuple[int, int, int, float]], words: int = 6, pad: int 
         classes[k, 0 if c else 1] = 1 - p
         left[k, lo] = right[k, hi] = p
     return classes, left, right
+
+
+def decode_sentence(
+    classes: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    length: int,
+    labels: tuple[str, ...],
+    options: DiffusionDecodeOptions,
+) -> EntitySet:
+    owner = np.zeros(len(classes), dtype=np.int64)
+    return decode_batch(classes, left, right, owner, [length], labels, [options])[0]
 
 
 def test_decode_thresholds_duplicates_and_overlap_rules() -> None:
@@ -100,6 +113,40 @@ def test_decode_thresholds_duplicates_and_overlap_rules() -> None:
     nested = decode_sentence(classes, left, right, 6, LABELS, options(overlap="nested"))
     assert nested.keys() == {("DNA", ((0, 2),)), ("protein", ((1, 2),))}
     assert all(0.0 < e.score <= 1.0 for e in nested)
+
+
+def test_batch_decoding_is_the_rule_written_plainly() -> None:
+    """Random batches (proposals of sentences interleaved, padding words past a sentence's end, ties,
+    per-sentence options): decode_batch gives, sentence by sentence, what the rule gives on that
+    sentence's proposals alone, written with Entities."""
+
+    def reference(class_probs, left_probs, right_probs, length, options_):  # type: ignore[no-untyped-def]
+        left, right = left_probs[:, :length].argmax(axis=-1), right_probs[:, :length].argmax(axis=-1)
+        found = []
+        for k in range(len(class_probs)):
+            c = int(class_probs[k].argmax())
+            score = (class_probs[k].max() + left_probs[k, left[k]] + right_probs[k, right[k]]) / 3.0
+            if c > 0 and left[k] <= right[k] and score > np.float32(options_.threshold):
+                found.append(Entity(LABELS[c - 1], ((int(left[k]), int(right[k]) + 1),), float(score)))
+        return accept_best_first(found, options_.overlap, one_type_per_span=True)
+
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        batch, per, words = int(rng.integers(1, 5)), int(rng.integers(1, 8)), 7
+        lengths = rng.integers(1, words + 1, size=batch).tolist()
+        owner = rng.permutation(np.repeat(np.arange(batch), per))
+        pick = [0.05, 0.3, 0.3, 0.8]  # ties included
+        class_probs = rng.choice(pick, size=(len(owner), len(LABELS) + 1)).astype(np.float32)
+        left_probs = rng.choice(pick, size=(len(owner), words)).astype(np.float32)
+        right_probs = rng.choice(pick, size=(len(owner), words)).astype(np.float32)
+        chosen = [
+            options(threshold=float(rng.choice([0.2, 0.4])), overlap=str(rng.choice(["flat", "nested"]))) for _ in range(batch)
+        ]
+        found = decode_batch(class_probs, left_probs, right_probs, owner, lengths, LABELS, chosen)
+        for b in range(batch):
+            mine = owner == b
+            expected = reference(class_probs[mine], left_probs[mine], right_probs[mine], lengths[b], chosen[b])
+            assert sorted((e.key(), e.score) for e in found[b]) == sorted((e.key(), e.score) for e in expected)
 
 
 def test_hungarian_matches_each_gold_span_once() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from nerserve.ner.archs.gliner import SPEC
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
-from nerserve.ner.archs.gliner.decode import decode_sentence
+from nerserve.ner.archs.gliner.decode import decode_batch
 from nerserve.ner.archs.gliner.loss import pair_mask, targets_of
 from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans, names_something
 from nerserve.ner.backbone import resolve_backbone
@@ -85,6 +85,12 @@ def test_targets_mark_the_asked_names_only() -> None:
     assert mask.shape == (1, 3, 1) and mask[0, :, 0].tolist() == [1, 1, 0]
 
 
+def decode_sentence(
+    scores: np.ndarray, spans: np.ndarray, mask: np.ndarray, labels: tuple[str, ...], options: GlinerOptions
+) -> EntitySet:
+    return decode_batch(scores[None], spans[None], mask[None], [labels], [options])[0]
+
+
 def test_decoding_flat_nested_and_threshold() -> None:
     spans = np.array([[0, 1], [0, 2], [1, 2], [2, 3]])
     scores = np.array([[0.9, 0.1], [0.8, 0.7], [0.2, 0.6], [0.1, 0.4]], dtype=np.float32)
@@ -96,6 +102,33 @@ def test_decoding_flat_nested_and_threshold() -> None:
     # one label a span (the best), nesting kept; the masked span never appears
     assert nested.keys() == {("person", ((0, 1),)), ("person", ((0, 2),)), ("organization", ((1, 2),))}
     assert not decode_sentence(scores, spans, mask, labels, GlinerOptions(threshold=0.95))
+
+
+def test_batch_decoding_is_the_rule_written_plainly() -> None:
+    """Random batches (ties, masked spans, label lists of different lengths, per-sentence options):
+    decode_batch gives what every pair above the threshold, accepted best first as Entities, gives."""
+    from nerserve.ner.decoding.overlap import accept_best_first
+
+    rng = np.random.default_rng(5)
+    names = ("a", "b", "c", "d")
+    for _ in range(40):
+        batch, width = int(rng.integers(1, 5)), int(rng.integers(1, 10))
+        starts = rng.integers(0, 6, size=(batch, width))
+        spans = np.stack([starts, starts + rng.integers(1, 4, size=(batch, width))], axis=-1)
+        scores = rng.choice([0.1, 0.4, 0.7, 0.7, 0.9], size=(batch, width, len(names))).astype(np.float32)
+        mask = rng.random((batch, width)) > 0.2
+        labels = [names[: int(rng.integers(1, len(names) + 1))] for _ in range(batch)]
+        options = [GlinerOptions(threshold=float(rng.choice([0.3, 0.6])), nested=bool(rng.integers(2))) for _ in range(batch)]
+        found = decode_batch(scores, spans, mask, labels, options)
+        for b in range(batch):
+            pairs = [
+                Entity(labels[b][c], ((int(spans[b, r, 0]), int(spans[b, r, 1])),), float(scores[b, r, c]))
+                for r in range(width)
+                for c in range(len(labels[b]))
+                if mask[b, r] and scores[b, r, c] > np.float32(options[b].threshold)
+            ]
+            expected = accept_best_first(pairs, "nested" if options[b].nested else "flat", one_type_per_span=True)
+            assert sorted((e.key(), e.score) for e in found[b]) == sorted((e.key(), e.score) for e in expected)
 
 
 def test_request_labels_are_required_and_bounded_by_the_options() -> None:

@@ -9,13 +9,14 @@ import torch
 
 from nerserve.ner.archs.span import SPEC
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
-from nerserve.ner.archs.span.decode import decode_sentence, soft_nms
+from nerserve.ner.archs.span.decode import decode_batch, soft_nms
 from nerserve.ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
 from nerserve.ner.archs.span.program import enumerate_seeds
 from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.decoding.overlap import accept_best_first, best_per
 from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.lora import LoraSettings, load_weights, save_weights
-from nerserve.ner.types import Entity
+from nerserve.ner.types import Entity, EntitySet
 
 SENTENCES = [
     ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
@@ -93,6 +94,17 @@ def _probs(rows: list[tuple[int, float]], classes: int = 3) -> np.ndarray:
     return probs
 
 
+def decode_sentence(
+    filter_prob: np.ndarray,
+    spans: np.ndarray,
+    probs: np.ndarray,
+    seed_mask: np.ndarray,
+    labels: tuple[str, ...],
+    options: DecodeOptions,
+) -> EntitySet:
+    return decode_batch(filter_prob[None], spans[None], probs[None], seed_mask[None], labels, [options])[0]
+
+
 def test_decode_flat_and_nested_rules() -> None:
     spans = np.array([[0, 3], [0, 1], [1, 4], [5, 6], [5, 6]])
     probs = _probs([(1, 0.9), (2, 0.8), (1, 0.7), (3, 0.6), (2, 0.95)])
@@ -108,10 +120,10 @@ def test_decode_flat_and_nested_rules() -> None:
 
 
 def test_soft_nms_decays_overlapping() -> None:
-    candidates = [Entity("A", ((0, 4),), 0.9), Entity("A", ((0, 3),), 0.85), Entity("A", ((6, 7),), 0.5)]
-    kept = soft_nms(candidates, decay=0.5, iou_threshold=0.6)
+    kept, scores = soft_nms([(0, 4), (0, 3), (6, 7)], [0.9, 0.85, 0.5], decay=0.5, iou_threshold=0.6)
     # [0,3) has IoU 0.75 with [0,4): its score is decayed below the distant [6,7)
-    assert [(e.fragments, e.score) for e in kept] == [(((0, 4),), 0.9), (((6, 7),), 0.5), (((0, 3),), 0.425)]
+    assert kept == [0, 2, 1]
+    assert scores == [0.9, 0.425, 0.5]
 
 
 def test_soft_nms_is_the_papers_algorithm_on_random_candidates() -> None:
@@ -140,4 +152,62 @@ def test_soft_nms_is_the_papers_algorithm_on_random_candidates() -> None:
             score = float(rng.choice([0.5, 0.7, round(float(rng.random()), 3)]))  # ties included
             items.append(Entity(str(rng.choice(["A", "B"])), ((start, start + int(rng.integers(1, 5))),), score))
         decay, k = float(rng.choice([0.3, 0.5, 1.0])), float(rng.choice([0.0, 0.3, 0.6, 1.0]))
-        assert soft_nms(items, decay, k) == reference(items, decay, k)
+        kept, scores = soft_nms([e.fragments[0] for e in items], [e.score for e in items], decay, k)
+        expected = reference(items, decay, k)
+        assert [items[i].key() for i in kept] == [e.key() for e in expected]
+        assert [scores[i] for i in kept] == [e.score for e in expected]
+
+
+def test_batch_decoding_is_the_rule_written_plainly() -> None:
+    """Random batches (ties, duplicate spans, filtered and masked spans, per-sentence options):
+    decode_batch gives, sentence by sentence, what the rule gives written with Entities — the best
+    type of each span above δ, the best of each span, Soft-NMS, δ again, the overlap rule."""
+    from dataclasses import replace
+
+    def reference(filter_prob, spans, probs, seed_mask, labels, options: DecodeOptions) -> EntitySet:  # type: ignore[no-untyped-def]
+        found = []
+        for k in range(len(spans)):
+            c = int(probs[k].argmax())
+            score = probs[k, c]
+            if (
+                seed_mask[k] > 0
+                and filter_prob[k] > np.float32(options.filter_threshold)
+                and c > 0
+                and score > np.float32(options.threshold)
+            ):
+                found.append(Entity(labels[c - 1], ((int(spans[k, 0]), int(spans[k, 1])),), float(score)))
+        pending, kept = sorted(best_per(found, key=lambda e: e.fragments), key=lambda e: -e.score), []
+        while pending:
+            current = pending.pop(0)
+            kept.append(current)
+            for i, other in enumerate(pending):
+                inter = min(current.end, other.end) - max(current.start, other.start)
+                union = (current.end - current.start) + (other.end - other.start) - inter
+                if (inter / union if inter > 0 else 0.0) >= options.nms_iou:
+                    pending[i] = replace(other, score=other.score * options.nms_decay)
+            pending.sort(key=lambda e: -e.score)
+        return accept_best_first((e for e in kept if e.score > options.threshold), options.overlap)
+
+    rng = np.random.default_rng(11)
+    labels = ("A", "B", "C")
+    for _ in range(40):
+        batch, k = int(rng.integers(1, 6)), int(rng.integers(1, 14))
+        starts = rng.integers(0, 8, size=(batch, k))
+        spans = np.stack([starts, starts + rng.integers(1, 4, size=(batch, k))], axis=-1)
+        probs = rng.choice([0.1, 0.3, 0.6, 0.6, 0.9], size=(batch, k, 4)).astype(np.float32)  # ties included
+        filter_prob = rng.random((batch, k)).astype(np.float32)
+        seed_mask = (rng.random((batch, k)) > 0.2).astype(np.float32)
+        options = [
+            DecodeOptions(
+                threshold=float(rng.choice([0.2, 0.5])),
+                filter_threshold=float(rng.choice([0.0, 0.3])),
+                nms_decay=float(rng.choice([0.5, 0.9])),
+                nms_iou=float(rng.choice([0.3, 0.6, 1.0])),
+                overlap=str(rng.choice(["flat", "nested", "any"])),  # type: ignore[arg-type]
+            )
+            for _ in range(batch)
+        ]
+        found = decode_batch(filter_prob, spans, probs, seed_mask, labels, options)
+        for b in range(batch):
+            expected = reference(filter_prob[b], spans[b], probs[b], seed_mask[b], labels, options[b])
+            assert sorted((e.key(), e.score) for e in found[b]) == sorted((e.key(), e.score) for e in expected)

@@ -7,10 +7,10 @@ returns, so no architecture keeps its own tuple layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Literal
 
-from nerserve.ner.types import Entity, EntitySet
+from nerserve.ner.types import Entity, EntitySet, Fragment
 
 # flat: no two entities share a word; nested: entities may nest but not cross; any: no rule
 # (overlapping and discontinuous entities, e.g. CADEC).
@@ -60,3 +60,32 @@ def accept_best_first(candidates: Iterable[Entity], overlap: Overlap, one_type_p
         taken.add(candidate.fragments)
         accepted.append(candidate)
     return EntitySet(accepted)
+
+
+def accept_spans_best_first(
+    bounds: Sequence[Fragment], scores: Sequence[float], overlap: Overlap, one_type_per_span: bool = False
+) -> list[int]:
+    """`accept_best_first` for candidates of one fragment each, given as plain bounds and scores
+    (so that decoders make an Entity only for what survives): the accepted candidates' indices,
+    best score first (stable on ties)."""
+    accepted: list[int] = []
+    taken: set[Fragment] = set()
+    for index in sorted(range(len(bounds)), key=lambda i: -scores[i]):
+        span = bounds[index]
+        if one_type_per_span and span in taken:
+            continue
+        if overlap != "any" and any(spans_conflict(span, bounds[other], overlap) for other in accepted):
+            continue
+        taken.add(span)
+        accepted.append(index)
+    return accepted
+
+
+def spans_conflict(a: Fragment, b: Fragment, overlap: Overlap) -> bool:
+    """`conflicts` for two single-fragment extents."""
+    (a_start, a_end), (b_start, b_end) = a, b
+    if overlap == "flat":
+        return a_start < b_end and b_start < a_end
+    if overlap == "nested":
+        return a_start < b_start < a_end < b_end or b_start < a_start < b_end < a_end
+    return False

@@ -15,7 +15,7 @@ import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
-from nerserve.ner.archs.diffusion.decode import decode_sentence
+from nerserve.ner.archs.diffusion.decode import decode_batch
 from nerserve.ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_pairs
 from nerserve.ner.archs.diffusion.signatures import DENOISER
 from nerserve.ner.archs.feeds import encoder_feeds
@@ -129,18 +129,12 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
         options: DiffusionDecodeOptions | Sequence[DiffusionDecodeOptions] | None = None,
     ) -> list[EntitySet]:
         chosen = self.per_sentence(options, len(batch.lengths))
-        owner = outputs["proposal_sentence"]
-        decoded = []
-        for b, length in enumerate(batch.lengths):
-            mine = owner == b
-            decoded.append(
-                decode_sentence(
-                    outputs["class_probs"][mine],
-                    outputs["left_probs"][mine],
-                    outputs["right_probs"][mine],
-                    length,
-                    self.config.labels,
-                    chosen[b],
-                )
-            )
-        return decoded
+        return decode_batch(
+            outputs["class_probs"],
+            outputs["left_probs"],
+            outputs["right_probs"],
+            outputs["proposal_sentence"],
+            batch.lengths,
+            self.config.labels,
+            chosen,
+        )

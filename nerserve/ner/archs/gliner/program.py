@@ -17,7 +17,7 @@ import numpy as np
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import subword_feeds
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
-from nerserve.ner.archs.gliner.decode import decode_sentence
+from nerserve.ner.archs.gliner.decode import decode_batch
 from nerserve.ner.text.chars import encode_chars
 from nerserve.ner.text.subword import Tokenized, Words
 from nerserve.ner.types import EntitySet
@@ -179,13 +179,4 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         options: GlinerOptions | Sequence[GlinerOptions] | None = None,
     ) -> list[EntitySet]:
         chosen = self.per_sentence(options, len(batch.lengths))
-        return [
-            decode_sentence(
-                outputs["scores"][b, :, : len(self.labels_of(chosen[b]))],
-                batch.spans[b],
-                batch.span_mask[b],
-                self.labels_of(chosen[b]),
-                chosen[b],
-            )
-            for b in range(len(batch.lengths))
-        ]
+        return decode_batch(outputs["scores"], batch.spans, batch.span_mask, [self.labels_of(o) for o in chosen], chosen)
