@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Literal
 
+import numpy as np
+
 from nerserve.ner.types import Entity, EntitySet, Fragment
 
 # flat: no two entities share a word; nested: entities may nest but not cross; any: no rule
@@ -60,6 +62,18 @@ def accept_best_first(candidates: Iterable[Entity], overlap: Overlap, one_type_p
         taken.add(candidate.fragments)
         accepted.append(candidate)
     return EntitySet(accepted)
+
+
+def spans_by_sentence(
+    sentence: np.ndarray, starts: list[int], ends: list[int], sentences: int
+) -> list[tuple[int, list[Fragment]]]:
+    """A batch's candidates, ordered by sentence (as np.nonzero gives them): for each of `sentences`
+    sentences, the index of its first candidate and its candidates' bounds."""
+    first = np.searchsorted(sentence, np.arange(sentences + 1)).tolist()
+    return [
+        (first[b], list(zip(starts[first[b] : first[b + 1]], ends[first[b] : first[b + 1]], strict=True)))
+        for b in range(sentences)
+    ]
 
 
 def accept_spans_best_first(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.diffusion.config import DiffusionDecodeOptions
-from nerserve.ner.decoding.overlap import accept_spans_best_first
+from nerserve.ner.decoding.overlap import accept_spans_best_first, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet
 
 
@@ -43,11 +43,8 @@ def decode_batch(
     kept = kept[np.argsort(owner[kept], kind="stable")]  # sentence by sentence, each in proposal order
     types, kept_scores = (classes[kept] - 1).tolist(), scores[kept].tolist()
     starts, ends = left[kept].tolist(), (right[kept] + 1).tolist()
-    first = np.searchsorted(owner[kept], np.arange(len(options) + 1)).tolist()
     found: list[EntitySet] = []
-    for b, chosen in enumerate(options):
-        lo, hi = first[b], first[b + 1]
-        bounds = list(zip(starts[lo:hi], ends[lo:hi], strict=True))
-        accepted = accept_spans_best_first(bounds, kept_scores[lo:hi], chosen.overlap, one_type_per_span=True)
+    for (lo, bounds), chosen in zip(spans_by_sentence(owner[kept], starts, ends, len(options)), options, strict=True):
+        accepted = accept_spans_best_first(bounds, kept_scores[lo : lo + len(bounds)], chosen.overlap, one_type_per_span=True)
         found.append(EntitySet(Entity(labels[types[lo + i]], (bounds[i],), kept_scores[lo + i]) for i in accepted))
     return found

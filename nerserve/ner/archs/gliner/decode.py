@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.gliner.config import GlinerOptions
-from nerserve.ner.decoding.overlap import Overlap, accept_spans_best_first
+from nerserve.ner.decoding.overlap import Overlap, accept_spans_best_first, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet
 
 
@@ -33,12 +33,11 @@ def decode_batch(
     sentence, span, label = sentence[asked], span[asked], label[asked]
     pair_scores, label_ids = scores[sentence, span, label].tolist(), label.tolist()
     starts, ends = spans[sentence, span, 0].tolist(), spans[sentence, span, 1].tolist()
-    first = np.searchsorted(sentence, np.arange(len(options) + 1)).tolist()
     found: list[EntitySet] = []
-    for b, chosen in enumerate(options):
-        lo, hi = first[b], first[b + 1]
-        bounds = list(zip(starts[lo:hi], ends[lo:hi], strict=True))
+    for b, ((lo, bounds), chosen) in enumerate(
+        zip(spans_by_sentence(sentence, starts, ends, len(options)), options, strict=True)
+    ):
         overlap: Overlap = "nested" if chosen.nested else "flat"
-        accepted = accept_spans_best_first(bounds, pair_scores[lo:hi], overlap, one_type_per_span=True)
+        accepted = accept_spans_best_first(bounds, pair_scores[lo : lo + len(bounds)], overlap, one_type_per_span=True)
         found.append(EntitySet(Entity(labels[b][label_ids[lo + i]], (bounds[i],), pair_scores[lo + i]) for i in accepted))
     return found

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.span.config import DecodeOptions
-from nerserve.ner.decoding.overlap import accept_spans_best_first
+from nerserve.ner.decoding.overlap import accept_spans_best_first, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet, Fragment
 
 
@@ -40,13 +40,10 @@ def decode_batch(
     # as Python numbers: one conversion per array, not one per value
     types, kept_scores = (classes - 1).tolist(), scores.tolist()
     starts, ends = spans[sentence, k, 0].tolist(), spans[sentence, k, 1].tolist()
-    first = np.searchsorted(sentence, np.arange(len(options) + 1)).tolist()
-    found: list[EntitySet] = []
-    for b, chosen in enumerate(options):
-        lo, hi = first[b], first[b + 1]
-        bounds = list(zip(starts[lo:hi], ends[lo:hi], strict=True))
-        found.append(survivors(bounds, types[lo:hi], kept_scores[lo:hi], labels, chosen))
-    return found
+    return [
+        survivors(bounds, types[lo : lo + len(bounds)], kept_scores[lo : lo + len(bounds)], labels, chosen)
+        for (lo, bounds), chosen in zip(spans_by_sentence(sentence, starts, ends, len(options)), options, strict=True)
+    ]
 
 
 def survivors(
