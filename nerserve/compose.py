@@ -8,6 +8,7 @@ serving process never loads torch, transformers or peft, and a serving-only inst
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,14 @@ from nerserve.service.start_up_exports import Exporter
 def export_at_start_up(
     source: Path, fmt: str, locations: Locations, parity_sentences: int, background: bool, report: Any
 ) -> None:
-    from nerserve.export.build import export_for_service
+    try:
+        from nerserve.export.build import export_for_service
 
-    export_for_service(source, fmt, locations, parity_sentences, background, report)
+        export_for_service(source, fmt, locations, parity_sentences, background, report)
+    except KeyboardInterrupt:
+        # the server stopping (StartUpExports sends SIGINT so that the export removes its staging
+        # folder, which it has done by now): an exit code, not a traceback in the server's log
+        raise SystemExit(128 + signal.SIGINT) from None
 
 
 START_UP_EXPORTER = Exporter(run=export_at_start_up, preload=("nerserve.export.build",))

@@ -386,11 +386,15 @@ def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
         time.sleep(0.5)
     states = {m["name"]: m["state"] for m in httpx.get(f"{server.url}/models").json()["models"]}
     assert states == {"span-conll03": "ready", "gner-open": "loading"}
-    time.sleep(3)  # the export process has started
+    staged = time.monotonic() + 120
+    while time.monotonic() < staged and not list((tmp_path / "gner-open").glob(".staging-*")):
+        time.sleep(0.2)  # until the export is under way: its staging folder exists
     stopped = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(30) == 0 and time.monotonic() - stopped < 30
     assert not list((tmp_path / "gner-open").glob(".staging-*"))
+    log = server.process.stderr.read().decode()  # type: ignore[union-attr]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-2000:]  # a stop, not a crash
 
 
 def test_default_model_is_span_conll03_when_served_else_the_first() -> None:
