@@ -2,13 +2,15 @@
 under the model's overlap rule.
 
 Candidates are `Entity` objects (type, word fragments, score): the same type every architecture
-returns, so no architecture keeps its own tuple layout.
+returns, so no architecture keeps its own tuple layout. Decoders whose candidates are single spans
+hand the same rule plain bounds and scores (`accept_spans_best_first`), and make an Entity only
+for what it accepts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -18,10 +20,21 @@ from nerserve.ner.types import Entity, EntitySet, Fragment
 # (overlapping and discontinuous entities, e.g. CADEC).
 Overlap = Literal["flat", "nested", "any"]
 
+Candidate = TypeVar("Candidate")
+
+
+def spans_overlap(a: Fragment, b: Fragment) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def spans_cross(a: Fragment, b: Fragment) -> bool:
+    """Extents that overlap without one containing the other."""
+    return a[0] < b[0] < a[1] < b[1] or b[0] < a[0] < b[1] < a[1]
+
 
 def crossing(a: Entity, b: Entity) -> bool:
-    """Extents that overlap without one containing the other."""
-    return a.start < b.start < a.end < b.end or b.start < a.start < b.end < a.end
+    """Entities whose extents (first word to last) cross."""
+    return spans_cross((a.start, a.end), (b.start, b.end))
 
 
 def conflicts(a: Entity, b: Entity, overlap: Overlap) -> bool:
@@ -49,19 +62,51 @@ def resolve(candidates: Iterable[Entity], threshold: float, overlap: Overlap) ->
     return accept_best_first(kept, overlap)
 
 
+def best_first(
+    candidates: Sequence[Candidate],
+    scores: Sequence[float],
+    conflict: Callable[[Candidate, Candidate], bool] | None,
+    extent: Callable[[Candidate], Hashable] | None = None,
+) -> list[int]:
+    """Greedy acceptance, best score first (stable on ties): the indices of the candidates accepted.
+    A candidate that conflicts with an accepted one is dropped; with `extent`, so is a second one
+    of the same extent."""
+    accepted: list[int] = []
+    taken: set[Hashable] = set()
+    for index in sorted(range(len(candidates)), key=lambda i: -scores[i]):
+        candidate = candidates[index]
+        if extent is not None and extent(candidate) in taken:
+            continue
+        if conflict is not None and any(conflict(candidate, candidates[other]) for other in accepted):
+            continue
+        if extent is not None:
+            taken.add(extent(candidate))
+        accepted.append(index)
+    return accepted
+
+
 def accept_best_first(candidates: Iterable[Entity], overlap: Overlap, one_type_per_span: bool = False) -> EntitySet:
-    """Greedy acceptance, best score first (stable on ties): a candidate that conflicts with an
-    accepted one is dropped; with `one_type_per_span`, so is a second type for the same fragments."""
-    accepted: list[Entity] = []
-    taken: set[tuple[tuple[int, int], ...]] = set()
-    for candidate in sorted(candidates, key=lambda e: -e.score):
-        if one_type_per_span and candidate.fragments in taken:
-            continue
-        if any(conflicts(candidate, other, overlap) for other in accepted):
-            continue
-        taken.add(candidate.fragments)
-        accepted.append(candidate)
-    return EntitySet(accepted)
+    """`best_first` over entities under the overlap rule; with `one_type_per_span`, one entity of
+    the same fragments."""
+    listed = list(candidates)
+    conflict = None if overlap == "any" else lambda a, b: conflicts(a, b, overlap)
+    extent = (lambda e: e.fragments) if one_type_per_span else None
+    return EntitySet(listed[i] for i in best_first(listed, [e.score for e in listed], conflict, extent))
+
+
+SPAN_CONFLICTS: dict[Overlap, Callable[[Fragment, Fragment], bool] | None] = {
+    "flat": spans_overlap,
+    "nested": spans_cross,
+    "any": None,
+}
+
+
+def accept_spans_best_first(
+    bounds: Sequence[Fragment], scores: Sequence[float], overlap: Overlap, one_type_per_span: bool = False
+) -> list[int]:
+    """`accept_best_first` for candidates of one fragment each, given as bounds and scores: the
+    indices of those accepted."""
+    return best_first(bounds, scores, SPAN_CONFLICTS[overlap], (lambda span: span) if one_type_per_span else None)
 
 
 def spans_by_sentence(
@@ -74,32 +119,3 @@ def spans_by_sentence(
         (first[b], list(zip(starts[first[b] : first[b + 1]], ends[first[b] : first[b + 1]], strict=True)))
         for b in range(sentences)
     ]
-
-
-def accept_spans_best_first(
-    bounds: Sequence[Fragment], scores: Sequence[float], overlap: Overlap, one_type_per_span: bool = False
-) -> list[int]:
-    """`accept_best_first` for candidates of one fragment each, given as plain bounds and scores
-    (so that decoders make an Entity only for what survives): the accepted candidates' indices,
-    best score first (stable on ties)."""
-    accepted: list[int] = []
-    taken: set[Fragment] = set()
-    for index in sorted(range(len(bounds)), key=lambda i: -scores[i]):
-        span = bounds[index]
-        if one_type_per_span and span in taken:
-            continue
-        if overlap != "any" and any(spans_conflict(span, bounds[other], overlap) for other in accepted):
-            continue
-        taken.add(span)
-        accepted.append(index)
-    return accepted
-
-
-def spans_conflict(a: Fragment, b: Fragment, overlap: Overlap) -> bool:
-    """`conflicts` for two single-fragment extents."""
-    (a_start, a_end), (b_start, b_end) = a, b
-    if overlap == "flat":
-        return a_start < b_end and b_start < a_end
-    if overlap == "nested":
-        return a_start < b_start < a_end < b_end or b_start < a_start < b_end < a_end
-    return False
