@@ -175,8 +175,9 @@ def test_words_tokenised_once_are_what_the_sentence_would_give(data_root) -> Non
 
 
 def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length() -> None:
-    """packed_rows packs at every candidate row length at once: the same rows as first-fit
-    decreasing at each length in turn, the cheapest kept (the first of equal costs)."""
+    """packed_rows (runs of equal lengths placed together, row lengths past the cost bound skipped)
+    gives the same rows as first-fit decreasing one sentence at a time at every candidate row length,
+    the cheapest kept (the first of equal costs)."""
     generator = random.Random(7)
     for _ in range(300):
         lengths = [

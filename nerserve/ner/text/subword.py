@@ -171,32 +171,55 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     `longest_row` sub-words, in steps of 16; longest_row 0: a sentence a row."""
     if longest_row <= 0 or not lengths:
         return pack_rows(lengths, 0)
-    longest = max(lengths)
-    capacities = np.array([longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)], dtype=np.int64)
+    longest, total = max(lengths), sum(lengths)
     order = longest_first(lengths)
-    # first-fit decreasing at every capacity at once, a sentence at a time: each capacity's first
-    # row with room (a row not yet opened is a full one, so the first one after the opened rows)
-    free = np.repeat(capacities[:, None], len(order), axis=1)
-    free_flat, row_starts = free.ravel(), np.arange(len(capacities)) * len(order)
-    chosen: list[np.ndarray] = []  # per sentence (longest first), its row at every capacity
-    opened = 1  # rows opened at any capacity so far
-    for index in order:
-        length = lengths[index]
-        row = (free[:, : opened + 1] >= length).argmax(axis=1)
-        free_flat[row_starts + row] -= length
-        chosen.append(row)
-        last = row.max()
-        if last >= opened:
-            opened = int(last) + 1
-    chosen_row = np.stack(chosen, axis=1)
-    rows = chosen_row.max(axis=1) + 1
-    row_length = capacities - free[:, :opened].min(axis=1)
-    cost = row_cost(rows, row_length)
-    best = int(np.argmin(cost))  # the first of equal costs, as the narrowest rows
-    packing: list[list[int]] = [[] for _ in range(int(rows[best]))]
-    for position, row_index in enumerate(chosen_row[best].tolist()):
-        packing[row_index].append(order[position])
-    return packing
+    runs = [(length, len(list(group))) for length, group in itertools.groupby(lengths[i] for i in order)]
+    best_cost, best = float("inf"), (0, list[tuple[int, int]]())
+    for capacity in (longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)):
+        if capacity < total and least_cost(total, longest, capacity) >= best_cost:
+            break  # the bound grows with the capacity: no longer row can do better
+        free, placements = first_fit_runs(runs, capacity)
+        cost = float(row_cost(len(free), capacity - min(free)))
+        if cost < best_cost:  # the first of equal costs, as the narrowest rows
+            best_cost, best = cost, (len(free), placements)
+    row_count, placements = best
+    rows: list[list[int]] = [[] for _ in range(row_count)]
+    position = 0
+    for row, taken in placements:
+        rows[row].extend(order[position : position + taken])
+        position += taken
+    return rows
+
+
+def least_cost(total: int, longest: int, capacity: int) -> float:
+    """A floor under packing_cost for rows of `capacity` < total: two rows or more, so the first
+    is fuller than capacity − longest (the sentence that opened the second did not fit in it), and
+    every position costs attention over the longest row."""
+    return total * (1 + max(longest, capacity - longest + 1) * ATTENTION_COST_PER_POSITION)
+
+
+def first_fit_runs(runs: list[tuple[int, int]], capacity: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """First-fit decreasing of runs of equal lengths (longest first): each row's free room, and
+    (row, sentences) in sentence order. A run's sentences fill the first row with room, as many as
+    fit, then the next: what placing them one at a time gives, with a step per row, not per sentence."""
+    free: list[int] = []
+    placements: list[tuple[int, int]] = []
+    first_open, shortest = 0, runs[-1][0]  # rows before first_open have no room even for the shortest
+    for length, count in runs:
+        row = first_open
+        while count:
+            if row == len(free):
+                free.append(capacity)
+            room = free[row] // length
+            if room:
+                taken = min(room, count)
+                free[row] -= taken * length
+                placements.append((row, taken))
+                count -= taken
+            row += 1
+        while first_open < len(free) and free[first_open] < shortest:
+            first_open += 1
+    return free, placements
 
 
 class SubwordEncoder:
