@@ -91,6 +91,7 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     planned to the engine; the engine sends back entity sets. Both cross a process by pickle."""
     import pickle
 
+    from nerserve.ner.text.chars import char_rows
     from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
     from nerserve.service.pipeline import PlanningRule
 
@@ -100,7 +101,11 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     worker_side = pickle.loads(pickle.dumps(rule)).planner().plan(texts)
     units = [(unit.sentence, unit.cost) for unit in worker_side[0].units]
     assert len(units) > 2  # windows too
-    assert pickle.loads(pickle.dumps(units)) == [(unit.sentence, unit.cost) for unit in engine_side[0].units]
+    received = pickle.loads(pickle.dumps(units))
+    assert received == [(unit.sentence, unit.cost) for unit in engine_side[0].units]
+    # the worker made each sentence's character features; the engine receives them made
+    assert all("char_rows" in sentence.__dict__ for sentence, _ in received)
+    assert [sentence.char_rows for sentence, _ in received] == [char_rows(sentence.words) for sentence, _ in units]
     found = EntitySet({Entity("PER", ((0, 2),), 0.75), Entity("LOC", ((1, 2), (3, 4)), 0.5)})
     back = pickle.loads(pickle.dumps(found))
     assert back == found and {e.score for e in back} == {0.75, 0.5}

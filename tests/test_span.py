@@ -159,7 +159,8 @@ def test_soft_nms_is_the_papers_algorithm_on_random_candidates() -> None:
 
 
 def test_batch_decoding_is_the_rule_written_plainly() -> None:
-    """Random batches (ties, duplicate spans, filtered and masked spans, per-sentence options):
+    """Random batches (ties, duplicate spans, spans crowded or apart, filtered and masked spans,
+    per-sentence options):
     decode_batch gives, sentence by sentence, what the rule gives written with Entities — the best
     type of each span above δ, the best of each span, Soft-NMS, δ again, the overlap rule."""
     from dataclasses import replace
@@ -190,9 +191,9 @@ def test_batch_decoding_is_the_rule_written_plainly() -> None:
 
     rng = np.random.default_rng(11)
     labels = ("A", "B", "C")
-    for _ in range(40):
+    for _ in range(200):
         batch, k = int(rng.integers(1, 6)), int(rng.integers(1, 14))
-        starts = rng.integers(0, 8, size=(batch, k))
+        starts = rng.integers(0, int(rng.choice([8, 40])), size=(batch, k))  # crowded, or mostly apart
         spans = np.stack([starts, starts + rng.integers(1, 4, size=(batch, k))], axis=-1)
         probs = rng.choice([0.1, 0.3, 0.6, 0.6, 0.9], size=(batch, k, 4)).astype(np.float32)  # ties included
         filter_prob = rng.random((batch, k)).astype(np.float32)
@@ -202,7 +203,7 @@ def test_batch_decoding_is_the_rule_written_plainly() -> None:
                 threshold=float(rng.choice([0.2, 0.5])),
                 filter_threshold=float(rng.choice([0.0, 0.3])),
                 nms_decay=float(rng.choice([0.5, 0.9])),
-                nms_iou=float(rng.choice([0.3, 0.6, 1.0])),
+                nms_iou=float(rng.choice([0.0, 0.3, 0.6, 1.0])),  # k = 0 decays even spans apart
                 overlap=str(rng.choice(["flat", "nested", "any"])),  # type: ignore[arg-type]
             )
             for _ in range(batch)

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from nerserve.ner.encoder import pool_subwords
-from nerserve.ner.text.chars import SHAPES, encode_chars, shape_id
+from nerserve.ner.text.chars import SHAPES, char_rows, encode_chars, shape_id
 from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, longest_first, pack_rows, packed_rows, packing_cost
 
@@ -44,7 +44,7 @@ def test_shapes_and_chars() -> None:
     assert SHAPES[shape_id("NATO")] == "upper"
     assert SHAPES[shape_id("iPhone")] == "mixed"
     assert SHAPES[shape_id("1996")] == "digit"
-    char_ids, shape_ids = encode_chars([["Ab", "c"], ["d"]], 2)
+    char_ids, shape_ids = encode_chars([char_rows(["Ab", "c"]), char_rows(["d"])], 2)
     assert char_ids.shape == (2, 2, 2) and shape_ids[1, 1] == 0 and char_ids[0, 1, 1] == 0
 
 
@@ -153,7 +153,7 @@ def test_character_features_fill_each_word_in_its_place() -> None:
     from nerserve.ner.text.chars import MAX_WORD_CHARS, char_id
 
     sentences = [["EU", "rejects", "Müller", "中国"], ["a" * 30 + "Z"], ["3.5", "-"]]
-    char_ids, shape_ids = encode_chars(sentences, 5)
+    char_ids, shape_ids = encode_chars([char_rows(s) for s in sentences], 5)
     assert char_ids.shape == (3, 5, MAX_WORD_CHARS) and shape_ids.shape == (3, 5)
     for b, words in enumerate(sentences):
         for i, word in enumerate(words):

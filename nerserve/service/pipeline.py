@@ -100,7 +100,9 @@ class Planner:
                 counts = list(map(len, tokens_of.pieces))
             for s, e, core_start, core_end in windows(counts, self.budget, self.overlap):
                 cost = sum(counts[s:e]) + specials
-                unit = Unit(t, tokens_of.window(s, e), first + s, (first + core_start, first + core_end), cost)
+                part = tokens_of.window(s, e)
+                _ = part.char_rows  # made here, where requests are planned, and not in the engine
+                unit = Unit(t, part, first + s, (first + core_start, first + core_end), cost)
                 planned[t].units.append(unit)
         return planned
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from nerserve.ner.graph import GraphSignature
 from nerserve.ner.text.chars import encode_chars
-from nerserve.ner.text.subword import SubwordBatch, SubwordEncoder, Words, word_list
+from nerserve.ner.text.subword import SubwordBatch, SubwordEncoder, Words, sentence_char_rows
 
 # Packed rows in (ner.text.subword), one row per sentence out: "rows" × "row_subwords" are the
 # backbone's positions, "batch" × "subwords" each sentence's own.
@@ -44,7 +44,7 @@ ENCODER = GraphSignature(ENCODER_INPUTS, ("word_states", "context"), ENCODER_AXE
 def encoder_feeds(subwords: SubwordEncoder, sentences: Sequence[Words]) -> tuple[dict[str, np.ndarray], SubwordBatch]:
     """ENCODER_INPUTS by name, and the sub-word batch they came from."""
     encoded = subwords.encode(sentences)
-    char_ids, shape_ids = encode_chars([word_list(s) for s in sentences], encoded.word_mask.shape[1])
+    char_ids, shape_ids = encode_chars(list(map(sentence_char_rows, sentences)), encoded.word_mask.shape[1])
     feeds = {**subword_feeds(encoded), "char_ids": char_ids, "shape_ids": shape_ids, "word_mask": encoded.word_mask}
     return feeds, encoded
 

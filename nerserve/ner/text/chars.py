@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -66,19 +67,34 @@ def word_features(word: str) -> tuple[bytes, int, int]:
     return row + _PADDING[len(row) :], len(ids), shape_id(word)
 
 
-def encode_chars(sentences: list[list[str]], n_words: int) -> tuple[np.ndarray, np.ndarray]:
+class CharRows(NamedTuple):
+    """A sentence's character features, made once per sentence (where it is planned: an HTTP
+    worker) so that a batch's are a few joins. A named tuple: it travels to the engine pickled."""
+
+    ids: bytes  # each word's character ids, MAX_WORD_CHARS int16s a word
+    width: int  # the most characters a word of it has
+    shapes: bytes  # each word's shape id, a byte a word
+
+
+def char_rows(words: Iterable[str]) -> CharRows:
+    features = list(map(word_features, words))
+    if not features:
+        return CharRows(b"", 0, b"")
+    rows, lengths, shapes = zip(*features, strict=True)
+    return CharRows(b"".join(rows), max(lengths), bytes(shapes))
+
+
+def encode_chars(sentences: Sequence[CharRows], n_words: int) -> tuple[np.ndarray, np.ndarray]:
     """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both), filled in one scatter each."""
-    features = list(map(word_features, itertools.chain.from_iterable(sentences)))
-    rows, lengths, shapes = zip(*features, strict=True) if features else ((), (), ())
-    width = max(lengths, default=1) or 1
-    words_per_sentence = np.fromiter((len(words) for words in sentences), dtype=np.int64, count=len(sentences))
+    words_per_sentence = np.fromiter((len(s.shapes) for s in sentences), dtype=np.int64, count=len(sentences))
+    width = max((s.width for s in sentences), default=1) or 1
     # the flat [B·N] slot of every word: its sentence's row, then its place within the sentence
     firsts = np.cumsum(words_per_sentence) - words_per_sentence  # each sentence's first word, flat
-    places = np.arange(len(features)) - np.repeat(firsts, words_per_sentence)
+    places = np.arange(int(words_per_sentence.sum())) - np.repeat(firsts, words_per_sentence)
     word_slots = np.repeat(np.arange(len(sentences)) * n_words, words_per_sentence) + places
     shape_ids = np.zeros(len(sentences) * n_words, dtype=np.int64)
-    shape_ids[word_slots] = shapes
+    shape_ids[word_slots] = np.frombuffer(b"".join(s.shapes for s in sentences), dtype=np.uint8)
     char_ids = np.zeros((len(sentences) * n_words, width), dtype=np.int64)
-    padded = np.frombuffer(b"".join(rows), dtype=_CHAR_DTYPE).reshape(len(features), MAX_WORD_CHARS)
+    padded = np.frombuffer(b"".join(s.ids for s in sentences), dtype=_CHAR_DTYPE).reshape(len(word_slots), MAX_WORD_CHARS)
     char_ids[word_slots] = padded[:, :width]
     return char_ids.reshape(len(sentences), n_words, width), shape_ids.reshape(len(sentences), n_words)

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from nerserve.ner.text.chars import CharRows, char_rows
 
 MAX_SUBWORDS = 512
 # The longest encoder row packing makes (a longer sentence gets a row of its own length). Each
@@ -69,9 +72,15 @@ class Tokenized:
     def subwords(self) -> int:
         return sum(len(p) for p in self.pieces)
 
-    def __reduce__(self) -> tuple[type[Tokenized], tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]]:
-        # pickled as its two tuples: an HTTP worker sends every sentence it planned to the engine
-        return (Tokenized, (self.words, self.pieces))
+    @cached_property
+    def char_rows(self) -> CharRows:
+        """Its words' character features: made where it is planned, so the engine only joins them."""
+        return char_rows(self.words)
+
+    def __reduce__(self) -> tuple[Callable[..., Tokenized], tuple[Any, ...]]:
+        # pickled as its tuples (an HTTP worker sends every sentence it planned to the engine),
+        # with its character features when they were made
+        return (_tokenized, (self.words, self.pieces, self.__dict__.get("char_rows")))
 
     def window(self, start: int, end: int) -> Tokenized:
         if start == 0 and end == len(self.words):
@@ -79,12 +88,19 @@ class Tokenized:
         return Tokenized(self.words[start:end], self.pieces[start:end])
 
 
+def _tokenized(words: tuple[str, ...], pieces: tuple[tuple[int, ...], ...], rows: CharRows | None) -> Tokenized:
+    sentence = Tokenized(words, pieces)
+    if rows is not None:
+        sentence.__dict__["char_rows"] = rows  # what cached_property would have stored
+    return sentence
+
+
 # A sentence as programs take it: its words, or its words already tokenised.
 Words = Sequence[str] | Tokenized
 
 
-def word_list(sentence: Words) -> list[str]:
-    return list(sentence.words if isinstance(sentence, Tokenized) else sentence)
+def sentence_char_rows(sentence: Words) -> CharRows:
+    return sentence.char_rows if isinstance(sentence, Tokenized) else char_rows(sentence)
 
 
 @dataclass(frozen=True)

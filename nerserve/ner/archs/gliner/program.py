@@ -133,7 +133,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         sentences = [batch.sentences[p.sentence] for p in passes]
         encoded = self.subwords.encode([self.row(s, p.labels) for s, p in zip(sentences, passes, strict=True)])
         n_words = max(len(s.words) for s in sentences)
-        char_ids, shape_ids = encode_chars([list(s.words) for s in sentences], n_words)
+        char_ids, shape_ids = encode_chars([s.char_rows for s in sentences], n_words)
         word_mask = np.zeros((len(passes), n_words), dtype=np.float32)
         text_index = np.zeros((len(passes), n_words), dtype=np.int64)
         label_index = np.ones((len(passes), max(len(p.labels) for p in passes)), dtype=np.int64)
