@@ -13,11 +13,12 @@ from nerserve.ner.archs.gliner import SPEC
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_batch
 from nerserve.ner.archs.gliner.loss import pair_mask, targets_of
-from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans, names_something
+from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans, names_something, span_array
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.data import Sentence
 from nerserve.ner.loading import build_network, eager_program
 from nerserve.ner.lora import LoraSettings
+from nerserve.ner.text.chars import char_rows
 from nerserve.ner.training.gliner_trainer import Source, Widening, ask, domain_negatives, example_of
 from nerserve.ner.training.label_synonyms import SYNONYMS
 from nerserve.ner.types import Entity, EntitySet
@@ -66,7 +67,7 @@ def test_spans_cover_every_width_up_to_the_bound() -> None:
 def test_a_span_of_symbols_alone_is_never_a_candidate(program: GlinerProgram) -> None:
     words = ["@", "colgo", "--", "!", "hi"]
     spans = enumerate_spans(len(words), 2)
-    kept = names_something(words, spans).tolist()
+    kept = names_something([char_rows(words).shapes], np.array([spans]))[0].tolist()
     assert [s for s, k in zip(spans, kept, strict=True) if not k] == [(0, 1), (2, 3), (2, 4), (3, 4)]
     batch = program.prepare([words])
     masked = {tuple(s) for s, m in zip(batch.spans[0].tolist(), batch.span_mask[0].tolist(), strict=True) if not m}
@@ -74,6 +75,23 @@ def test_a_span_of_symbols_alone_is_never_a_candidate(program: GlinerProgram) ->
     options = GlinerOptions(labels=("person",), threshold=0.0)  # every candidate above it
     found = program.decode(batch, program.run(batch, options), options)[0]
     assert found and all(any(ch.isalnum() for w in words[e.start : e.end] for ch in w) for e in found)
+
+
+def test_a_batch_of_spans_names_something_where_a_word_has_a_letter_or_a_digit() -> None:
+    """names_something reads the words' shapes for a whole batch: the same as asking each span's
+    words for a letter or a digit, for words of symbols, digits, other scripts and numerals."""
+    pool = ["@", "--", "!", "", "hi", "42", "½", "中国", "🙂", "x-1", "…", "Ⅻ", "'s"]
+    generator = random.Random(5)
+    sentences = [[generator.choice(pool) for _ in range(generator.randint(1, 9))] for _ in range(60)]
+    width = max(len(span_array(len(words), 3)) for words in sentences)
+    spans = np.zeros((len(sentences), width, 2), dtype=np.int64)
+    spans[..., 1] = 1
+    for b, words in enumerate(sentences):
+        spans[b, : len(span_array(len(words), 3))] = span_array(len(words), 3)
+    found = names_something([char_rows(words).shapes for words in sentences], spans)
+    for b, words in enumerate(sentences):
+        for (start, end), named in zip(span_array(len(words), 3).tolist(), found[b], strict=False):
+            assert named == any(ch.isalnum() for word in words[start:end] for ch in word)
 
 
 def test_targets_mark_the_asked_names_only() -> None:

@@ -18,9 +18,11 @@ from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import subword_feeds
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_batch
-from nerserve.ner.text.chars import encode_chars
+from nerserve.ner.text.chars import SHAPES, encode_chars
 from nerserve.ner.text.subword import Tokenized, Words
 from nerserve.ner.types import EntitySet
+
+PUNCTUATION = SHAPES.index("punctuation")
 
 
 @dataclass
@@ -45,14 +47,25 @@ def enumerate_spans(n_words: int, max_width: int) -> list[tuple[int, int]]:
     return [(i, i + w) for i in range(n_words) for w in range(1, max_width + 1) if i + w <= n_words]
 
 
-def names_something(words: Sequence[str], spans: np.ndarray | Sequence[tuple[int, int]]) -> np.ndarray:
-    """Per span: whether a word of it has a letter or a digit. A span of symbols alone ("@", "--")
-    names nothing; one tweet set's conversion marks the "@" of every user mention as an entity of its
-    own, which a model trained on it would return to every user."""
-    wordy = np.fromiter((any(ch.isalnum() for ch in word) for word in words), dtype=np.int64, count=len(words))
-    before = np.concatenate([[0], np.cumsum(wordy)])
-    bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-    return np.asarray(before[bounds[:, 1]] > before[bounds[:, 0]], dtype=bool)
+@lru_cache(maxsize=1024)
+def span_array(n_words: int, max_width: int) -> np.ndarray:
+    """enumerate_spans as a read-only [S, 2] array, made once per sentence length."""
+    spans = np.array(enumerate_spans(n_words, max_width), dtype=np.int64).reshape(-1, 2)
+    spans.flags.writeable = False
+    return spans
+
+
+def names_something(shapes: Sequence[bytes], spans: np.ndarray) -> np.ndarray:
+    """Per span of each sentence ([B, S, 2]; its words' shape ids, CharRows.shapes): whether a word
+    of it has a letter or a digit (a word of the "punctuation" shape has neither). A span of symbols
+    alone ("@", "--") names nothing; one tweet set's conversion marks the "@" of every user mention
+    as an entity of its own, which a model trained on it would return to every user."""
+    wordy = np.frombuffer(b"".join(shapes), dtype=np.uint8) != PUNCTUATION
+    counts = np.fromiter(map(len, shapes), dtype=np.int64, count=len(shapes))
+    before = np.concatenate(([0], np.cumsum(wordy)))  # wordy words before each word, batch-flat
+    firsts = np.cumsum(counts) - counts
+    found = before[np.minimum(firsts[:, None, None] + spans, len(wordy))]
+    return np.asarray(found[..., 1] > found[..., 0], dtype=bool)
 
 
 class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
@@ -106,14 +119,15 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         fresh = iter(self.subwords.tokenize(plain) if plain else [])
         ready = [s if isinstance(s, Tokenized) else next(fresh) for s in sentences]
         lengths = [len(s.words) for s in ready]
-        listed = [enumerate_spans(n, self.config.max_width) for n in lengths]
+        listed = [span_array(n, self.config.max_width) for n in lengths]
         width = max(1, max(len(x) for x in listed))
         spans = np.zeros((len(ready), width, 2), dtype=np.int64)
         spans[..., 1] = 1
         span_mask = np.zeros((len(ready), width), dtype=bool)
         for b, found in enumerate(listed):
             spans[b, : len(found)] = found
-            span_mask[b, : len(found)] = names_something(ready[b].words, spans[b, : len(found)])
+            span_mask[b, : len(found)] = True
+        span_mask &= names_something([s.char_rows.shapes for s in ready], spans)
         longest = max((s.subwords for s in ready), default=0)
         return GlinerBatch(ready, lengths, len(ready) * (longest + self.subwords.special_count), spans, span_mask)
 

@@ -38,10 +38,10 @@ class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
         # specials and padding are masked out (a pointer can only name a word's sub-word)
         subword_words = np.zeros(encoded.sentence_positions, dtype=np.int64)
         memory_mask = np.zeros(encoded.sentence_positions, dtype=np.float32)
-        for b, sentence_pieces in enumerate(encoded.pieces):
-            for w, positions in enumerate(sentence_pieces):
-                subword_words[b, positions] = w
-                memory_mask[b, positions] = 1.0
+        sentence, word, piece = np.nonzero(encoded.subword_mask)
+        positions = encoded.subword_index[sentence, word, piece]
+        subword_words[sentence, positions] = word
+        memory_mask[sentence, positions] = 1.0
         inputs.update({"subword_words": subword_words, "memory_mask": memory_mask})
         return NagBatch(inputs, encoded.pieces, list(encoded.word_counts), encoded.padded_tokens)
 
