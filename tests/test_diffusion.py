@@ -117,7 +117,7 @@ def test_decode_thresholds_duplicates_and_overlap_rules() -> None:
 
 def test_batch_decoding_is_the_rule_written_plainly() -> None:
     """Random batches (proposals of sentences interleaved, padding words past a sentence's end, ties,
-    per-sentence options): decode_batch gives, sentence by sentence, what the rule gives on that
+    spans crowded or apart, per-sentence options): decode_batch gives, sentence by sentence, what the rule gives on that
     sentence's proposals alone, written with Entities."""
 
     def reference(class_probs, left_probs, right_probs, length, options_):  # type: ignore[no-untyped-def]
@@ -131,8 +131,8 @@ def test_batch_decoding_is_the_rule_written_plainly() -> None:
         return accept_best_first(found, options_.overlap, one_type_per_span=True)
 
     rng = np.random.default_rng(3)
-    for _ in range(40):
-        batch, per, words = int(rng.integers(1, 5)), int(rng.integers(1, 8)), 7
+    for _ in range(200):
+        batch, per, words = int(rng.integers(1, 5)), int(rng.integers(1, 8)), int(rng.choice([7, 40]))  # crowded or apart
         lengths = rng.integers(1, words + 1, size=batch).tolist()
         owner = rng.permutation(np.repeat(np.arange(batch), per))
         pick = [0.05, 0.3, 0.3, 0.8]  # ties included

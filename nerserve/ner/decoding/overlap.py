@@ -119,3 +119,29 @@ def spans_by_sentence(
         (first[b], list(zip(starts[first[b] : first[b + 1]], ends[first[b] : first[b + 1]], strict=True)))
         for b in range(sentences)
     ]
+
+
+def lone_spans(
+    sentence: np.ndarray, starts: np.ndarray, ends: np.ndarray, scores: np.ndarray, independent: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's single-span candidates (any order) that best-first acceptance takes as they are,
+    under every overlap rule, with or without one type a span: the best of a span (the first on a
+    tie) that overlaps no other candidate's span of its sentence, in sentences marked
+    `independent` (where nothing else links spans apart). Their indices in order, and a mask of
+    every candidate they settle (theirs and their span's others)."""
+    order = np.lexsort((np.arange(len(sentence)), -scores, ends, starts, sentence))
+    same_span = np.zeros(len(order), dtype=bool)
+    same_span[1:] = (np.diff(sentence[order]) == 0) & (np.diff(starts[order]) == 0) & (np.diff(ends[order]) == 0)
+    best = order[~same_span]  # one a span, by sentence, start, end
+    span_sentence, span_start, span_end = sentence[best], starts[best], ends[best]
+    # the furthest end of the sentence's spans before each (by start): a span overlaps an earlier one
+    # where it starts before that, and a later one where the next span starts before it ends
+    scale = int(ends.max(initial=0)) + 1
+    furthest = np.maximum.accumulate(span_sentence * scale + span_end)
+    earlier_end = np.concatenate(([-1], furthest[:-1])) - span_sentence * scale
+    later_start = np.concatenate((span_start[1:], [scale]))
+    later_start[np.concatenate((np.diff(span_sentence) != 0, [True]))] = scale
+    alone = (span_start >= earlier_end) & (later_start >= span_end) & independent[span_sentence]
+    span_of = np.empty(len(order), dtype=np.int64)
+    span_of[order] = np.cumsum(~same_span) - 1
+    return np.sort(best[alone]), alone[span_of]

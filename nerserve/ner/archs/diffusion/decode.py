@@ -5,7 +5,8 @@ probabilities over the sentence's words; score = mean of the three maxima. Keep 
 its type is an entity, left ≤ right and score > threshold; then, best first, drop a span already
 taken (the paper keeps the most probable of identical boundaries) and apply the overlap rule
 (flat: no shared word; nested: no crossing spans). The tests run once over every proposal of a
-batch; an Entity is made only for what the overlap rule accepts.
+batch, and a span that overlaps no other is taken at once (the best of its proposals); an Entity
+is made only for what is accepted.
 """
 
 from __future__ import annotations
@@ -15,8 +16,20 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.diffusion.config import DiffusionDecodeOptions
-from nerserve.ner.decoding.overlap import accept_spans_best_first, spans_by_sentence
+from nerserve.ner.decoding.overlap import accept_spans_best_first, lone_spans, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet
+
+
+def argmax_within(probs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row of probabilities [P, N], the first maximum among its first `lengths` columns: a
+    boundary is a word of the proposal's own sentence, never the batch's padding. The argmax over
+    the whole row is that one wherever it falls inside; only the other rows are searched again."""
+    best = probs.argmax(axis=-1)
+    outside = np.flatnonzero(best >= lengths)
+    if len(outside):
+        beyond = np.arange(probs.shape[1])[None, :] >= lengths[outside][:, None]
+        best[outside] = np.where(beyond, -1.0, probs[outside]).argmax(axis=-1)  # -1 loses to every probability
+    return best
 
 
 def decode_batch(
@@ -31,20 +44,24 @@ def decode_batch(
     """Every proposal of a batch, in any order of sentences: [P, C+1], [P, N], [P, N], and the
     sentence of each [P] → each sentence's entity set."""
     rows = np.arange(len(owner))
-    # a boundary is a word of the proposal's own sentence: the batch's padding words never win
-    # (probabilities are ≥ 0, so -1 loses every argmax, and the first maximum stays the first)
-    beyond = np.arange(left_probs.shape[1])[None, :] >= np.asarray(lengths, dtype=np.int64)[owner][:, None]
-    left = np.where(beyond, -1.0, left_probs).argmax(axis=-1)
-    right = np.where(beyond, -1.0, right_probs).argmax(axis=-1)
+    words = np.asarray(lengths, dtype=np.int64)[owner]
+    left, right = argmax_within(left_probs, words), argmax_within(right_probs, words)
     classes = class_probs.argmax(axis=-1)
     scores = (class_probs[rows, classes] + left_probs[rows, left] + right_probs[rows, right]) / 3.0
     thresholds = np.array([o.threshold for o in options], dtype=scores.dtype)
     kept = np.flatnonzero((classes > 0) & (left <= right) & (scores > thresholds[owner]))
     kept = kept[np.argsort(owner[kept], kind="stable")]  # sentence by sentence, each in proposal order
-    types, kept_scores = (classes[kept] - 1).tolist(), scores[kept].tolist()
-    starts, ends = left[kept].tolist(), (right[kept] + 1).tolist()
-    found: list[EntitySet] = []
-    for (lo, bounds), chosen in zip(spans_by_sentence(owner[kept], starts, ends, len(options)), options, strict=True):
+    sentence, classes, scores, starts, ends = owner[kept], classes[kept], scores[kept], left[kept], right[kept] + 1
+    # proposals converge: most spans are proposed several times, and overlap no other span
+    alone, settled = lone_spans(sentence, starts, ends, scores, np.ones(len(options), dtype=bool))
+    found: list[list[Entity]] = [[] for _ in options]
+    for b, start, end, kind, score in zip(*(a[alone].tolist() for a in (sentence, starts, ends, classes, scores)), strict=True):
+        found[b].append(Entity(labels[kind - 1], ((start, end),), score))
+    rest = ~settled
+    types, kept_scores = (classes[rest] - 1).tolist(), scores[rest].tolist()
+    for (lo, bounds), chosen, entities in zip(
+        spans_by_sentence(sentence[rest], starts[rest].tolist(), ends[rest].tolist(), len(options)), options, found, strict=True
+    ):
         accepted = accept_spans_best_first(bounds, kept_scores[lo : lo + len(bounds)], chosen.overlap, one_type_per_span=True)
-        found.append(EntitySet(Entity(labels[types[lo + i]], (bounds[i],), kept_scores[lo + i]) for i in accepted))
-    return found
+        entities.extend(Entity(labels[types[lo + i]], (bounds[i],), kept_scores[lo + i]) for i in accepted)
+    return [EntitySet(entities) for entities in found]

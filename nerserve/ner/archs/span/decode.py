@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.span.config import DecodeOptions
-from nerserve.ner.decoding.overlap import accept_spans_best_first, spans_by_sentence
+from nerserve.ner.decoding.overlap import accept_spans_best_first, lone_spans, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet, Fragment
 
 
@@ -39,7 +39,8 @@ def decode_batch(
     typed = (classes > 0) & (scores > thresholds[sentence])
     sentence, k, classes, scores = sentence[typed], k[typed], classes[typed], scores[typed]
     starts, ends = spans[sentence, k, 0], spans[sentence, k, 1]
-    alone, settled = isolated(sentence, starts, ends, scores, np.array([o.nms_iou > 0 for o in options]))
+    # Soft-NMS decays only a proposal whose IoU with a kept one reaches k: an overlapping one, where k > 0
+    alone, settled = lone_spans(sentence, starts, ends, scores, np.array([o.nms_iou > 0 for o in options]))
     found: list[list[Entity]] = [[] for _ in options]
     for b, start, end, kind, score in zip(*(a[alone].tolist() for a in (sentence, starts, ends, classes, scores)), strict=True):
         found[b].append(Entity(labels[kind - 1], ((start, end),), score))
@@ -53,32 +54,6 @@ def decode_batch(
         if bounds:
             entities.extend(survivors(bounds, types[lo : lo + len(bounds)], kept_scores[lo : lo + len(bounds)], labels, chosen))
     return [EntitySet(entities) for entities in found]
-
-
-def isolated(
-    sentence: np.ndarray, starts: np.ndarray, ends: np.ndarray, scores: np.ndarray, independent: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The candidates (indices, in order) that decoding keeps as they are, and a mask of every
-    candidate they settle (theirs and their span's others): the best of a span (the first on a
-    tie) that overlaps no other candidate's span of its sentence. Soft-NMS decays only a
-    proposal whose IoU with a kept one reaches k (so an overlapping one, where k > 0: `independent`
-    per sentence), and the overlap rules drop only overlapping entities."""
-    order = np.lexsort((np.arange(len(sentence)), -scores, ends, starts, sentence))
-    same_span = np.zeros(len(order), dtype=bool)
-    same_span[1:] = (np.diff(sentence[order]) == 0) & (np.diff(starts[order]) == 0) & (np.diff(ends[order]) == 0)
-    best = order[~same_span]  # one a span, by sentence, start, end
-    span_sentence, span_start, span_end = sentence[best], starts[best], ends[best]
-    # the furthest end of the sentence's spans before each (by start): a span overlaps an earlier one
-    # where it starts before that, and a later one where the next span starts before it ends
-    scale = int(ends.max(initial=0)) + 1
-    furthest = np.maximum.accumulate(span_sentence * scale + span_end)
-    earlier_end = np.concatenate(([-1], furthest[:-1])) - span_sentence * scale
-    later_start = np.concatenate((span_start[1:], [scale]))
-    later_start[np.concatenate((np.diff(span_sentence) != 0, [True]))] = scale
-    alone = (span_start >= earlier_end) & (later_start >= span_end) & independent[span_sentence]
-    span_of = np.empty(len(order), dtype=np.int64)
-    span_of[order] = np.cumsum(~same_span) - 1
-    return np.sort(best[alone]), alone[span_of]
 
 
 def survivors(
