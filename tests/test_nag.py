@@ -80,9 +80,13 @@ def test_flat_rule_and_duplicates() -> None:
     probs = np.stack([np.full(CONFIG.length, p) for p in (0.6, 0.9, 0.8)])
     queries = [(0, 1), (0, 3), (0, 3)]
     outcomes: Counter[str] = Counter()
-    flat = decode_queries(token_ids, probs, queries, [PIECES], CONFIG, [NagDecodeOptions(overlap="flat")], outcomes)
+    flat = decode_queries(
+        token_ids, probs, queries, [PIECES].__getitem__, 1, CONFIG, [NagDecodeOptions(overlap="flat")], outcomes
+    )
     assert [e.fragments for e in flat[0]] == [((3, 4),)]
-    anything = decode_queries(token_ids, probs, queries, [PIECES], CONFIG, [NagDecodeOptions(overlap="any")], outcomes)
+    anything = decode_queries(
+        token_ids, probs, queries, [PIECES].__getitem__, 1, CONFIG, [NagDecodeOptions(overlap="any")], outcomes
+    )
     assert {e.fragments for e in anything[0]} == {((1, 4),), ((3, 4),)}
     assert outcomes["exact"] == 6
 

@@ -120,14 +120,21 @@ class SubwordBatch:
     @cached_property
     def pieces(self) -> list[list[list[int]]]:
         """Per sentence, per word: its sub-word positions (unpadded); made when asked for."""
-        found, lengths = [], iter(self.piece_lengths)
-        for count in self.word_counts:
-            position, words = self.first_position, []
-            for length in itertools.islice(lengths, count):
-                words.append(list(range(position, position + length)))
-                position += length
-            found.append(words)
-        return found
+        return [self.sentence_pieces(b) for b in range(len(self.word_counts))]
+
+    @cached_property
+    def word_firsts(self) -> list[int]:
+        """Where each sentence's words start among all the batch's words."""
+        return list(itertools.accumulate(self.word_counts[:-1], initial=0))
+
+    def sentence_pieces(self, sentence: int) -> list[list[int]]:
+        """Per word of one sentence: its sub-word positions (for a decoder that needs few sentences')."""
+        first = self.word_firsts[sentence]
+        position, words = self.first_position, []
+        for length in self.piece_lengths[first : first + self.word_counts[sentence]]:
+            words.append(list(range(position, position + length)))
+            position += length
+        return words
 
     @property
     def padded_tokens(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
@@ -83,16 +84,22 @@ def decode_queries(
     token_ids: np.ndarray,
     token_probs: np.ndarray,
     queries: list[tuple[int, int]],
-    pieces: list[list[list[int]]],
+    pieces_of: Callable[[int], list[list[int]]],
+    sentences: int,
     config: NagConfig,
     options: list[NagDecodeOptions],
     outcomes: Counter[str],
 ) -> list[EntitySet]:
-    """All queries of a batch ((sentence, start word) each) → one entity set per sentence."""
-    word_of = [{p: w for w, wp in enumerate(sentence) for p in wp} for sentence in pieces]
-    found: list[list[Entity]] = [[] for _ in pieces]
+    """All queries of a batch ((sentence, start word) each) → one entity set for each of `sentences`;
+    `pieces_of(b)`: per word of sentence b, its sub-word positions (asked only for sentences with
+    queries)."""
+    maps: dict[int, tuple[list[list[int]], dict[int, int]]] = {}
+    found: list[list[Entity]] = [[] for _ in range(sentences)]
     for q, (sentence, start_word) in enumerate(queries):
-        entity, outcome = parse_query(token_ids[q], token_probs[q], start_word, pieces[sentence], word_of[sentence], config)
+        if sentence not in maps:
+            pieces = pieces_of(sentence)
+            maps[sentence] = (pieces, {p: w for w, wp in enumerate(pieces) for p in wp})
+        entity, outcome = parse_query(token_ids[q], token_probs[q], start_word, *maps[sentence], config)
         outcomes[outcome] += 1
         if entity is not None:
             found[sentence].append(entity)

@@ -15,7 +15,7 @@ from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
 from nerserve.ner.archs.nag.config import NagConfig, NagDecodeOptions
 from nerserve.ner.archs.nag.decode import decode_queries
-from nerserve.ner.text.subword import Words
+from nerserve.ner.text.subword import SubwordBatch, Words
 from nerserve.ner.types import EntitySet
 
 EXPORT_QUERIES = 7  # example query count for export: distinct from every other example axis
@@ -24,9 +24,14 @@ EXPORT_QUERIES = 7  # example query count for export: distinct from every other 
 @dataclass
 class NagBatch:
     encoder_inputs: dict[str, np.ndarray]
-    pieces: list[list[list[int]]]  # per sentence, per word: its sub-word positions
+    subwords: SubwordBatch  # the word map: each word's sub-word positions, made for the sentences asked
     lengths: list[int]
     padded_tokens: int
+
+    @property
+    def pieces(self) -> list[list[list[int]]]:
+        """Per sentence, per word: its sub-word positions."""
+        return self.subwords.pieces
 
 
 class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
@@ -43,7 +48,7 @@ class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
         subword_words[sentence, positions] = word
         memory_mask[sentence, positions] = 1.0
         inputs.update({"subword_words": subword_words, "memory_mask": memory_mask})
-        return NagBatch(inputs, encoded.pieces, list(encoded.word_counts), encoded.padded_tokens)
+        return NagBatch(inputs, encoded, list(encoded.word_counts), encoded.padded_tokens)
 
     def select_queries(self, batch: NagBatch, start_probs: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
         """Words whose p(no entity starts here) < τ_s start argmax-count entities: one query each."""
@@ -120,7 +125,8 @@ class NagProgram(ProgramBase[NagConfig, NagBatch, NagDecodeOptions]):
             outputs["token_ids"][keep],
             outputs["token_probs"][keep],
             queries,
-            batch.pieces,
+            batch.subwords.sentence_pieces,
+            len(batch.lengths),
             self.config,
             chosen,
             self.outcomes,
