@@ -147,6 +147,7 @@ def test_each_batch_takes_the_row_length_that_costs_least() -> None:
     assert rows == [[0], [1, 2, 3, 4, 5, 6]] and packing_cost(skewed, rows) < packing_cost(skewed, pack_rows(skewed, 0))
     assert packed_rows([200, 50, 50], 128) == [[0], [1, 2]]  # a sentence over the bound sets the row length
     assert packed_rows([5, 5], 0) == [[0], [1]]
+    assert packed_rows([0, 5, 0], 16) == pack_rows([0, 5, 0], 5) == [[1, 0, 2]]  # empty sentences fit anywhere
 
 
 def test_character_features_fill_each_word_in_its_place() -> None:

@@ -128,7 +128,8 @@ class SubwordBatch:
         return list(itertools.accumulate(self.word_counts[:-1], initial=0))
 
     def sentence_pieces(self, sentence: int) -> list[list[int]]:
-        """Per word of one sentence: its sub-word positions (for a decoder that needs few sentences')."""
+        """Per word of one sentence: its sub-word positions (a decoder that needs only some
+        sentences' asks for those)."""
         first = self.word_firsts[sentence]
         position, words = self.first_position, []
         for length in self.piece_lengths[first : first + self.word_counts[sentence]]:
@@ -233,7 +234,7 @@ def first_fit_runs(runs: list[tuple[int, int]], capacity: int) -> tuple[list[int
         while count:
             if row == len(free):
                 free.append(capacity)
-            room = free[row] // length
+            room = free[row] // length if length else count  # an empty sentence fits anywhere
             if room:
                 taken = min(room, count)
                 free[row] -= taken * length
