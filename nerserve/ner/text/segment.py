@@ -63,14 +63,10 @@ def _split_clitic(word: Word) -> list[Word]:
 
 
 def words_of(text: str) -> list[Word]:
-    words: list[Word] = []
-    for match in _WORD.finditer(text):
-        word = Word(match.group(), *match.span())
-        if "'" in word.text or "’" in word.text:  # every clitic has an apostrophe: most words skip the search
-            words.extend(_split_clitic(word))
-        else:
-            words.append(word)
-    return words
+    words = [Word(match.group(), match.start(), match.end()) for match in _WORD.finditer(text)]
+    if "'" not in text and "’" not in text:  # every clitic has an apostrophe: most texts skip the search
+        return words
+    return [part for word in words for part in (_split_clitic(word) if "'" in word.text or "’" in word.text else (word,))]
 
 
 # A line that ends in one of these goes on in the next line (hard-wrapped prose), whatever follows.
@@ -130,6 +126,11 @@ def split_sentences(text: str) -> list[list[Word]]:
         gap = text[word.end : following.start]
         if not gap:
             continue  # attached: a closing quote, "3.5", "U.S.-based"
+        if gap == " ":  # nearly every gap: no line in it ends, so only . ! ? end a sentence
+            if _ends_sentence(current) and _starts_sentence(following):
+                sentences.append(current)
+                current = []
+            continue
         if _paragraph_break(gap) or (
             _starts_sentence(following) and (_ends_sentence(current) or _ends_line_unit(text, current, gap))
         ):
