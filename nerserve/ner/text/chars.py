@@ -52,49 +52,50 @@ def _clip(word: str) -> str:
     return word[:half] + word[-half:]
 
 
-# A word's character ids padded to MAX_WORD_CHARS, as the bytes of int16s: a batch's words become
-# one matrix by joining their bytes, with no Python loop over characters.
+# A word's character ids as the bytes of int16s: a batch's words become one array by joining
+# their bytes, with no Python loop over characters.
 _CHAR_DTYPE = np.dtype("<i2")
-_PADDING = bytes(MAX_WORD_CHARS * _CHAR_DTYPE.itemsize)
 
 
 @lru_cache(maxsize=1 << 17)  # words repeat: a sentence's are mostly ones seen before
 def word_features(word: str) -> tuple[bytes, int, int]:
-    """A word's character ids (clipped, padded to MAX_WORD_CHARS, int16 bytes), their count and its
-    shape id."""
+    """A word's character ids (clipped to MAX_WORD_CHARS, int16 bytes), their count and its shape id."""
     ids = [char_id(c) for c in _clip(word)]
-    row = np.array(ids, dtype=_CHAR_DTYPE).tobytes()
-    return row + _PADDING[len(row) :], len(ids), shape_id(word)
+    return np.array(ids, dtype=_CHAR_DTYPE).tobytes(), len(ids), shape_id(word)
 
 
 class CharRows(NamedTuple):
     """A sentence's character features, made once per sentence (where it is planned: an HTTP
-    worker) so that a batch's are a few joins. A named tuple: it travels to the engine pickled."""
+    worker) so that a batch's are a few joins and one scatter. A named tuple of bytes, unpadded:
+    it travels to the engine pickled, a few bytes a character."""
 
-    ids: bytes  # each word's character ids, MAX_WORD_CHARS int16s a word
-    width: int  # the most characters a word of it has
+    ids: bytes  # every word's character ids in turn, int16s
+    lengths: bytes  # each word's character count (at most MAX_WORD_CHARS), a byte a word
     shapes: bytes  # each word's shape id, a byte a word
 
 
 def char_rows(words: Iterable[str]) -> CharRows:
     features = list(map(word_features, words))
     if not features:
-        return CharRows(b"", 0, b"")
-    rows, lengths, shapes = zip(*features, strict=True)
-    return CharRows(b"".join(rows), max(lengths), bytes(shapes))
+        return CharRows(b"", b"", b"")
+    ids, lengths, shapes = zip(*features, strict=True)
+    return CharRows(b"".join(ids), bytes(lengths), bytes(shapes))
 
 
 def encode_chars(sentences: Sequence[CharRows], n_words: int) -> tuple[np.ndarray, np.ndarray]:
     """char_ids [B, N, C] and shape_ids [B, N] (0 is padding in both), filled in one scatter each."""
     words_per_sentence = np.fromiter((len(s.shapes) for s in sentences), dtype=np.int64, count=len(sentences))
-    width = max((s.width for s in sentences), default=1) or 1
+    lengths = np.frombuffer(b"".join(s.lengths for s in sentences), dtype=np.uint8).astype(np.int64)
     # the flat [B·N] slot of every word: its sentence's row, then its place within the sentence
     firsts = np.cumsum(words_per_sentence) - words_per_sentence  # each sentence's first word, flat
-    places = np.arange(int(words_per_sentence.sum())) - np.repeat(firsts, words_per_sentence)
+    places = np.arange(len(lengths)) - np.repeat(firsts, words_per_sentence)
     word_slots = np.repeat(np.arange(len(sentences)) * n_words, words_per_sentence) + places
     shape_ids = np.zeros(len(sentences) * n_words, dtype=np.int64)
     shape_ids[word_slots] = np.frombuffer(b"".join(s.shapes for s in sentences), dtype=np.uint8)
+    # every character of every word: its word's slot and its place in the word
+    ids = np.frombuffer(b"".join(s.ids for s in sentences), dtype=_CHAR_DTYPE)
+    columns = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    width = int(lengths.max(initial=1)) or 1
     char_ids = np.zeros((len(sentences) * n_words, width), dtype=np.int64)
-    padded = np.frombuffer(b"".join(s.ids for s in sentences), dtype=_CHAR_DTYPE).reshape(len(word_slots), MAX_WORD_CHARS)
-    char_ids[word_slots] = padded[:, :width]
+    char_ids[np.repeat(word_slots, lengths), columns] = ids
     return char_ids.reshape(len(sentences), n_words, width), shape_ids.reshape(len(sentences), n_words)
