@@ -145,3 +145,20 @@ def lone_spans(
     span_of = np.empty(len(order), dtype=np.int64)
     span_of[order] = np.cumsum(~same_span) - 1
     return np.sort(best[alone]), alone[span_of]
+
+
+def lone_entities(
+    alone: np.ndarray,
+    sentence: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    classes: np.ndarray,
+    scores: np.ndarray,
+    labels: tuple[str, ...],
+    sentences: int,
+) -> list[list[Entity]]:
+    """Per sentence, the entities of the candidates `lone_spans` took (class 0 is no entity)."""
+    found: list[list[Entity]] = [[] for _ in range(sentences)]
+    for b, start, end, kind, score in zip(*(a[alone].tolist() for a in (sentence, starts, ends, classes, scores)), strict=True):
+        found[b].append(Entity(labels[kind - 1], ((start, end),), score))
+    return found

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.diffusion.config import DiffusionDecodeOptions
-from nerserve.ner.decoding.overlap import accept_spans_best_first, lone_spans, spans_by_sentence
+from nerserve.ner.decoding.overlap import accept_spans_best_first, lone_entities, lone_spans, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet
 
 
@@ -54,9 +54,7 @@ def decode_batch(
     sentence, classes, scores, starts, ends = owner[kept], classes[kept], scores[kept], left[kept], right[kept] + 1
     # proposals converge: most spans are proposed several times, and overlap no other span
     alone, settled = lone_spans(sentence, starts, ends, scores, np.ones(len(options), dtype=bool))
-    found: list[list[Entity]] = [[] for _ in options]
-    for b, start, end, kind, score in zip(*(a[alone].tolist() for a in (sentence, starts, ends, classes, scores)), strict=True):
-        found[b].append(Entity(labels[kind - 1], ((start, end),), score))
+    found = lone_entities(alone, sentence, starts, ends, classes, scores, labels, len(options))
     rest = ~settled
     types, kept_scores = (classes[rest] - 1).tolist(), scores[rest].tolist()
     for (lo, bounds), chosen, entities in zip(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.archs.span.config import DecodeOptions
-from nerserve.ner.decoding.overlap import accept_spans_best_first, lone_spans, spans_by_sentence
+from nerserve.ner.decoding.overlap import accept_spans_best_first, lone_entities, lone_spans, spans_by_sentence
 from nerserve.ner.types import Entity, EntitySet, Fragment
 
 
@@ -41,9 +41,7 @@ def decode_batch(
     starts, ends = spans[sentence, k, 0], spans[sentence, k, 1]
     # Soft-NMS decays only a proposal whose IoU with a kept one reaches k: an overlapping one, where k > 0
     alone, settled = lone_spans(sentence, starts, ends, scores, np.array([o.nms_iou > 0 for o in options]))
-    found: list[list[Entity]] = [[] for _ in options]
-    for b, start, end, kind, score in zip(*(a[alone].tolist() for a in (sentence, starts, ends, classes, scores)), strict=True):
-        found[b].append(Entity(labels[kind - 1], ((start, end),), score))
+    found = lone_entities(alone, sentence, starts, ends, classes, scores, labels, len(options))
     rest = ~settled
     sentence, classes, scores = sentence[rest], classes[rest], scores[rest]
     # as Python numbers: one conversion per array, not one per value
@@ -63,8 +61,6 @@ def survivors(
     (Soft-NMS lowers scores), then the overlap rule."""
     if not bounds:
         return EntitySet()
-    if len(bounds) == 1:  # nothing to suppress it or to overlap it (a third of CoNLL's sentences)
-        return EntitySet((Entity(labels[types[0]], (bounds[0],), scores[0]),))
     best: dict[Fragment, int] = {}  # the best candidate of each span, the first one on a tie
     for index, span in enumerate(bounds):
         seen = best.get(span)
