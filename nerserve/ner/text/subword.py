@@ -202,6 +202,8 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     for capacity in (longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)):
         if capacity < total and least_cost(total, longest, capacity) >= best_cost:
             break  # the bound grows with the capacity: no longer row can do better
+        if fill_floor(total, first_row_fill(runs, capacity)) >= best_cost:
+            continue  # a tighter floor, from the first row alone, but not one that grows with the capacity
         free, placements = first_fit_runs(runs, capacity)
         cost = float(row_cost(len(free), capacity - min(free)))
         if cost < best_cost:  # the first of equal costs, as the narrowest rows
@@ -220,6 +222,22 @@ def least_cost(total: int, longest: int, capacity: int) -> float:
     is fuller than capacity − longest (the sentence that opened the second did not fit in it), and
     every position costs attention over the longest row."""
     return total * (1 + max(longest, capacity - longest + 1) * ATTENTION_COST_PER_POSITION)
+
+
+def fill_floor(total: int, fullest: int) -> float:
+    """A floor under packing_cost when some row holds `fullest` positions: the rows times the longest
+    row cover every position, and each position costs attention over at least `fullest`."""
+    return total * (1 + fullest * ATTENTION_COST_PER_POSITION)
+
+
+def first_row_fill(runs: list[tuple[int, int]], capacity: int) -> int:
+    """The positions first_fit_runs puts in its first row, without the other rows: of each run (longest
+    first) as many sentences as still fit."""
+    free = capacity
+    for length, count in runs:
+        if 0 < length <= free:
+            free -= length * min(count, free // length)
+    return capacity - free
 
 
 def first_fit_runs(runs: list[tuple[int, int]], capacity: int) -> tuple[list[int], list[tuple[int, int]]]:
