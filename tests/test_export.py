@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -289,6 +290,19 @@ def test_lower_levels_are_tried_first_on_the_graphs_that_missed_then_on_all() ->
 def test_int8_needs_onnx(tiny_model: Path, tmp_path: Path, data_root: Path) -> None:
     with pytest.raises(ValueError, match="onnx only"):
         export_model(tiny_model, GraphFormat.torchscript, tmp_path, data_root, int8=True)
+
+
+# span quantises two of its graphs, nag the encoder but not its decoder
+@pytest.mark.parametrize("tiny_model", ["span", "nag"], indirect=True)
+def test_int8_quantises_the_architectures_int8_graphs_and_no_other(tiny_model: Path, tmp_path: Path, data_root: Path) -> None:
+    info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, int8=True, log=lambda _: None)
+    spec = ARCHITECTURES[info["architecture"]]
+    assert info["ready"] and info["int8_graphs"] == list(spec.int8_graphs)
+    folder = Path(info["folder"])
+    for name, graph in info["graphs"].items():
+        operators = {node.op_type for node in onnx.load(str(folder / graph["file"])).graph.node}
+        assert ("MatMulInteger" in operators) == (name in spec.int8_graphs), name
+    assert len(load_graph_set(folder).program.predict([["Peter", "lives", "in", "Paris", "."]])) == 1
 
 
 def test_parity_batches_put_the_longest_together_then_singles_then_sorted_batches() -> None:

@@ -126,11 +126,13 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # bump when the export code changes what it writes (2: signatures from specs, stricter parity;
 # 3: encoders take packed rows; 4: max pooling without a sub-word mask)
 EXPORT_VERSION = "4"
+# INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
+INT8_VERSION = "int8-2"
 
 
 def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
     digest = hashlib.sha256()
-    for part in (EXPORT_VERSION, fmt, "int8-encoder" if int8 else "fp32"):
+    for part in (EXPORT_VERSION, fmt, INT8_VERSION if int8 else "fp32"):
         digest.update(part.encode() + b"\0")
     for name in (MANIFEST, WEIGHTS):
         digest.update((folder / name).read_bytes())
