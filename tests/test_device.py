@@ -138,7 +138,7 @@ def test_the_simulated_device_waits_its_table_and_counts_it() -> None:
 def test_simulated_graphs_answer_zeros_of_the_recorded_shapes(tmp_path: Path) -> None:
     import numpy as np
 
-    from nerserve.ner.runtime.simulated import SimulatedDevice, SimulatedGraph
+    from nerserve.ner.runtime.simulated import DeviceZeros, SimulatedDevice, SimulatedGraph
 
     table = {"card": "test card", "source": "a test", "points": [{"subwords": 0, "ms": 0.0}, {"subwords": 1000, "ms": 1.0}]}
     (tmp_path / "costs.json").write_text(__import__("json").dumps(table))
@@ -158,6 +158,16 @@ def test_simulated_graphs_answer_zeros_of_the_recorded_shapes(tmp_path: Path) ->
     assert answers["word_states"].shape == (5, 17, 384) and answers["word_states"].dtype == np.float32
     assert not answers["word_states"].any()
     assert device.busy_seconds == pytest.approx(0.0006) and device.passes == 1  # 600 positions, once
+    # as a GPU's graphs, outputs kept on the device are not made on the host, and other graphs read them
+    graph = SimulatedGraph("encoder", info, device)
+    kept = graph.run(feeds, keep_on_device=("word_states",))["word_states"]
+    assert graph.device_resident and kept == DeviceZeros((5, 17, 384), np.dtype(np.float32))
+    head = {
+        "inputs": [{"name": "word_states", "dtype": "float32", "axes": ["batch", "words", 384]}],
+        "outputs": [{"name": "scores", "dtype": "float32", "axes": ["batch", "words"]}],
+    }
+    scores = SimulatedGraph("head", head, device).run({"word_states": kept})["scores"]
+    assert isinstance(scores, np.ndarray) and scores.shape == (5, 17) and device.passes == 2  # no backbone wait
 
 
 def test_a_server_on_the_simulated_device_answers_and_reports_its_device() -> None:

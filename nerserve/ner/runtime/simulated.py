@@ -5,8 +5,11 @@ Each graph set's graphs answer zeros of the shapes their export recorded, and th
 (the one fed packed sub-word rows) waits what a batch of that many sub-word positions cost on a
 measured card, from a table of batch costs (`device_costs/*.json`: the card, where the figures were
 measured, and the points). The wait is a sleep, which releases the GIL as a real device's
-synchronisation does. Zeros make decoding find nothing, so host decoding costs less than with real
-outputs; every figure taken on this device is labelled simulated, never a GPU figure.
+synchronisation does. Like a GPU's graphs they are device-resident: outputs a program keeps on the
+device are `DeviceZeros`, a shape and a type and no memory, that only other stand-in graphs read, so
+the programs take their GPU paths (one span-proposal call a batch, no size groups on the host). Zeros
+make decoding find nothing, so host decoding costs less than with real outputs; every figure taken
+on this device is labelled simulated, never a GPU figure.
 """
 
 from __future__ import annotations
@@ -83,13 +86,21 @@ def simulated_device(costs: Path | None = None) -> SimulatedDevice:
         return _device
 
 
+@dataclass(frozen=True)
+class DeviceZeros:
+    """An output kept on the simulated device: zeros in name only, never made on the host."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
 class SimulatedGraph:
     """A graph of an export answered in zeros of its recorded output shapes, after the device's wait
     when it is the backbone graph."""
 
     def __init__(self, name: str, info: Mapping[str, Any], device: SimulatedDevice) -> None:
         self.name, self.device = name, device
-        self.device_resident = False  # its outputs are host zeros
+        self.device_resident = True  # as a GPU's graphs: outputs kept on the device stay DeviceZeros
         self.execution_provider = "simulated"
         self.inputs = {i["name"]: tuple(i["axes"]) for i in info["inputs"]}
         self.outputs = {o["name"]: (tuple(o["axes"]), np.dtype(o["dtype"])) for o in info["outputs"]}
@@ -116,4 +127,9 @@ class SimulatedGraph:
             shapes[name] = [sizes[a] if isinstance(a, str) else int(a) for a in axes]
         if BACKBONE_INPUT in inputs:
             self.device.run(int(np.prod(np.shape(inputs[BACKBONE_INPUT]))))
-        return {name: np.zeros(shape, self.outputs[name][1]) for name, shape in shapes.items()}
+        return {
+            name: DeviceZeros(tuple(shape), self.outputs[name][1])
+            if name in keep_on_device
+            else np.zeros(shape, self.outputs[name][1])
+            for name, shape in shapes.items()
+        }
