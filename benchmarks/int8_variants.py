@@ -1,6 +1,7 @@
-"""The span model's encoder as fp32, dynamic INT8 (what `nerserve export --int8` writes) and static
-INT8 (QDQ, calibrated on training sentences, per-channel weights), each variant's strict F1 and
-words/s on the CoNLL-2003 test split in one run, batches of 32 as in cpu_peer.py.
+"""The span model's encoder as fp32, dynamic INT8 (what `nerserve export --int8` writes, which
+quantises the span-proposal graph too) and static INT8 (QDQ, calibrated on training sentences,
+per-channel weights; the proposal graph left fp32), each variant's strict F1 and words/s on the
+CoNLL-2003 test split in one run, batches of 32 as in cpu_peer.py.
 
     python benchmarks/int8_variants.py --model span-conll03 --data ../shared/data/conll03 [--json]
 
