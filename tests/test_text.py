@@ -176,7 +176,7 @@ def test_words_tokenised_once_are_what_the_sentence_would_give(data_root) -> Non
 
 
 def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length() -> None:
-    """packed_rows (runs of equal lengths placed together, row lengths past the cost bound skipped)
+    """packed_rows (runs of equal lengths placed together, row lengths past the cost floor skipped)
     gives the same rows as first-fit decreasing one sentence at a time at every candidate row length,
     the cheapest kept (the first of equal costs)."""
     generator = random.Random(7)

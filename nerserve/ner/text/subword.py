@@ -200,10 +200,8 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     runs = [(length, len(list(group))) for length, group in itertools.groupby(lengths[i] for i in order)]
     best_cost, best = float("inf"), (0, list[tuple[int, int]]())
     for capacity in (longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)):
-        if capacity < total and least_cost(total, longest, capacity) >= best_cost:
-            break  # the bound grows with the capacity: no longer row can do better
         if fill_floor(total, first_row_fill(runs, capacity)) >= best_cost:
-            continue  # a tighter floor, from the first row alone, but not one that grows with the capacity
+            continue  # its first row alone already costs too much attention: no need to pack the rest
         free, placements = first_fit_runs(runs, capacity)
         cost = float(row_cost(len(free), capacity - min(free)))
         if cost < best_cost:  # the first of equal costs, as the narrowest rows
@@ -215,13 +213,6 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
         rows[row].extend(order[position : position + taken])
         position += taken
     return rows
-
-
-def least_cost(total: int, longest: int, capacity: int) -> float:
-    """A floor under packing_cost for rows of `capacity` < total: two rows or more, so the first
-    is fuller than capacity − longest (the sentence that opened the second did not fit in it), and
-    every position costs attention over the longest row."""
-    return total * (1 + max(longest, capacity - longest + 1) * ATTENTION_COST_PER_POSITION)
 
 
 def fill_floor(total: int, fullest: int) -> float:
