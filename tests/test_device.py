@@ -149,25 +149,43 @@ def test_simulated_graphs_answer_zeros_of_the_recorded_shapes(tmp_path: Path) ->
         "outputs": [{"name": "word_states", "dtype": "float32", "axes": ["batch", "words", 384]},
                     {"name": "spans", "dtype": "int64", "axes": ["batch", "spans", 2]}],
     }  # fmt: skip
-    graph = SimulatedGraph("encoder", info, device)
+    graph = SimulatedGraph("encoder", info, device, {})
     feeds = {"input_ids": np.zeros((3, 200), np.int64), "word_mask": np.ones((5, 17), np.float32)}
     with pytest.raises(GraphError, match="follow from no input"):  # "spans" is no input's axis
         graph.run(feeds)
+    derived = SimulatedGraph("encoder", info, device, {"spans": ("words", 3)}).run(feeds)  # as its signature says
+    assert derived["spans"].shape == (5, 20, 2)
     info["outputs"].pop()
-    answers = SimulatedGraph("encoder", info, device).run(feeds)
+    answers = SimulatedGraph("encoder", info, device, {}).run(feeds)
     assert answers["word_states"].shape == (5, 17, 384) and answers["word_states"].dtype == np.float32
     assert not answers["word_states"].any()
-    assert device.busy_seconds == pytest.approx(0.0006) and device.passes == 1  # 600 positions, once
+    assert device.busy_seconds == pytest.approx(0.0012) and device.passes == 2  # 600 positions, each run
     # as a GPU's graphs, outputs kept on the device are not made on the host, and other graphs read them
-    graph = SimulatedGraph("encoder", info, device)
+    graph = SimulatedGraph("encoder", info, device, {})
     kept = graph.run(feeds, keep_on_device=("word_states",))["word_states"]
     assert graph.device_resident and kept == DeviceZeros((5, 17, 384), np.dtype(np.float32))
     head = {
         "inputs": [{"name": "word_states", "dtype": "float32", "axes": ["batch", "words", 384]}],
         "outputs": [{"name": "scores", "dtype": "float32", "axes": ["batch", "words"]}],
     }
-    scores = SimulatedGraph("head", head, device).run({"word_states": kept})["scores"]
-    assert isinstance(scores, np.ndarray) and scores.shape == (5, 17) and device.passes == 2  # no backbone wait
+    scores = SimulatedGraph("head", head, device, {}).run({"word_states": kept})["scores"]
+    assert isinstance(scores, np.ndarray) and scores.shape == (5, 17) and device.passes == 3  # no backbone wait
+
+
+@pytest.mark.parametrize("model", sorted(p.name for p in Path("model_store").iterdir() if p.is_dir()))
+def test_every_output_axis_of_a_committed_model_follows_from_its_inputs(model: str) -> None:
+    """What a stand-in graph needs to answer a graph's shapes: each named output axis is an input's
+    axis or derived from one (the decoders' caches and pointer vocabularies)."""
+    from nerserve.ner.archs.registry import architecture
+    from nerserve.ner.model_store import read_manifest
+
+    manifest = read_manifest(Path("model_store") / model)
+    spec = architecture(manifest.architecture)
+    for name, signature in spec.signatures(spec.config_from(manifest.config)).items():
+        known = {axis for i in signature.inputs for axis in signature.axes[i] if axis}
+        derived = {axis for axis, (source, _) in signature.derived_axes.items() if source in known}
+        unknown = {axis for o in signature.outputs for axis in signature.axes[o] if axis} - known - derived
+        assert not unknown, f"{model} graph {name}: output axes {unknown} follow from no input"
 
 
 def test_a_server_on_the_simulated_device_answers_and_reports_its_device() -> None:

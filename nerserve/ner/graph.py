@@ -49,12 +49,16 @@ class GraphError(RuntimeError):
 @dataclass(frozen=True)
 class GraphSignature:
     """Input and output names of one graph and the named axes of each ("" marks a fixed axis).
-    Axes listed in `may_be_empty` may have length 0 (a key/value cache before the first step)."""
+    Axes listed in `may_be_empty` may have length 0 (a key/value cache before the first step).
+    `derived_axes` sizes an output axis that no input has: an input axis's size plus a constant
+    (the cache's present = past + 1; a pointer vocabulary = the words + the fixed tokens before
+    them), so that a stand-in graph can answer the shapes the real one would."""
 
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     axes: Mapping[str, tuple[str, ...]]
     may_be_empty: frozenset[str] = field(default_factory=frozenset)
+    derived_axes: Mapping[str, tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [name for name in (*self.inputs, *self.outputs) if name not in self.axes]
@@ -105,8 +109,18 @@ class KeyValueCache:
 
 
 def step_signature(
-    inputs: tuple[str, ...], outputs: tuple[str, ...], axes: Mapping[str, tuple[str, ...]], cache: KeyValueCache
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    axes: Mapping[str, tuple[str, ...]],
+    cache: KeyValueCache,
+    derived_axes: Mapping[str, tuple[str, int]] | None = None,
 ) -> GraphSignature:
     """A decoder-step graph's signature: its own inputs/outputs plus the cache's, the past axis
-    allowed to be empty (the first step)."""
-    return GraphSignature((*inputs, *cache.past), (*outputs, *cache.present), {**axes, **cache.axes()}, frozenset({"past"}))
+    allowed to be empty (the first step), and each step one position longer than its past."""
+    return GraphSignature(
+        (*inputs, *cache.past),
+        (*outputs, *cache.present),
+        {**axes, **cache.axes()},
+        frozenset({"past"}),
+        {"present": ("past", 1), **(derived_axes or {})},
+    )

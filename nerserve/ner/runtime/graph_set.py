@@ -37,7 +37,8 @@ def load_graph_set(
     if device == SIMULATED:
         stand_in = simulated_device(simulated_costs)
         graphs: dict[str, Any] = {
-            name: SimulatedGraph(name, info["graphs"][name], stand_in) for name in spec.signatures(config)
+            name: SimulatedGraph(name, info["graphs"][name], stand_in, signature.derived_axes)
+            for name, signature in spec.signatures(config).items()
         }
     else:
         graphs = {

@@ -98,8 +98,11 @@ class SimulatedGraph:
     """A graph of an export answered in zeros of its recorded output shapes, after the device's wait
     when it is the backbone graph."""
 
-    def __init__(self, name: str, info: Mapping[str, Any], device: SimulatedDevice) -> None:
+    def __init__(
+        self, name: str, info: Mapping[str, Any], device: SimulatedDevice, derived_axes: Mapping[str, tuple[str, int]]
+    ) -> None:
         self.name, self.device = name, device
+        self.derived_axes = derived_axes  # the signature's: output axes sized from an input axis
         self.device_resident = True  # as a GPU's graphs: outputs kept on the device stay DeviceZeros
         self.execution_provider = "simulated"
         self.inputs = {i["name"]: tuple(i["axes"]) for i in info["inputs"]}
@@ -112,7 +115,8 @@ class SimulatedGraph:
         for name, axes in self.inputs.items():
             shape = np.shape(inputs[name])
             sizes.update({axis: int(shape[i]) for i, axis in enumerate(axes) if isinstance(axis, str)})
-        return sizes
+        derived = {axis: sizes[source] + offset for axis, (source, offset) in self.derived_axes.items() if source in sizes}
+        return {**sizes, **derived}
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
         missing = [name for name in self.input_names if name not in inputs]

@@ -22,5 +22,5 @@ ENCODER_WITH_MEMORY = GraphSignature(
 def signatures(config: BartnerConfig) -> dict[str, GraphSignature]:
     return {
         "encoder": ENCODER_WITH_MEMORY,
-        "decoder": step_graph(config.decoder_layers, config.decoder_heads, config.decoder_dim),
+        "decoder": step_graph(config.decoder_layers, config.decoder_heads, config.decoder_dim, config.vocabulary.first_pointer),
     }

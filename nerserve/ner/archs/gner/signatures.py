@@ -36,7 +36,7 @@ def gner_signatures(layers: int, heads: int, head_dim: int) -> dict[str, GraphSi
         "tokens": ("rows",),
         "positions": ("rows",),
         "cache_order": ("rows",),
-        "logits": ("rows", "vocabulary"),
+        "logits": ("rows", ""),  # the whole sub-word vocabulary, fixed per model
         **cross_axes,
     }
     step_inputs = ("memory_mask", "row_sentence", "tokens", "positions", "cache_order", *cross)

@@ -9,7 +9,8 @@ def decoder_cache(layers: int, heads: int, dim: int) -> KeyValueCache:
     return KeyValueCache(layers, heads, dim // heads)
 
 
-def step_graph(layers: int, heads: int, dim: int) -> GraphSignature:
+def step_graph(layers: int, heads: int, dim: int, first_pointer: int) -> GraphSignature:
+    """FIRST_POINTER: the tokens before the word pointers in the output vocabulary (specials, types)."""
     axes = {
         "memory": ("batch", "words", ""),
         "memory_mask": ("batch", "words"),
@@ -21,4 +22,5 @@ def step_graph(layers: int, heads: int, dim: int) -> GraphSignature:
         "logits": ("rows", "vocabulary"),
     }
     inputs = ("memory", "memory_mask", "pointer_keys", "row_sentence", "tokens", "positions", "cache_order")
-    return step_signature(inputs, ("logits",), axes, decoder_cache(layers, heads, dim))
+    vocabulary = {"vocabulary": ("words", first_pointer)}
+    return step_signature(inputs, ("logits",), axes, decoder_cache(layers, heads, dim), vocabulary)

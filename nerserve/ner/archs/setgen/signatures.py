@@ -25,5 +25,5 @@ ENCODER_WITH_DETECTORS = GraphSignature(
 def signatures(config: SetgenConfig) -> dict[str, GraphSignature]:
     return {
         "encoder": ENCODER_WITH_DETECTORS,
-        "decoder": step_graph(config.decoder_layers, config.decoder_heads, config.decoder_dim),
+        "decoder": step_graph(config.decoder_layers, config.decoder_heads, config.decoder_dim, config.vocabulary.first_pointer),
     }
