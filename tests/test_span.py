@@ -42,9 +42,10 @@ def test_range_max_is_exact() -> None:
     mask[1, 7:] = 0
     table = range_max_table(states, mask, levels=4)
     spans = [(s, e) for s in range(11) for e in range(s + 1, 12)]
-    starts = torch.tensor([[s for s, _ in spans]] * 2)
-    ends = torch.tensor([[e for _, e in spans]] * 2)
-    pooled = range_max(table, 11, starts, ends, levels=4)
+    starts = torch.tensor([s for s, _ in spans] * 2)
+    ends = torch.tensor([e for _, e in spans] * 2)
+    sentence = torch.tensor([0] * len(spans) + [1] * len(spans))
+    pooled = range_max(table, 11, sentence, starts, ends, levels=4).reshape(2, len(spans), 5)
     for k, (s, e) in enumerate(spans):
         assert torch.allclose(pooled[0, k], states[0, s:e].max(dim=0).values)
         if e <= 7:

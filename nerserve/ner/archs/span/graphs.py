@@ -1,7 +1,7 @@
 """The span-proposal graph: all seed spans → filter probability, boundary offsets, adjusted spans,
 class probabilities of the adjusted spans. Gathers only: no Python loops over batch or spans.
 
-Two choices keep it cheap enough for CPU training and serving, without changing what the paper's
+Three choices keep it cheap enough for CPU training and serving, without changing what the paper's
 heads see ([max-pool of the span; left boundary word; right boundary word; context] → MLP):
 
 - the MLPs' first linear layer is applied per *word* and per sentence, then gathered per span
@@ -11,15 +11,15 @@ heads see ([max-pool of the span; left boundary word; right boundary word; conte
 - span max-pooling uses a sparse table (range-maximum query): level j holds the max over
   [i, i + 2^j), so any span [s, e) is max(level_j[s], level_j[e - 2^j]) with j = ⌊log2(e - s)⌋.
   Exact, O(N log N) memory instead of the O(K·N) masks of the official code, and valid for
-  adjusted spans of any length.
+  adjusted spans of any length (the seeds' scorers build only the levels seeds need);
+- in serving, only the seeds the filter passes (a few percent) are adjusted and classified, since
+  decoding reads nothing else: the regressor's and classifier's span work shrinks by as much.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from nerserve.ner.encoder import gather_positions
 
 _PAD_VALUE = -1e4  # far below any projected word feature; representable in fp16 too
 
@@ -37,24 +37,33 @@ def range_max_table(states: torch.Tensor, word_mask: torch.Tensor, levels: int) 
     return torch.cat(tables, dim=1)
 
 
-def range_max(table: torch.Tensor, n: int, starts: torch.Tensor, ends: torch.Tensor, levels: int) -> torch.Tensor:
-    """Max-pool of spans [starts, ends) (ends > starts), [B, K] each → [B, K, D]."""
+def range_max(
+    table: torch.Tensor, n: int, sentence: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, levels: int
+) -> torch.Tensor:
+    """Max-pool of spans [starts, ends) (ends > starts) of sentences `sentence`, [M] each → [M, D]."""
     lengths = ends - starts
     powers = 2 ** torch.arange(1, levels, device=starts.device)
     level = (lengths.unsqueeze(-1) >= powers).sum(-1)  # ⌊log2(length)⌋, capped at levels - 1
     width = torch.pow(2, level)
-    first = gather_words(table, level * n + starts)
-    second = gather_words(table, level * n + ends - width)
-    return torch.maximum(first, second)
+    base = sentence * (levels * n) + level * n
+    return torch.maximum(word_rows(table, base + starts), word_rows(table, base + ends - width))
 
 
-def gather_words(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """states [B, N, D], index [B, K] → [B, K, D]."""
-    return gather_positions(states, index)
+def word_rows(states: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """states [B, N, D], flat_index [M] (sentence · N + position) → [M, D]: one index_select."""
+    return states.reshape(-1, states.shape[-1]).index_select(0, flat_index)
+
+
+def every_span(spans: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, K, 2] → each span's sentence [B·K] and the spans [B·K, 2]."""
+    batch, k = spans.shape[:2]
+    sentence = torch.arange(batch, device=spans.device).unsqueeze(1).expand(batch, k).reshape(-1)
+    return sentence, spans.reshape(-1, 2)
 
 
 class SpanScorer(nn.Module):
-    """MLP([max-pool; left word; right word; context]) → outputs, factorised per word (see above)."""
+    """MLP([max-pool; left word; right word; context]) → outputs, factorised per word (see above).
+    LEVELS: the range-max table's, enough for the longest span it is asked to pool."""
 
     def __init__(self, word_size: int, context_size: int, hidden: int, outputs: int, levels: int, outer: bool) -> None:
         super().__init__()
@@ -70,27 +79,51 @@ class SpanScorer(nn.Module):
     def forward(
         self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor, spans: torch.Tensor
     ) -> torch.Tensor:
+        """Every span of every sentence, [B, K, 2] → [B, K, outputs]."""
+        batch, k = spans.shape[:2]
+        words = self._span_words(states, word_mask, *every_span(spans)).reshape(batch, k, -1)
+        return self.out(self.activation(words + self.context(context).unsqueeze(1)))
+
+    def score_rows(
+        self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor, sentence: torch.Tensor, spans: torch.Tensor
+    ) -> torch.Tensor:
+        """Chosen spans only: span m, [M, 2], of sentence `sentence[m]` → [M, outputs]."""
+        words = self._span_words(states, word_mask, sentence, spans)
+        return self.out(self.activation(words + self.context(context).index_select(0, sentence)))
+
+    def _span_words(
+        self, states: torch.Tensor, word_mask: torch.Tensor, sentence: torch.Tensor, spans: torch.Tensor
+    ) -> torch.Tensor:
+        """The first layer's part from the span's words (pool, left, right): [M, hidden]."""
         n = states.shape[1]
-        starts, ends = spans[..., 0], spans[..., 1]
+        starts, ends = spans[:, 0], spans[:, 1]
         if self.outer:
             left, right = torch.clamp(starts - 1, min=0), torch.clamp(ends, max=n - 1)
         else:
             left, right = starts, ends - 1
         table = range_max_table(self.pool(states), word_mask, self.levels)
-        hidden = (
-            range_max(table, n, starts, ends, self.levels)
-            + gather_words(self.left(states), left)
-            + gather_words(self.right(states), right)
-            + self.context(context).unsqueeze(1)
+        base = sentence * n
+        return (
+            range_max(table, n, sentence, starts, ends, self.levels)
+            + word_rows(self.left(states), base + left)
+            + word_rows(self.right(states), base + right)
         )
-        return self.out(self.activation(hidden))
 
 
 class SpanProposalGraph(nn.Module):
-    def __init__(self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int) -> None:
+    """The filter scores every seed; the regressor and the classifier read only the seeds decoding
+    will (those the filter passes at the request's `filter_threshold`: a few percent), and their
+    outputs come back at those seeds' places (elsewhere: zero offsets and class probabilities, the
+    seed as span). Without thresholds (training, tests) every seed is read."""
+
+    def __init__(
+        self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int, max_width: int
+    ) -> None:
         super().__init__()
-        self.filter = SpanScorer(word_size, context_size, hidden, 2, levels, outer=False)
-        self.regressor = SpanScorer(word_size, context_size, hidden, 2, levels, outer=True)
+        seed_levels = min(levels, max_width.bit_length())  # seeds are at most max_width words: exact
+        self.filter = SpanScorer(word_size, context_size, hidden, 2, seed_levels, outer=False)
+        self.regressor = SpanScorer(word_size, context_size, hidden, 2, seed_levels, outer=True)
+        # adjusted spans may be longer than any seed
         self.classifier = SpanScorer(word_size, context_size, hidden, n_classes + 1, levels, outer=False)  # 0 = none
         self.dropout = nn.Dropout(dropout)
 
@@ -100,11 +133,11 @@ class SpanProposalGraph(nn.Module):
 
     @staticmethod
     def adjust(seeds: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """seed + round(offset), clipped to the sentence; a span left empty reverts to its seed."""
+        """seed + round(offset), clipped to the sentence; a span left empty reverts to its seed.
+        `lengths`: each seed's sentence length, in the shape of `seeds[..., 0]` or broadcast to it."""
         moved = seeds + torch.round(offsets).to(seeds.dtype)
-        n = lengths.unsqueeze(1)
-        starts = torch.minimum(torch.clamp(moved[..., 0], min=0), n - 1)
-        ends = torch.maximum(torch.minimum(moved[..., 1], n), torch.ones_like(n))
+        starts = torch.minimum(torch.clamp(moved[..., 0], min=0), lengths - 1)
+        ends = torch.maximum(torch.minimum(moved[..., 1], lengths), torch.ones_like(lengths))
         legal = starts < ends
         starts = torch.where(legal, starts, seeds[..., 0])
         ends = torch.where(legal, ends, seeds[..., 1])
@@ -117,12 +150,31 @@ class SpanProposalGraph(nn.Module):
         word_mask: torch.Tensor,
         seeds: torch.Tensor,
         seed_mask: torch.Tensor,
+        filter_threshold: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         word_states, context = self.regularise(word_states, context)
         filter_logits = self.filter(word_states, context, word_mask, seeds)
-        offsets = self.regressor(word_states, context, word_mask, seeds)
-        lengths = word_mask.sum(dim=1).to(seeds.dtype)
-        spans = self.adjust(seeds, offsets, lengths)
-        class_probs = torch.softmax(self.classifier(word_states, context, word_mask, spans), dim=-1)
         filter_prob = torch.softmax(filter_logits, dim=-1)[..., 1] * seed_mask
-        return filter_prob, offsets, spans, class_probs
+        chosen = seed_mask > 0
+        if filter_threshold is not None:
+            chosen = chosen & (filter_prob > filter_threshold.unsqueeze(1))
+        sentence, k = torch.nonzero(chosen, as_tuple=True)
+        batch, seeds_each = seeds.shape[:2]
+        place = sentence * seeds_each + k
+        picked = seeds.reshape(-1, 2).index_select(0, place)
+        offsets = self.regressor.score_rows(word_states, context, word_mask, sentence, picked)
+        lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
+        spans = self.adjust(picked, offsets, lengths)
+        class_probs = torch.softmax(self.classifier.score_rows(word_states, context, word_mask, sentence, spans), dim=-1)
+        rows = batch * seeds_each
+        return (
+            filter_prob,
+            _at(place, offsets, offsets.new_zeros(rows, 2)).reshape(batch, seeds_each, 2),
+            _at(place, spans, seeds.reshape(-1, 2)).reshape(batch, seeds_each, 2),
+            _at(place, class_probs, class_probs.new_zeros(rows, class_probs.shape[-1])).reshape(batch, seeds_each, -1),
+        )
+
+
+def _at(place: torch.Tensor, values: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
+    """BACKGROUND [R, D] with rows PLACE replaced by VALUES [M, D] (a new tensor)."""
+    return background.index_put((place,), values)

@@ -98,7 +98,7 @@ def span_loss(
 
     # classifier on the seeds and on the adjusted spans
     lengths = word_mask.sum(dim=1).to(seeds.dtype)
-    adjusted = head.adjust(seeds, offsets.detach(), lengths)
+    adjusted = head.adjust(seeds, offsets.detach(), lengths.unsqueeze(1))
     spans = torch.cat([seeds, adjusted], dim=1)
     span_mask = torch.cat([seed_mask, seed_mask], dim=1)
     class_logits = head.classifier(states, context, word_mask, spans)

@@ -21,6 +21,7 @@ class SpanNetwork(nn.Module):
             config.head_hidden,
             config.head_dropout,
             config.range_levels,
+            config.max_width,
         )
 
     def graphs(self) -> dict[str, nn.Module]:

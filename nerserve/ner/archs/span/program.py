@@ -14,6 +14,7 @@ from nerserve.ner.archs.grouping import run_grouped, size_groups
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch
 from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
+from nerserve.ner.graph import Value
 from nerserve.ner.text.subword import Words
 from nerserve.ner.types import EntitySet
 
@@ -53,38 +54,49 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
             seed_mask[b, : len(listed)] = 1.0
         return SpanBatch(inputs, seeds, seed_mask, lengths, encoded.padded_tokens)
 
-    @staticmethod
-    def span_inputs(batch: SpanBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The span-proposal graph's feeds: the encoder's outputs plus the batch's seeds."""
+    def span_inputs(
+        self, batch: SpanBatch, encoded: Mapping[str, Value], options: DecodeOptions | Sequence[DecodeOptions] | None
+    ) -> dict[str, Value]:
+        """The span-proposal graph's feeds: the encoder's outputs, the batch's seeds, and each
+        sentence's filter threshold (the graph adjusts and classifies only the seeds it passes)."""
+        chosen = self.per_sentence(options, len(batch.lengths))
         return {
             "word_states": encoded["word_states"],
             "context": encoded["context"],
             "word_mask": batch.encoder_inputs["word_mask"],
             "seeds": batch.seeds,
             "seed_mask": batch.seed_mask,
+            "filter_threshold": np.array([o.filter_threshold for o in chosen], dtype=np.float32),
         }
 
-    def propose(self, batch: SpanBatch, encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def propose(
+        self,
+        batch: SpanBatch,
+        encoded: Mapping[str, np.ndarray],
+        options: DecodeOptions | Sequence[DecodeOptions] | None = None,
+    ) -> dict[str, np.ndarray]:
         """The span-proposal graph on groups of sentences with similar seed counts (a batch's
         sentences are padded to its largest's seeds otherwise)."""
         seed_counts = batch.seed_mask.sum(axis=1).astype(np.int64).tolist()
         sizes = {"words": batch.lengths, "spans": seed_counts}
-        feeds = self.span_inputs(batch, encoded)
+        feeds = self.span_inputs(batch, encoded, options)
         return run_grouped(self.graphs["span_proposal"], feeds, SPAN_PROPOSAL, sizes, size_groups(seed_counts))
 
     def run(self, batch: SpanBatch, options: DecodeOptions | Sequence[DecodeOptions] | None = None) -> dict[str, np.ndarray]:
-        """Span decoding reads its options only after the graphs. On a GPU the encoder's states stay
-        there for the span proposal, which takes the whole batch in one call: a host round trip of
-        the states, and a call per seed-count group, cost a GPU more than the padding they save."""
+        """The options' filter thresholds reach the span-proposal graph; the rest are decoding's. On a
+        GPU the encoder's states stay there for the span proposal, which takes the whole batch in one
+        call: a host round trip of the states, and a call per seed-count group, cost a GPU more than
+        the padding they save."""
         encoder = self.graphs["encoder"]
         if encoder.device_resident:
             encoded = encoder.run(batch.encoder_inputs, keep_on_device=("word_states", "context"))
-            return self.graphs["span_proposal"].run(self.span_inputs(batch, encoded))
+            return self.graphs["span_proposal"].run(self.span_inputs(batch, encoded, options))
         encoded = encoder.run(batch.encoder_inputs)
-        return {**encoded, **self.propose(batch, encoded)}
+        return {**encoded, **self.propose(batch, encoded, options)}
 
     def export_values(self, batch: SpanBatch) -> dict[str, np.ndarray]:
-        return {**batch.encoder_inputs, "seeds": batch.seeds, "seed_mask": batch.seed_mask, **self.run(batch)}
+        run = self.run(batch)
+        return {**self.span_inputs(batch, run, None), **batch.encoder_inputs, **run}
 
     def decode(
         self,

@@ -7,7 +7,7 @@ from nerserve.ner.archs.span.config import SpanConfig
 from nerserve.ner.graph import GraphSignature
 
 SPAN_PROPOSAL = GraphSignature(
-    ("word_states", "context", "word_mask", "seeds", "seed_mask"),
+    ("word_states", "context", "word_mask", "seeds", "seed_mask", "filter_threshold"),
     ("filter_prob", "offsets", "spans", "class_probs"),
     {
         "word_states": ("batch", "words", ""),
@@ -15,6 +15,7 @@ SPAN_PROPOSAL = GraphSignature(
         "word_mask": ("batch", "words"),
         "seeds": ("batch", "spans", ""),
         "seed_mask": ("batch", "spans"),
+        "filter_threshold": ("batch",),
         "filter_prob": ("batch", "spans"),
         "offsets": ("batch", "spans", ""),
         "spans": ("batch", "spans", ""),
