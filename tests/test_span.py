@@ -67,14 +67,40 @@ def test_seeds_enumerate_every_width() -> None:
 def test_outputs_do_not_depend_on_batch(tiny_network) -> None:
     network, backbone = tiny_network
     program = eager_program(SPEC, network, backbone, "cpu")
+    every_seed = DecodeOptions(filter_threshold=0.0)  # every seed a candidate: none flips at the threshold
     together = program.prepare(SENTENCES)
-    outputs = program.run(together)
+    outputs = program.run(together, every_seed)
+    assert len(outputs["candidates"]) == int(together.seed_mask.sum())
     for b, sentence in enumerate(SENTENCES):
-        alone = program.run(program.prepare([sentence]))
-        n, k = len(sentence), int(together.seed_mask[b].sum())
+        alone = program.run(program.prepare([sentence]), every_seed)
+        n, mine = len(sentence), outputs["candidates"][:, 0] == b
         np.testing.assert_allclose(alone["word_states"][0, :n], outputs["word_states"][b, :n], atol=1e-5)
-        np.testing.assert_allclose(alone["class_probs"][0, :k], outputs["class_probs"][b, :k], atol=1e-5)
-        np.testing.assert_array_equal(alone["spans"][0, :k], outputs["spans"][b, :k])
+        np.testing.assert_array_equal(alone["candidates"][:, 1], outputs["candidates"][mine, 1])
+        np.testing.assert_allclose(alone["class_probs"], outputs["class_probs"][mine], atol=1e-5)
+        np.testing.assert_array_equal(alone["spans"], outputs["spans"][mine])
+
+
+def test_grouped_calls_give_the_whole_batchs_candidates(tiny_network) -> None:
+    """On the CPU the span proposal runs on groups of similar seed counts; their candidates,
+    joined, are the one call's: batch sentence numbers, sentence by sentence, seeds in order."""
+    from nerserve.ner.archs.grouping import size_groups
+
+    network, backbone = tiny_network
+    program = eager_program(SPEC, network, backbone, "cpu")
+    sentences = [
+        ["Paris"],
+        ["The", "European", "Commission", "said", "on", "Thursday", "it", "disagreed"],
+        ["EU", "rejects"],
+    ] * 2
+    batch = program.prepare(sentences)
+    assert len(size_groups(batch.seed_mask.sum(axis=1).tolist())) > 1
+    encoded = program.graphs["encoder"].run(batch.encoder_inputs)
+    every_seed = DecodeOptions(filter_threshold=0.0)
+    grouped = program.propose(batch, encoded, every_seed)
+    whole = program.graphs["span_proposal"].run(program.span_inputs(batch, encoded, every_seed))
+    np.testing.assert_array_equal(grouped["candidates"], whole["candidates"])
+    np.testing.assert_array_equal(grouped["spans"], whole["spans"])
+    np.testing.assert_allclose(grouped["class_probs"], whole["class_probs"], atol=1e-5)
 
 
 def test_weights_roundtrip_fp16(tiny_network, tmp_path: Path) -> None:
@@ -103,7 +129,20 @@ def decode_sentence(
     labels: tuple[str, ...],
     options: DecodeOptions,
 ) -> EntitySet:
-    return decode_batch(filter_prob[None], spans[None], probs[None], seed_mask[None], labels, [options])[0]
+    return decode_batch(
+        *graph_candidates(filter_prob[None], spans[None], probs[None], seed_mask[None], [options]), labels, [options]
+    )[0]
+
+
+def graph_candidates(
+    filter_prob: np.ndarray, spans: np.ndarray, probs: np.ndarray, seed_mask: np.ndarray, options: list[DecodeOptions]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the span-proposal graph gives decoding from [B, K] filter probabilities, spans and class
+    probabilities: the seeds its filter passes, sentence by sentence."""
+    thresholds = np.array([o.filter_threshold for o in options], dtype=np.float32)[:, None]
+    candidates = np.argwhere((seed_mask > 0) & (filter_prob > thresholds))
+    sentence, k = candidates[:, 0], candidates[:, 1]
+    return candidates, spans[sentence, k], probs[sentence, k]
 
 
 def test_decode_flat_and_nested_rules() -> None:
@@ -209,7 +248,7 @@ def test_batch_decoding_is_the_rule_written_plainly() -> None:
             )
             for _ in range(batch)
         ]
-        found = decode_batch(filter_prob, spans, probs, seed_mask, labels, options)
+        found = decode_batch(*graph_candidates(filter_prob, spans, probs, seed_mask, options), labels, options)
         for b in range(batch):
             expected = reference(filter_prob[b], spans[b], probs[b], seed_mask[b], labels, options[b])
             assert sorted((e.key(), e.score) for e in found[b]) == sorted((e.key(), e.score) for e in expected)

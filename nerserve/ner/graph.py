@@ -52,7 +52,8 @@ class GraphSignature:
     Axes listed in `may_be_empty` may have length 0 (a key/value cache before the first step).
     `derived_axes` sizes an output axis that no input has: an input axis's size plus a constant
     (the cache's present = past + 1; a pointer vocabulary = the words + the fixed tokens before
-    them), so that a stand-in graph can answer the shapes the real one would."""
+    them), or the constant alone where the source is "" (what a graph answers to zeros), so that a
+    stand-in graph can answer the shapes the real one would."""
 
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]

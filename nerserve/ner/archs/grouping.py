@@ -54,8 +54,7 @@ def run_grouped(
     batch = sum(len(rows) for rows in groups)
     outputs: dict[str, np.ndarray] = {}
     for rows in groups:
-        cut = {axis: int(width[rows].max()) for axis, width in widths.items()}
-        part = graph.run({name: _take(value, rows, signature.axes[name], cut) for name, value in feeds.items()})
+        part = graph.run(group_feeds(feeds, signature, widths, rows))
         for name, value in part.items():
             if name not in outputs:
                 axes = zip(signature.axes[name][1:], value.shape[1:], strict=True)
@@ -64,6 +63,15 @@ def run_grouped(
             within: tuple[np.ndarray | slice, ...] = (rows, *(slice(0, size) for size in value.shape[1:]))
             outputs[name][within] = value
     return outputs
+
+
+def group_feeds(
+    feeds: Mapping[str, np.ndarray], signature: GraphSignature, widths: Mapping[str, np.ndarray], rows: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The feeds of a group of ROWS, each ragged axis cut to the group's largest row (WIDTHS: every
+    row's own length on each ragged axis)."""
+    cut = {axis: int(width[rows].max()) for axis, width in widths.items()}
+    return {name: _take(value, rows, signature.axes[name], cut) for name, value in feeds.items()}
 
 
 def _take(value: np.ndarray, rows: np.ndarray, axes: tuple[str, ...], cut: Mapping[str, int]) -> np.ndarray:

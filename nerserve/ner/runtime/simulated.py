@@ -115,7 +115,11 @@ class SimulatedGraph:
         for name, axes in self.inputs.items():
             shape = np.shape(inputs[name])
             sizes.update({axis: int(shape[i]) for i, axis in enumerate(axes) if isinstance(axis, str)})
-        derived = {axis: sizes[source] + offset for axis, (source, offset) in self.derived_axes.items() if source in sizes}
+        derived = {
+            axis: sizes.get(source, 0) + offset
+            for axis, (source, offset) in self.derived_axes.items()
+            if source in sizes or not source
+        }
         return {**sizes, **derived}
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:

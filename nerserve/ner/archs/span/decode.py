@@ -1,4 +1,5 @@
-"""Span decoding in numpy: filter mask → typed candidates → dedup → Soft-NMS → threshold → overlap rule.
+"""Span decoding in numpy: the graph's candidates (its filter applied) → typed → dedup → Soft-NMS →
+threshold → overlap rule.
 
 Soft-NMS follows the paper's Algorithm 1 (decay the score of every later proposal whose IoU with
 the current one is ≥ k by u, keep the list sorted), not the official code's reordering quirk.
@@ -19,26 +20,24 @@ from nerserve.ner.types import Entity, EntitySet, Fragment
 
 
 def decode_batch(
-    filter_prob: np.ndarray,
+    candidates: np.ndarray,
     spans: np.ndarray,
     class_probs: np.ndarray,
-    seed_mask: np.ndarray,
     labels: tuple[str, ...],
     options: list[DecodeOptions],
 ) -> list[EntitySet]:
-    """Every sentence of a batch ([B, K], [B, K, 2], [B, K, C+1], [B, K]): the candidate tests run
-    once over the batch; a span that overlaps no other candidate of its sentence is taken as it is
-    (nearly every one), the rest go through Soft-NMS and the overlap rule sentence by sentence."""
-    filters = np.array([o.filter_threshold for o in options], dtype=filter_prob.dtype)[:, None]
-    # the filter first, over [B, K]: the class probabilities are read only for the spans it keeps
-    sentence, k = np.nonzero((seed_mask > 0) & (filter_prob > filters))  # row-major: sentence by sentence
-    probs = class_probs[sentence, k]
-    classes = probs.argmax(axis=-1)
-    scores = probs[np.arange(len(classes)), classes]
+    """Every sentence of a batch, from the span-proposal graph's candidates (the seeds its filter
+    passed: [M, 2] sentence and seed, sentence by sentence; [M, 2] adjusted spans; [M, C+1] class
+    probabilities): the candidate tests run once over the batch; a span that overlaps no other
+    candidate of its sentence is taken as it is (nearly every one), the rest go through Soft-NMS and
+    the overlap rule sentence by sentence."""
+    sentence = candidates[:, 0]
+    classes = class_probs.argmax(axis=-1)
+    scores = class_probs[np.arange(len(classes)), classes]
     thresholds = np.array([o.threshold for o in options], dtype=scores.dtype)
     typed = (classes > 0) & (scores > thresholds[sentence])
-    sentence, k, classes, scores = sentence[typed], k[typed], classes[typed], scores[typed]
-    starts, ends = spans[sentence, k, 0], spans[sentence, k, 1]
+    sentence, classes, scores, kept = sentence[typed], classes[typed], scores[typed], spans[typed]
+    starts, ends = kept[:, 0], kept[:, 1]
     # Soft-NMS decays only a proposal whose IoU with a kept one reaches k: an overlapping one, where k > 0
     alone, settled = lone_spans(sentence, starts, ends, scores, np.array([o.nms_iou > 0 for o in options]))
     found = lone_entities(alone, sentence, starts, ends, classes, scores, labels, len(options))

@@ -1,5 +1,5 @@
-"""The span-proposal graph: all seed spans → filter probability, boundary offsets, adjusted spans,
-class probabilities of the adjusted spans. Gathers only: no Python loops over batch or spans.
+"""The span-proposal graph: all seed spans → the candidates the filter passes, their adjusted spans
+and class probabilities. Gathers only: no Python loops over batch or spans.
 
 Three choices keep it cheap enough for CPU training and serving, without changing what the paper's
 heads see ([max-pool of the span; left boundary word; right boundary word; context] → MLP):
@@ -12,8 +12,9 @@ heads see ([max-pool of the span; left boundary word; right boundary word; conte
   [i, i + 2^j), so any span [s, e) is max(level_j[s], level_j[e - 2^j]) with j = ⌊log2(e - s)⌋.
   Exact, O(N log N) memory instead of the O(K·N) masks of the official code, and valid for
   adjusted spans of any length (the seeds' scorers build only the levels seeds need);
-- in serving, only the seeds the filter passes (a few percent) are adjusted and classified, since
-  decoding reads nothing else: the regressor's and classifier's span work shrinks by as much.
+- only the seeds the filter passes (a few percent) are adjusted and classified, and only they
+  leave the graph, since decoding reads nothing else: the regressor's and classifier's span work
+  shrinks by as much, and a device copies the host the candidates, not [B, K] tensors.
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ class SpanScorer(nn.Module):
 
 class SpanProposalGraph(nn.Module):
     """The filter scores every seed; the regressor and the classifier read only the seeds decoding
-    will (those the filter passes at the request's `filter_threshold`: a few percent), and their
-    outputs come back at those seeds' places (elsewhere: zero offsets and class probabilities, the
-    seed as span). Without thresholds (training, tests) every seed is read."""
+    will (those the filter passes at each sentence's `filter_threshold`: a few percent), and only
+    those candidates come out: (sentence, seed) of each, its adjusted span, its class
+    probabilities, sentence by sentence in seed order. Without thresholds (tests) every seed is a
+    candidate. Training calls the scorers itself (`span/loss.py`)."""
 
     def __init__(
         self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int, max_width: int
@@ -151,30 +153,18 @@ class SpanProposalGraph(nn.Module):
         seeds: torch.Tensor,
         seed_mask: torch.Tensor,
         filter_threshold: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         word_states, context = self.regularise(word_states, context)
         filter_logits = self.filter(word_states, context, word_mask, seeds)
-        filter_prob = torch.softmax(filter_logits, dim=-1)[..., 1] * seed_mask
         chosen = seed_mask > 0
         if filter_threshold is not None:
+            filter_prob = torch.softmax(filter_logits, dim=-1)[..., 1]
             chosen = chosen & (filter_prob > filter_threshold.unsqueeze(1))
-        sentence, k = torch.nonzero(chosen, as_tuple=True)
-        batch, seeds_each = seeds.shape[:2]
-        place = sentence * seeds_each + k
-        picked = seeds.reshape(-1, 2).index_select(0, place)
+        candidates = torch.nonzero(chosen)  # [M, 2]: row-major, so sentence by sentence
+        sentence = candidates[:, 0]
+        picked = seeds.reshape(-1, 2).index_select(0, sentence * seeds.shape[1] + candidates[:, 1])
         offsets = self.regressor.score_rows(word_states, context, word_mask, sentence, picked)
         lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
         spans = self.adjust(picked, offsets, lengths)
         class_probs = torch.softmax(self.classifier.score_rows(word_states, context, word_mask, sentence, spans), dim=-1)
-        rows = batch * seeds_each
-        return (
-            filter_prob,
-            _at(place, offsets, offsets.new_zeros(rows, 2)).reshape(batch, seeds_each, 2),
-            _at(place, spans, seeds.reshape(-1, 2)).reshape(batch, seeds_each, 2),
-            _at(place, class_probs, class_probs.new_zeros(rows, class_probs.shape[-1])).reshape(batch, seeds_each, -1),
-        )
-
-
-def _at(place: torch.Tensor, values: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
-    """BACKGROUND [R, D] with rows PLACE replaced by VALUES [M, D] (a new tensor)."""
-    return background.index_put((place,), values)
+        return candidates, spans, class_probs

@@ -10,7 +10,7 @@ import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.grouping import run_grouped, size_groups
+from nerserve.ner.archs.grouping import group_feeds, size_groups
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch
 from nerserve.ner.archs.span.signatures import SPAN_PROPOSAL
@@ -76,11 +76,15 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
         options: DecodeOptions | Sequence[DecodeOptions] | None = None,
     ) -> dict[str, np.ndarray]:
         """The span-proposal graph on groups of sentences with similar seed counts (a batch's
-        sentences are padded to its largest's seeds otherwise)."""
-        seed_counts = batch.seed_mask.sum(axis=1).astype(np.int64).tolist()
-        sizes = {"words": batch.lengths, "spans": seed_counts}
-        feeds = self.span_inputs(batch, encoded, options)
-        return run_grouped(self.graphs["span_proposal"], feeds, SPAN_PROPOSAL, sizes, size_groups(seed_counts))
+        sentences are padded to its largest's seeds otherwise), its candidates joined as one call's."""
+        seed_counts = batch.seed_mask.sum(axis=1).astype(np.int64)
+        groups = size_groups(seed_counts.tolist())
+        graph, feeds = self.graphs["span_proposal"], self.span_inputs(batch, encoded, options)
+        if len(groups) == 1:
+            return graph.run(feeds)
+        widths = {"words": np.asarray(batch.lengths, dtype=np.int64), "spans": seed_counts}
+        parts = [graph.run(group_feeds(feeds, SPAN_PROPOSAL, widths, rows)) for rows in groups]
+        return join_candidates(groups, parts)
 
     def run(self, batch: SpanBatch, options: DecodeOptions | Sequence[DecodeOptions] | None = None) -> dict[str, np.ndarray]:
         """The options' filter thresholds reach the span-proposal graph; the rest are decoding's. On a
@@ -105,6 +109,15 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
         options: DecodeOptions | Sequence[DecodeOptions] | None = None,
     ) -> list[EntitySet]:
         chosen = self.per_sentence(options, len(batch.lengths))
-        return decode_batch(
-            outputs["filter_prob"], outputs["spans"], outputs["class_probs"], batch.seed_mask, self.config.labels, chosen
-        )
+        return decode_batch(outputs["candidates"], outputs["spans"], outputs["class_probs"], self.config.labels, chosen)
+
+
+def join_candidates(groups: Sequence[np.ndarray], parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Groups' candidates as the whole batch's call gives them: batch sentence numbers, sentence by
+    sentence, each sentence's in seed order (a group's seeds keep their numbers: only cut at the end)."""
+    joined = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    joined["candidates"][:, 0] = np.concatenate(
+        [rows[part["candidates"][:, 0]] for rows, part in zip(groups, parts, strict=True)]
+    )
+    order = np.lexsort((joined["candidates"][:, 1], joined["candidates"][:, 0]))
+    return {name: value[order] for name, value in joined.items()}

@@ -8,7 +8,7 @@ from nerserve.ner.graph import GraphSignature
 
 SPAN_PROPOSAL = GraphSignature(
     ("word_states", "context", "word_mask", "seeds", "seed_mask", "filter_threshold"),
-    ("filter_prob", "offsets", "spans", "class_probs"),
+    ("candidates", "spans", "class_probs"),
     {
         "word_states": ("batch", "words", ""),
         "context": ("batch", ""),
@@ -16,11 +16,11 @@ SPAN_PROPOSAL = GraphSignature(
         "seeds": ("batch", "spans", ""),
         "seed_mask": ("batch", "spans"),
         "filter_threshold": ("batch",),
-        "filter_prob": ("batch", "spans"),
-        "offsets": ("batch", "spans", ""),
-        "spans": ("batch", "spans", ""),
-        "class_probs": ("batch", "spans", ""),
+        "candidates": ("candidates", ""),  # (sentence, seed) of each seed the filter passes
+        "spans": ("candidates", ""),
+        "class_probs": ("candidates", ""),
     },
+    derived_axes={"candidates": ("", 0)},  # as many as pass: a stand-in's zeros pass none
 )
 
 
