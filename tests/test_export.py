@@ -185,8 +185,8 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
 DEVICE_ONLY = {
     "span": {"word_states", "context"},
     "nag": {"memory", "word_queries"},
-    "setgen": {"memory", "pointer_keys"},
-    "bartner": {"memory", "pointer_keys"},
+    "setgen": {"memory", "pointer_keys", "cross_key_0", "cross_value_0"},
+    "bartner": {"memory", "pointer_keys", "cross_key_0", "cross_value_0"},
     "diffusion": {"word_states"},
     "gner": {f"cross_{kind}_{i}" for i in range(8) for kind in ("key", "value")},
 }

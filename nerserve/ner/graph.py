@@ -109,6 +109,12 @@ class KeyValueCache:
         return {past: outputs[present] for past, present in zip(self.past, self.present, strict=True)}
 
 
+def cross_names(layers: int) -> tuple[str, ...]:
+    """A decoder's cross-attention keys and values, per layer: computed from the encoder's memory
+    once per sentence, read by every step (`cross_key_<i>` / `cross_value_<i>`)."""
+    return tuple(f"cross_{kind}_{i}" for i in range(layers) for kind in ("key", "value"))
+
+
 def step_signature(
     inputs: tuple[str, ...],
     outputs: tuple[str, ...],

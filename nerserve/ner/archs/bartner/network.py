@@ -13,15 +13,17 @@ from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
 
 class BartnerEncoderGraph(nn.Module):
-    """ENCODER_INPUTS → memory, pointer_keys [B, N, D]."""
+    """ENCODER_INPUTS → memory, pointer_keys [B, N, D], then each decoder layer's cross-attention
+    keys and values [B, H, N, hd]."""
 
     def __init__(self, network: BartnerNetwork) -> None:
         super().__init__()
         self.encoder, self.decoder = network.encoder, network.decoder
 
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         states, _ = self.encoder(*inputs)
-        return self.decoder.project(states, inputs[ENCODER_INPUTS.index("word_mask")])
+        memory, keys = self.decoder.project(states, inputs[ENCODER_INPUTS.index("word_mask")])
+        return memory, keys, *self.decoder.cross(memory)
 
 
 class BartnerNetwork(nn.Module):

@@ -15,9 +15,9 @@ import numpy as np
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.pointer.decoding import SENTENCE_STATES, Grammar, decode_rows, pack, parse_groups, sentence_inputs
+from nerserve.ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs
 from nerserve.ner.archs.pointer.export import step_example
-from nerserve.ner.archs.pointer.signatures import decoder_cache
+from nerserve.ner.archs.pointer.signatures import decoder_cache, sentence_states
 from nerserve.ner.archs.pointer.vocabulary import START
 from nerserve.ner.decoding.overlap import resolve
 from nerserve.ner.text.subword import Words
@@ -40,15 +40,15 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
         self, batch: BartnerBatch, options: BartnerOptions | Sequence[BartnerOptions] | None = None
     ) -> dict[str, np.ndarray]:
         # on a GPU what every decoder step reads stays there (a no-op on the CPU)
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=SENTENCE_STATES)
-        chosen = self.per_sentence(options, len(batch.lengths))
         config = self.config
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=sentence_states(config.decoder_layers))
+        chosen = self.per_sentence(options, len(batch.lengths))
         count = len(batch.lengths)
         lengths = np.array(batch.lengths, dtype=np.int64)
         limits = self.limits(lengths)
         written = decode_rows(
             self.graphs["decoder"],
-            sentence_inputs(batch.encoder_inputs, encoded),
+            sentence_inputs(batch.encoder_inputs, encoded, config.decoder_layers),
             np.arange(count, dtype=np.int64),
             np.full(count, START, dtype=np.int64),
             np.zeros(count, dtype=np.int64),
@@ -66,7 +66,8 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
 
     def export_values(self, batch: BartnerBatch) -> dict[str, np.ndarray]:
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        step = step_example(self.graphs["decoder"], sentence_inputs(batch.encoder_inputs, encoded), batch.lengths, self.config)
+        shared = sentence_inputs(batch.encoder_inputs, encoded, self.config.decoder_layers)
+        step = step_example(self.graphs["decoder"], shared, batch.lengths, self.config)
         return {**batch.encoder_inputs, **encoded, **step}
 
     def decode(

@@ -18,10 +18,11 @@ from nerserve.ner.archs.base import OptionError, ProgramBase
 from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
 from nerserve.ner.archs.gner.constraint import Constraint, SentenceGrammar, trie_of
 from nerserve.ner.archs.gner.matching import align
-from nerserve.ner.archs.gner.signatures import cross_names, decoder_cache
+from nerserve.ner.archs.gner.signatures import decoder_cache
 from nerserve.ner.archs.gner.tagging import Markers, Tag, TagCodec, bio_entities, parse_pairs, squeeze
 from nerserve.ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
 from nerserve.ner.decoding.overlap import resolve
+from nerserve.ner.graph import cross_names
 from nerserve.ner.text.chars import shape_id
 from nerserve.ner.text.subword import Tokenized, Words
 from nerserve.ner.types import Entity, EntitySet

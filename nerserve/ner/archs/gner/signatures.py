@@ -4,13 +4,9 @@ once per sentence) and the decoder's step graph with its key/value cache."""
 from __future__ import annotations
 
 from nerserve.ner.archs.gner.config import GnerConfig
-from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
+from nerserve.ner.graph import GraphSignature, KeyValueCache, cross_names, step_signature
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "shape_ids")
-
-
-def cross_names(layers: int) -> tuple[str, ...]:
-    return tuple(f"cross_{kind}_{i}" for i in range(layers) for kind in ("key", "value"))
 
 
 def decoder_cache(layers: int, heads: int, head_dim: int) -> KeyValueCache:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nerserve.ner.archs.pointer.signatures import sentence_states
 from nerserve.ner.archs.pointer.vocabulary import END, FRAGMENT, NULL, START, Vocabulary, pointer_mask
 from nerserve.ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
 from nerserve.ner.graph import Graph, KeyValueCache, Value
@@ -115,13 +116,9 @@ def decode_rows(
     return sorted(written, key=lambda w: w.row)
 
 
-# the encoder's outputs that only the decoder steps read: kept on the device between them
-SENTENCE_STATES = ("memory", "pointer_keys")
-
-
-def sentence_inputs(encoder_inputs: Mapping[str, np.ndarray], encoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The step graph's per-sentence inputs: the encoder's memory and pointer keys, the word mask."""
-    return {"memory": encoded["memory"], "memory_mask": encoder_inputs["word_mask"], "pointer_keys": encoded["pointer_keys"]}
+def sentence_inputs(encoder_inputs: Mapping[str, np.ndarray], encoded: Mapping[str, Value], layers: int) -> dict[str, Value]:
+    """The step graph's per-sentence inputs: the word mask and the encoder's sentence states."""
+    return {"memory_mask": encoder_inputs["word_mask"], **{name: encoded[name] for name in sentence_states(layers)}}
 
 
 def parse_groups(

@@ -18,6 +18,7 @@ def generation_loss(
         memory,
         word_mask,
         keys,
+        decoder.cross(memory),
         torch.from_numpy(forced.sentence).to(device),
         torch.from_numpy(forced.inputs).to(device),
         torch.from_numpy(forced.positions).to(device),

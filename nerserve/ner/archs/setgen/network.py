@@ -28,7 +28,8 @@ class Detectors(nn.Module):
 
 class SetgenEncoderGraph(nn.Module):
     """ENCODER_INPUTS → part_probs [B, N, 4], count_probs [B, N, max_count + 1], memory and
-    pointer_keys [B, N, D] (the decoder's, projected once per sentence)."""
+    pointer_keys [B, N, D] and each decoder layer's cross-attention keys and values [B, H, N, hd]
+    (what the decoder reads of a sentence, once per sentence)."""
 
     def __init__(self, network: SetgenNetwork) -> None:
         super().__init__()
@@ -38,7 +39,7 @@ class SetgenEncoderGraph(nn.Module):
         states, _ = self.encoder(*inputs)
         parts, counts = self.detectors(states)
         memory, keys = self.decoder.project(states, inputs[ENCODER_INPUTS.index("word_mask")])
-        return torch.sigmoid(parts), torch.softmax(counts, dim=-1), memory, keys
+        return torch.sigmoid(parts), torch.softmax(counts, dim=-1), memory, keys, *self.decoder.cross(memory)
 
 
 class SetgenNetwork(nn.Module):

@@ -16,7 +16,6 @@ import numpy as np
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
 from nerserve.ner.archs.pointer.decoding import (
-    SENTENCE_STATES,
     Grammar,
     Written,
     decode_rows,
@@ -25,7 +24,7 @@ from nerserve.ner.archs.pointer.decoding import (
     sentence_inputs,
 )
 from nerserve.ner.archs.pointer.export import step_example
-from nerserve.ner.archs.pointer.signatures import decoder_cache
+from nerserve.ner.archs.pointer.signatures import decoder_cache, sentence_states
 from nerserve.ner.archs.setgen.config import HEAD, SetgenConfig, SetgenOptions
 from nerserve.ner.decoding.overlap import resolve
 from nerserve.ner.text.subword import Words
@@ -56,7 +55,8 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
 
     def run(self, batch: SetgenBatch, options: SetgenOptions | Sequence[SetgenOptions] | None = None) -> dict[str, np.ndarray]:
         # on a GPU what every decoder step reads stays there (a no-op on the CPU)
-        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=SENTENCE_STATES)
+        states = sentence_states(self.config.decoder_layers)
+        encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=states)
         chosen = self.per_sentence(options, len(batch.lengths))
         sentence, word, counts = self.heads(batch, encoded["part_probs"], encoded["count_probs"], chosen)
         beams = np.array([chosen[s].beams if c > 1 else 1 for s, c in zip(sentence, counts, strict=True)], dtype=np.int64)
@@ -82,7 +82,7 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
         longest = int(min((lengths[sentence] - word).max(), MAX_ENTITY_WORDS)) + 1
         return decode_rows(
             self.graphs["decoder"],
-            sentence_inputs(batch.encoder_inputs, encoded),
+            sentence_inputs(batch.encoder_inputs, encoded, config.decoder_layers),
             sentence,
             vocabulary.first_pointer + word,
             word * config.position_interval,
@@ -97,7 +97,7 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
         """Encoder inputs/outputs, and the decoder step's at its third step over 7 rows (a
         cache of two positions: every named axis ≥ 2 and distinct)."""
         encoded = self.graphs["encoder"].run(batch.encoder_inputs)
-        shared = sentence_inputs(batch.encoder_inputs, encoded)
+        shared = sentence_inputs(batch.encoder_inputs, encoded, self.config.decoder_layers)
         return {**batch.encoder_inputs, **encoded, **step_example(self.graphs["decoder"], shared, batch.lengths, self.config)}
 
     def decode(
