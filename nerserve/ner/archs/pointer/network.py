@@ -156,7 +156,7 @@ class PointerDecoder(nn.Module):
             present += [keys, values]
         x = self.norm(x)
         keys = pointer_keys.index_select(0, row_sentence)
-        pointers = torch.einsum("rtd,rnd->rtn", self.pointer_query(x), keys) * self.scale
+        pointers = torch.matmul(self.pointer_query(x), keys.transpose(1, 2)) * self.scale
         pointers = pointers.masked_fill(padding.unsqueeze(1), MASKED)
         return torch.cat([self.vocabulary(x), pointers], dim=-1), present
 
