@@ -32,3 +32,10 @@ def multi_head_attention(
     mask = None if padding is None else padding[:, None, None, :].logical_not()
     attended = F.scaled_dot_product_attention(project(query, 0), project(key, 1), project(value, 2), attn_mask=mask)
     return module.out_proj(attended.transpose(1, 2).flatten(2))
+
+
+def later_positions(past: int, new: int, device: torch.device) -> torch.Tensor:
+    """[new, past + new] True where a decoder step's position (past + t) may not look: the
+    positions after it. A cached step sees all of its cache and itself."""
+    keys = torch.arange(past + new, device=device).unsqueeze(0)
+    return keys > (past + torch.arange(new, device=device)).unsqueeze(1)

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from nerserve.ner.archs.gner.config import GnerConfig
 from nerserve.ner.archs.gner.step_decoder import StepDecoder
 from nerserve.ner.archs.gner.t5 import T5Decoder
+from nerserve.ner.attention import later_positions
 from nerserve.ner.text.chars import SHAPE_VOCAB_SIZE
 
 MASKED = -1e4
@@ -116,9 +117,7 @@ class DecoderLayer(nn.Module):
         keys = torch.cat([past_key, split_heads(self.key(x), self.heads)], dim=2)
         values = torch.cat([past_value, split_heads(self.value(x), self.heads)], dim=2)
         past, new = past_key.shape[2], x.shape[1]
-        later = torch.arange(past + new, device=x.device).unsqueeze(0) > (past + torch.arange(new, device=x.device)).unsqueeze(
-            1
-        )
+        later = later_positions(past, new, x.device)
         x = self.self_norm(x + self.self_out(attend(split_heads(self.query(x), self.heads), keys, values, later)))
         blocked = padding.unsqueeze(1).unsqueeze(1)  # [R, 1, 1, S]
         x = self.cross_norm(

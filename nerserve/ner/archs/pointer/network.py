@@ -21,6 +21,7 @@ from torch import nn
 
 from nerserve.ner.archs.pointer.config import PointerConfig
 from nerserve.ner.archs.pointer.vocabulary import SPECIALS
+from nerserve.ner.attention import later_positions
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointers to padding words
 
@@ -68,10 +69,7 @@ class CachedDecoderLayer(nn.Module):
         keys = torch.cat([past_key, self._split(k)], dim=2)
         values = torch.cat([past_value, self._split(v)], dim=2)
         past, new = past_key.shape[2], x.shape[1]
-        # position past + t may see positions 0 … past + t
-        later = torch.arange(past + new, device=x.device).unsqueeze(0) > (past + torch.arange(new, device=x.device)).unsqueeze(
-            1
-        )
+        later = later_positions(past, new, x.device)
         x = x + self.dropout(self.self_out(self._attend(self._split(q), keys, values, later)))
         blocked = padding.unsqueeze(1).unsqueeze(1)  # [R, 1, 1, N]
         crossed = self._attend(self._split(self.cross_q(self.norm_cross(x))), cross_key, cross_value, blocked)
