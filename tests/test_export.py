@@ -2,6 +2,7 @@
 checked on real dev sentences (with entities to compare), unchanged source skipped, broken graph
 files named in the error."""
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from nerserve.export import parity
 from nerserve.export.build import export_model
 from nerserve.export.parity import parity_batches
 from nerserve.export.session_tuning import capped_levels, lower_level_candidates
+from nerserve.export.teacher_forcing import RecordedLoops, Step, TeacherForcedSteps, step_graph_names, with_graphs
 from nerserve.export.writers import DYNAMO, TRACED
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
@@ -25,7 +27,7 @@ from nerserve.ner.archs.registry import ARCHITECTURES
 from nerserve.ner.archs.setgen.config import SetgenConfig, SetgenOptions
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.backbone import resolve_backbone
-from nerserve.ner.data import Sentence
+from nerserve.ner.data import Sentence, read_split
 from nerserve.ner.graph import GraphError
 from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat
 from nerserve.ner.loading import build_network, load_model
@@ -177,6 +179,57 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     graph.unlink()
     with pytest.raises(GraphError, match=f"{graph}: graph file missing"):
         load_graph_set(folder)
+
+
+def _greedy(program: Any) -> Any:
+    return dataclasses.replace(program.config.decode, beams=1)
+
+
+def _forced_run(reference: Any, exported: Any, batch: Any, tamper: Any = None) -> tuple[dict[str, np.ndarray], int, list[int]]:
+    """The eager program's greedy run teacher-forced along the exported one's loops (each loop's
+    drafts passed through `tamper` first): its outputs, the steps forced and each loop's length."""
+    names = step_graph_names(reference.graphs)
+    recorders = {name: RecordedLoops(exported.graphs[name]) for name in names}
+    with_graphs(exported, recorders).run(batch, _greedy(exported))
+    drafts = {name: [tamper(loop) if tamper else loop for loop in recorder.loops] for name, recorder in recorders.items()}
+    forced = {name: TeacherForcedSteps(reference.graphs[name], drafts[name]) for name in names}
+    outputs = with_graphs(reference, forced).run(batch, _greedy(reference))
+    lengths = [len(loop) for recorder in recorders.values() for loop in recorder.loops]
+    return outputs, sum(graph.forced_steps for graph in forced.values()), lengths
+
+
+def _assert_same_outputs(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+    assert expected.keys() == got.keys()
+    for name, value in expected.items():
+        if np.issubdtype(value.dtype, np.floating):
+            np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("tiny_model", ["gner", "setgen", "bartner"], indirect=True)
+def test_teacher_forced_eager_loops_are_the_stepped_ones(tiny_model: Path, data_root: Path, tmp_path: Path) -> None:
+    """Parity's eager reference answers its loops' steps from teacher-forced passes along the
+    exported loops: the outputs are those of stepping, every step is forced while the decisions
+    agree, and a loop that departs from its draft steps by itself from there on, still right."""
+    info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, log=lambda _: None, parity_sentences=8)
+    exported = load_graph_set(Path(info["folder"])).program
+    reference = load_model(tiny_model).program
+    for sentences in parity_batches(read_split(data_root / "conll03", "dev"), 24)[:3]:
+        batch = reference.prepare(sentences)
+        stepped = reference.run(batch, _greedy(reference))
+        outputs, forced, lengths = _forced_run(reference, exported, batch)
+        _assert_same_outputs(stepped, outputs)
+        assert forced == sum(lengths) > 0
+
+        def depart_at_step_2(loop: list[Step]) -> list[Step]:
+            if len(loop) < 3:
+                return loop
+            return [*loop[:2], Step(loop[2].tokens + 1, loop[2].positions), *loop[3:]]
+
+        outputs, forced, lengths = _forced_run(reference, exported, batch, depart_at_step_2)
+        _assert_same_outputs(stepped, outputs)
+        assert forced == sum(min(length, 2) for length in lengths)
 
 
 # What a batch hands to the host when its graphs keep their outputs on the device (the GPU path):

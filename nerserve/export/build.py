@@ -214,7 +214,7 @@ def export_model(
             log(f"{name}: {data_dir}/dev.jsonl not found; parity on built-in sentences only")
             batches = [EXAMPLE_SENTENCES, *([s] for s in EXAMPLE_SENTENCES), EXAMPLE_SENTENCES[::-1]]
             parity_source = "built-in example sentences (dataset not found)"
-        runs = reference_runs(model.program, batches)
+        runs = reference_runs(model.program, batches, exported)
         strict = spec.capabilities.autoregressive
         report = check_parity(exported, runs, strict_integers=strict)
         if fmt == GraphFormat.onnx and not int8 and not report.passed():

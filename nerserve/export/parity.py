@@ -14,6 +14,10 @@ produce identical sequences (`strict_integers`): per-step logits within toleranc
 greedy sequences; a sequence that ends at another step (an output of another shape) is a failure,
 not an error. Outside that, a few differing discrete decisions pass only while the entity sets
 stay identical.
+
+A decoder loop's eager reference runs after the exported one, teacher-forced along the tokens the
+exported loop fed (export.teacher_forcing): one eager pass per loop instead of one per token, the
+eager side's decisions still its own.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from nerserve.export.teacher_forcing import RecordedLoops, TeacherForcedSteps, step_graph_names, with_graphs
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.data import Sentence
 
@@ -72,6 +77,7 @@ class ParityReport:
     entity_sets_identical: bool = True
     sentences_differing: int = 0
     strict_integers: bool = False
+    eager_steps_teacher_forced: int = 0  # of the reference's decoder steps (export.teacher_forcing)
 
     def add_outputs(self, reference: dict[str, np.ndarray], exported: dict[str, np.ndarray]) -> None:
         comparable = {name: value for name, value in reference.items() if self._same_shape(name, value, exported[name])}
@@ -141,6 +147,7 @@ class ParityReport:
             "rows_not_compared": self.rows_not_compared,
             "shape_mismatches": self.shape_mismatches,
             "strict_integers": self.strict_integers,
+            "eager_steps_teacher_forced": self.eager_steps_teacher_forced,
             "entity_sets_identical": self.entity_sets_identical,
             "sentences_differing": self.sentences_differing,
             "tolerance": TOLERANCE,
@@ -161,14 +168,33 @@ class ReferenceRun:
     outputs: dict[str, np.ndarray]
     entity_sets: list[Any]
     sentences: int
+    # the exported program the eager loops were teacher-forced along, and its outputs (its own
+    # check reuses them rather than running its graphs again)
+    forced_along: Program | None = None
+    forced_along_outputs: dict[str, np.ndarray] | None = None
+    forced_steps: int = 0  # eager decoder steps answered from a teacher-forced pass
 
 
-def reference_runs(reference: Program, batches: list[list[list[str]]]) -> list[ReferenceRun]:
+def reference_runs(reference: Program, batches: list[list[list[str]]], exported: Program | None = None) -> list[ReferenceRun]:
+    """The eager program's runs of `batches`. With `exported` (the program over the exported
+    graphs) and a decoder loop, each batch runs through `exported` first and the eager loops are
+    teacher-forced along the tokens its loops fed (export.teacher_forcing): the same decisions,
+    one decoder pass per loop instead of one per token."""
+    steps = step_graph_names(reference.graphs)
     runs = []
     for sentences in batches:
         batch = reference.prepare(sentences)
-        outputs = reference.run(batch)
-        runs.append(ReferenceRun(batch, outputs, list(reference.decode(batch, outputs)), len(sentences)))
+        if exported is None or not steps:
+            outputs = reference.run(batch)
+            runs.append(ReferenceRun(batch, outputs, list(reference.decode(batch, outputs)), len(sentences)))
+            continue
+        recorders = {name: RecordedLoops(exported.graphs[name]) for name in steps}
+        along = with_graphs(exported, recorders).run(batch)
+        forced = {name: TeacherForcedSteps(reference.graphs[name], recorders[name].loops) for name in steps}
+        outputs = with_graphs(reference, forced).run(batch)
+        entity_sets = list(reference.decode(batch, outputs))
+        count = sum(graph.forced_steps for graph in forced.values())
+        runs.append(ReferenceRun(batch, outputs, entity_sets, len(sentences), exported, along, count))
     return runs
 
 
@@ -176,7 +202,10 @@ def check_parity(exported: Program, runs: list[ReferenceRun], strict_integers: b
     """`exported` runs the architecture's program over exported graphs; `runs` are the eager one's."""
     report = ParityReport(strict_integers=strict_integers)
     for run in runs:
-        got = exported.run(run.batch)
+        got = run.forced_along_outputs if run.forced_along is exported else None
+        if got is None:
+            got = exported.run(run.batch)
+        report.eager_steps_teacher_forced += run.forced_steps
         report.add_outputs(run.outputs, got)
         for a, b in zip(run.entity_sets, exported.decode(run.batch, got), strict=True):
             report.entities += len(a)

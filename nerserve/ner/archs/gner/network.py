@@ -236,7 +236,9 @@ class GnerEncoderGraph(nn.Module):
 
 class GnerStepGraph(nn.Module):
     """One step for R rows: (memory_mask, row_sentence, tokens, positions, cache_order,
-    *cross, *past) → (logits [R, V], *present); `cache_order` reorders the cache (beam search)."""
+    *cross, *past) → (logits [R, V], *present); `cache_order` reorders the cache (beam search).
+    Tokens and positions [R, T] take T steps at once (logits [R, T, V]): eager only, where export
+    parity checks a loop's steps in one teacher-forced pass (export.teacher_forcing)."""
 
     def __init__(self, decoder: BackboneDecoder | T5Decoder) -> None:
         super().__init__()
@@ -249,5 +251,8 @@ class GnerStepGraph(nn.Module):
         cross = [c.index_select(0, row_sentence) for c in cross_and_past[: 2 * layers]]
         ordered = [p.index_select(0, cache_order) for p in cross_and_past[2 * layers :]]
         padding = memory_mask.index_select(0, row_sentence) < 0.5
-        logits, present = self.decoder.logits(cross, padding, tokens.unsqueeze(1), positions.unsqueeze(1), ordered)
-        return (logits[:, 0], *present)
+        steps = tokens.dim() == 2
+        logits, present = self.decoder.logits(
+            cross, padding, tokens if steps else tokens.unsqueeze(1), positions if steps else positions.unsqueeze(1), ordered
+        )
+        return (logits if steps else logits[:, 0], *present)

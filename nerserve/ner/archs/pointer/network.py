@@ -164,7 +164,9 @@ class PointerStepGraph(nn.Module):
     tokens, positions, cache_order, *cross, *past) → (logits [R, V], *present). `cross`: each
     layer's cross-attention keys and values per sentence (the encoder graph's). `cache_order`
     picks each row's cache from the previous step's rows (beam search reorders; greedy passes
-    0 … R-1), so the reorder runs where the cache lives."""
+    0 … R-1), so the reorder runs where the cache lives. Tokens and positions [R, T] take T steps
+    at once (logits [R, T, V]): eager only, for export parity's teacher-forced check
+    (export.teacher_forcing)."""
 
     def __init__(self, decoder: PointerDecoder) -> None:
         super().__init__()
@@ -176,7 +178,15 @@ class PointerStepGraph(nn.Module):
         layers = len(self.decoder.layers)
         cross = list(cross_and_past[: 2 * layers])
         ordered = [p.index_select(0, cache_order) for p in cross_and_past[2 * layers :]]
+        steps = tokens.dim() == 2
         logits, present = self.decoder.logits(
-            memory, memory_mask, pointer_keys, cross, row_sentence, tokens.unsqueeze(1), positions.unsqueeze(1), ordered
+            memory,
+            memory_mask,
+            pointer_keys,
+            cross,
+            row_sentence,
+            tokens if steps else tokens.unsqueeze(1),
+            positions if steps else positions.unsqueeze(1),
+            ordered,
         )
-        return (logits[:, 0], *present)
+        return (logits if steps else logits[:, 0], *present)

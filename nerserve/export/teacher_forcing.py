@@ -1,0 +1,167 @@
+"""Export parity's eager reference for decoder loops, in one teacher-forced pass per loop.
+
+An autoregressive program calls its step graph once per generated token; in eager torch each call
+is dozens of small kernels and Python dispatch, so the eager side of a generative model's parity
+check cost most of its export (gner-open, 32 sentences: 81 of 90 s in eager steps). But the eager
+step graphs also take T tokens per row at once (tokens, positions [R, T]: the decoder's
+training-time form). So the exported program runs first and each of its loops' fed tokens are
+recorded (`RecordedLoops`); the eager program then runs its own loop as before, and its step graph
+(`TeacherForcedSteps`) answers every step from one pass over the recorded tokens, for as long as
+the eager loop feeds exactly those tokens at those positions with its own cache. It chooses every
+token itself from those logits: a loop whose greedy choice departs from the recorded one, a beam
+search (which reorders the cache), or any call it cannot match is computed step by step as
+before, from that step on. The reference stays the eager program's own decisions; only how its
+logits are computed changes (causal attention over the whole sequence instead of a growing cache:
+the same sums up to float rounding, ~1e-6 against the parity bound of 1e-4).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nerserve.ner.decoding.generation import StepNames
+from nerserve.ner.graph import Graph, Value
+
+PAST, PRESENT = "past_", "present_"  # a step graph's cache names (ner.graph.KeyValueCache)
+NAMES = StepNames()
+
+
+def step_graph_names(graphs: Mapping[str, Graph]) -> list[str]:
+    """The graphs a decoder loop calls step by step: those that take a key/value cache."""
+    return [name for name, graph in graphs.items() if any(n.startswith(PAST) for n in graph.input_names)]
+
+
+def with_graphs(program: Any, replaced: Mapping[str, Graph]) -> Any:
+    """A copy of `program` that runs `replaced` instead of its graphs of those names."""
+    twin = copy.copy(program)
+    twin.graphs = {**program.graphs, **replaced}
+    return twin
+
+
+def _starts_a_loop(inputs: Mapping[str, Value], past: list[str]) -> bool:
+    """A loop's first call feeds the empty cache (numpy with no positions; later steps feed what
+    the runtime answered, which may be its own device values)."""
+    first = inputs[past[0]]
+    return isinstance(first, np.ndarray) and first.shape[2] == 0
+
+
+@dataclass
+class Step:
+    tokens: np.ndarray  # [rows]
+    positions: np.ndarray  # [rows]
+
+
+class RecordedLoops:
+    """A step graph that records, for each loop run through it, the tokens and positions fed at
+    each step (a loop starts at the empty cache)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.input_names, self.output_names = graph.input_names, graph.output_names
+        self.device_resident, self.execution_provider = graph.device_resident, graph.execution_provider
+        self.past = [n for n in graph.input_names if n.startswith(PAST)]
+        self.loops: list[list[Step]] = []
+
+    def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
+        if _starts_a_loop(inputs, self.past) or not self.loops:
+            self.loops.append([])
+        self.loops[-1].append(Step(np.array(inputs[NAMES.token]), np.array(inputs[NAMES.position])))
+        return self.graph.run(inputs, keep_on_device)
+
+
+class TeacherForcedSteps:
+    """An eager step graph that answers a loop's steps from passes over the tokens a recorded loop
+    fed (the k-th loop it sees takes the k-th recorded one), CHUNK steps a pass so that the
+    scores of a long loop's every step and token never sit in memory at once, while each call
+    matches: the recorded step's tokens and positions, the cache this wrapper answered at the step
+    before, the same other inputs as at the loop's start and no reordering. Any other call runs the
+    step graph itself, and so does every later step of that loop."""
+
+    CHUNK = 64
+
+    def __init__(self, graph: Graph, drafts: list[list[Step]]) -> None:
+        self.graph = graph
+        self.input_names, self.output_names = graph.input_names, graph.output_names
+        self.device_resident, self.execution_provider = graph.device_resident, graph.execution_provider
+        self.past = [n for n in graph.input_names if n.startswith(PAST)]
+        self.present = [PRESENT + n.removeprefix(PAST) for n in self.past]
+        self.drafts = drafts
+        # a step graph answering more than its scores and cache is always run step by step
+        self.answerable = set(graph.output_names) == {NAMES.logits, *self.present}
+        self.loops_seen = 0
+        self.forced_steps = 0  # steps answered from a teacher-forced pass (tests check it is used)
+        self._draft: list[Step] | None = None
+        self._fixed: dict[str, Value] = {}  # the loop's inputs other than the steps' and the cache
+        self._cache: dict[str, Value] = {}  # the cache the next pass continues (empty at the start)
+        self._outputs: dict[str, np.ndarray] = {}  # the current pass's
+        self._first = 0  # the step the current pass starts at
+        self._answered: dict[str, Value] = {}
+        self._step = 0
+
+    def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
+        if _starts_a_loop(inputs, self.past):
+            self._start(inputs)
+        if self._matches(inputs):
+            return self._answer()
+        self._draft = None
+        return self.graph.run(inputs, keep_on_device)
+
+    def _start(self, inputs: Mapping[str, Value]) -> None:
+        draft = self.drafts[self.loops_seen] if self.loops_seen < len(self.drafts) else None
+        self.loops_seen += 1
+        self._draft, self._step, self._answered, self._outputs = None, 0, {}, {}
+        rows = len(inputs[NAMES.token])
+        if not self.answerable or draft is None or any(len(step.tokens) != rows for step in draft):
+            return
+        self._fixed = {name: value for name, value in inputs.items() if name not in (*self.past, NAMES.token, NAMES.position)}
+        if NAMES.cache_order in self._fixed:
+            self._fixed[NAMES.cache_order] = np.arange(rows, dtype=np.int64)
+        self._cache = {name: inputs[name] for name in self.past}
+        self._draft = draft
+
+    def _matches(self, inputs: Mapping[str, Value]) -> bool:
+        draft = self._draft
+        if draft is None or self._step >= len(draft):
+            return False
+        expected = draft[self._step]
+        order = inputs.get(NAMES.cache_order)
+        if not (
+            np.array_equal(inputs[NAMES.token], expected.tokens)
+            and np.array_equal(inputs[NAMES.position], expected.positions)
+            and (order is None or np.array_equal(order, np.arange(len(order))))
+        ):
+            return False
+        if self._step == 0:  # the loop's start: its other inputs are the pass's, its cache empty
+            return True
+        same_inputs = all(inputs[name] is value for name, value in self._fixed.items() if name != NAMES.cache_order)
+        own_cache = all(inputs[past] is self._answered[present] for past, present in zip(self.past, self.present, strict=True))
+        return same_inputs and own_cache
+
+    def _forward(self) -> None:
+        """The next pass: up to CHUNK recorded steps from the current one, after the cache so far."""
+        assert self._draft is not None
+        chunk = self._draft[self._step : self._step + self.CHUNK]
+        steps = {
+            NAMES.token: np.stack([step.tokens for step in chunk], axis=1),
+            NAMES.position: np.stack([step.positions for step in chunk], axis=1),
+        }
+        outputs = self.graph.run({**self._fixed, **self._cache, **steps})
+        self._outputs = {name: np.asarray(value) for name, value in outputs.items()}
+        self._cache = {past: self._outputs[present] for past, present in zip(self.past, self.present, strict=True)}
+        self._first = self._step
+
+    def _answer(self) -> dict[str, Value]:
+        t = self._step
+        if not self._outputs or t - self._first >= self._outputs[NAMES.logits].shape[1]:
+            self._forward()
+        answer: dict[str, Value] = {NAMES.logits: self._outputs[NAMES.logits][:, t - self._first]}
+        answer.update({name: self._outputs[name][:, :, : t + 1] for name in self.present})
+        self._answered = answer
+        self._step += 1
+        self.forced_steps += 1
+        return answer
