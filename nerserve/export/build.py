@@ -111,6 +111,7 @@ def export_model(
     log: Any = print,
     parity_sentences: int = PARITY_SENTENCES,
     on_staging: Callable[[Path], None] | None = None,
+    time_every_core: bool = True,
 ) -> dict[str, Any]:
     """Export the trained model in folder SOURCE to a graph set under GRAPH_CACHE, its parity checked
     on dev sentences of its dataset under DATA_ROOT.
@@ -118,7 +119,8 @@ def export_model(
     INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
     keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise
     flips them). `on_staging(path)` is told the staging folder as soon as it exists (a service
-    that stops an export removes it when the export could not)."""
+    that stops an export removes it when the export could not). `time_every_core`: time the
+    graphs on every core too (session_tuning)."""
     if int8 and fmt != GraphFormat.onnx:
         raise ValueError("--int8 is available for --format onnx only")
     name = source.name
@@ -176,7 +178,7 @@ def export_model(
             log(f"{name}: timing ONNX Runtime's optimisation levels")
             paths = {graph_name: graph_file(staging, graph_name, fmt) for graph_name in signatures}
             feeds = {graph_name: {n: values[n] for n in signature.inputs} for graph_name, signature in signatures.items()}
-            onnx_session = tune_graphs(paths, feeds)
+            onnx_session = tune_graphs(paths, feeds, every_core=time_every_core)
         shutil.copy(source / MANIFEST, staging / MANIFEST)
         model.program.subwords.tokenizer.save(str(staging / TOKENIZER_JSON))
         info: dict[str, Any] = {
@@ -299,6 +301,7 @@ def export_for_service(
             parity_sentences=parity_sentences,
             log=lambda _: None,
             on_staging=lambda path: report.send(("staging", str(path))),
+            time_every_core=not background,
         )
         reason = None if info["ready"] else f"parity failed: {'; '.join(info['parity']['misses'])}"
     except Exception as error:  # any failure is the service's to report
