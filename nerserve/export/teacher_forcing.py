@@ -2,7 +2,7 @@
 
 An autoregressive program calls its step graph once per generated token; in eager torch each call
 is dozens of small kernels and Python dispatch, so the eager side of a generative model's parity
-check cost most of its export (gner-open, 32 sentences: 81 of 90 s in eager steps). But the eager
+check was most of its export (docs/decisions/export-parity.md has the figures). But the eager
 step graphs also take T tokens per row at once (tokens, positions [R, T]: the decoder's
 training-time form). So the exported program runs first and each of its loops' fed tokens are
 recorded (`RecordedLoops`); the eager program then runs its own loop as before, and its step graph
