@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from nerserve.ner.decoding.generation import StepNames
-from nerserve.ner.graph import Graph, Value
+from nerserve.ner.graph import PAST, Graph, Value, present_of
 
-PAST, PRESENT = "past_", "present_"  # a step graph's cache names (ner.graph.KeyValueCache)
 NAMES = StepNames()
 
 
@@ -56,15 +55,22 @@ class Step:
     positions: np.ndarray  # [rows]
 
 
-class RecordedLoops:
-    """A step graph that records, for each loop run through it, the tokens and positions fed at
-    each step (a loop starts at the empty cache)."""
+class _StepGraphWrapper:
+    """A step graph standing in for `graph` under the Graph protocol, knowing its cache inputs."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.input_names, self.output_names = graph.input_names, graph.output_names
         self.device_resident, self.execution_provider = graph.device_resident, graph.execution_provider
         self.past = [n for n in graph.input_names if n.startswith(PAST)]
+
+
+class RecordedLoops(_StepGraphWrapper):
+    """A step graph that records, for each loop run through it, the tokens and positions fed at
+    each step (a loop starts at the empty cache)."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__(graph)
         self.loops: list[list[Step]] = []
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
@@ -74,7 +80,7 @@ class RecordedLoops:
         return self.graph.run(inputs, keep_on_device)
 
 
-class TeacherForcedSteps:
+class TeacherForcedSteps(_StepGraphWrapper):
     """An eager step graph that answers a loop's steps from passes over the tokens a recorded loop
     fed (the k-th loop it sees takes the k-th recorded one), CHUNK steps a pass so that the
     scores of a long loop's every step and token never sit in memory at once, while each call
@@ -85,11 +91,8 @@ class TeacherForcedSteps:
     CHUNK = 64
 
     def __init__(self, graph: Graph, drafts: list[list[Step]]) -> None:
-        self.graph = graph
-        self.input_names, self.output_names = graph.input_names, graph.output_names
-        self.device_resident, self.execution_provider = graph.device_resident, graph.execution_provider
-        self.past = [n for n in graph.input_names if n.startswith(PAST)]
-        self.present = [PRESENT + n.removeprefix(PAST) for n in self.past]
+        super().__init__(graph)
+        self.present = [present_of(n) for n in self.past]
         self.drafts = drafts
         # a step graph answering more than its scores and cache is always run step by step
         self.answerable = set(graph.output_names) == {NAMES.logits, *self.present}

@@ -169,9 +169,10 @@ def fuse_transformer(path: Path) -> dict[str, int]:
 
     On the span-conll03 encoder (2 cores, one thread, CoNLL test, packed batches of 32) it fuses the
     six GELUs with their biases (BiasGelu): 7.18 → 6.90 s, and their layer norms. Its attention
-    patterns match nothing in these graphs (export.json's `fusions` lists what each export got). Running ONNX shape
-    inference first would let ORT fuse 13 SkipLayerNormalizations, but the graph is then 5 % slower
-    (7.56 s), so it is not done. Parity against eager torch checks whatever it fused."""
+    patterns match nothing in these graphs (export.json's `fusions` lists what each export got).
+    Running ONNX shape inference first would let ORT fuse 13 SkipLayerNormalizations, but the graph
+    is then 5 % slower (7.56 s), so it is not done. Parity against eager torch checks whatever it
+    fused."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 

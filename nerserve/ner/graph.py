@@ -76,6 +76,14 @@ class GraphSignature:
             )
 
 
+PAST, PRESENT = "past_", "present_"  # a step graph's cache inputs and outputs (KeyValueCache)
+
+
+def present_of(past: str) -> str:
+    """The output a step graph answers for its cache input `past` (the next step's `past`)."""
+    return PRESENT + past.removeprefix(PAST)
+
+
 @dataclass(frozen=True)
 class KeyValueCache:
     """The per-layer key/value cache of a decoder step graph: inputs `past_key_<i>` /
@@ -89,11 +97,11 @@ class KeyValueCache:
 
     @property
     def past(self) -> tuple[str, ...]:
-        return tuple(f"past_{kind}_{i}" for i in range(self.layers) for kind in ("key", "value"))
+        return tuple(f"{PAST}{kind}_{i}" for i in range(self.layers) for kind in ("key", "value"))
 
     @property
     def present(self) -> tuple[str, ...]:
-        return tuple(f"present_{kind}_{i}" for i in range(self.layers) for kind in ("key", "value"))
+        return tuple(present_of(name) for name in self.past)
 
     def axes(self) -> dict[str, tuple[str, ...]]:
         past = {name: (self.rows_axis, "", "past", "") for name in self.past}

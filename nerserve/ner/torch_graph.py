@@ -31,6 +31,14 @@ def from_tensors(
     return {name: out if name in keep else _host_array(out) for name, out in zip(names, outputs, strict=True)}
 
 
+def as_steps(tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A step graph's tokens and positions as [R, T]: given [R] (one step, the exported form) or
+    [R, T] (T steps at once: eager only, for export parity's teacher-forced check). → the pair and
+    whether it was one step (whose scores then drop the T axis again)."""
+    one_step = tokens.dim() == 1
+    return (tokens.unsqueeze(1), positions.unsqueeze(1), True) if one_step else (tokens, positions, False)
+
+
 def own_cuda_stream(device: str) -> None:
     """Give the calling thread a CUDA stream of its own (torch's current stream is per thread), so
     that batches run from several threads (the service's graph lanes) queue their kernels on

@@ -26,6 +26,7 @@ from nerserve.ner.archs.gner.step_decoder import StepDecoder
 from nerserve.ner.archs.gner.t5 import T5Decoder
 from nerserve.ner.attention import later_positions
 from nerserve.ner.text.chars import SHAPE_VOCAB_SIZE
+from nerserve.ner.torch_graph import as_steps
 
 MASKED = -1e4
 
@@ -251,8 +252,6 @@ class GnerStepGraph(nn.Module):
         cross = [c.index_select(0, row_sentence) for c in cross_and_past[: 2 * layers]]
         ordered = [p.index_select(0, cache_order) for p in cross_and_past[2 * layers :]]
         padding = memory_mask.index_select(0, row_sentence) < 0.5
-        steps = tokens.dim() == 2
-        logits, present = self.decoder.logits(
-            cross, padding, tokens if steps else tokens.unsqueeze(1), positions if steps else positions.unsqueeze(1), ordered
-        )
-        return (logits if steps else logits[:, 0], *present)
+        tokens, positions, one_step = as_steps(tokens, positions)
+        logits, present = self.decoder.logits(cross, padding, tokens, positions, ordered)
+        return (logits[:, 0] if one_step else logits, *present)

@@ -22,6 +22,7 @@ from torch import nn
 from nerserve.ner.archs.pointer.config import PointerConfig
 from nerserve.ner.archs.pointer.vocabulary import SPECIALS
 from nerserve.ner.attention import later_positions
+from nerserve.ner.torch_graph import as_steps
 
 MASKED = -1e4  # fp16-safe "minus infinity" for pointers to padding words
 
@@ -178,15 +179,8 @@ class PointerStepGraph(nn.Module):
         layers = len(self.decoder.layers)
         cross = list(cross_and_past[: 2 * layers])
         ordered = [p.index_select(0, cache_order) for p in cross_and_past[2 * layers :]]
-        steps = tokens.dim() == 2
+        tokens, positions, one_step = as_steps(tokens, positions)
         logits, present = self.decoder.logits(
-            memory,
-            memory_mask,
-            pointer_keys,
-            cross,
-            row_sentence,
-            tokens if steps else tokens.unsqueeze(1),
-            positions if steps else positions.unsqueeze(1),
-            ordered,
+            memory, memory_mask, pointer_keys, cross, row_sentence, tokens, positions, ordered
         )
-        return (logits if steps else logits[:, 0], *present)
+        return (logits[:, 0] if one_step else logits, *present)
