@@ -7,6 +7,7 @@ The step module is a tiny random transformer decoder written for this test (shap
 the architectures that loop bring their own trained decoders)."""
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 
 from nerserve.export.parity import ParityReport
 from nerserve.export.writers import DYNAMO, write_onnx, write_torchscript
-from nerserve.ner.decoding.generation import Generated, Loop, greedy
+from nerserve.ner.decoding.generation import Generated, Hypothesis, Loop, beam_search, greedy
 from nerserve.ner.graph import GraphSignature, KeyValueCache, step_signature
 from nerserve.ner.runtime.onnx import OnnxGraph
 from nerserve.ner.runtime.torchscript import TorchScriptGraph
@@ -84,6 +85,47 @@ def generate(graph, signature: GraphSignature, layers: int, rows: int = 3) -> Ge
     fixed = {"memory": rng.standard_normal((rows, 7, DIM)).astype(np.float32), "memory_mask": memory_mask}
     cache = KeyValueCache(layers, HEADS, DIM // HEADS)
     return greedy(Loop(graph, fixed, {}, cache, np.ones(rows, dtype=np.int64), END), max_steps=9, keep_logits=True)
+
+
+class ToyStepReordering(ToyStep):
+    """ToyStep that takes `cache_order` and reorders its cache itself (what a step graph that
+    reorders inside does)."""
+
+    def forward(self, memory, memory_mask, tokens, positions, cache_order, *past):  # type: ignore[no-untyped-def]
+        return super().forward(memory, memory_mask, tokens, positions, *(p.index_select(0, cache_order) for p in past))
+
+
+def beams_of(graph, layers: int, reorder=None) -> list[list[Hypothesis]]:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    rows, beams = 2, 3
+    fixed = {
+        "memory": np.repeat(rng.standard_normal((rows, 7, DIM)).astype(np.float32), beams, axis=0),
+        "memory_mask": np.ones((rows * beams, 7), dtype=np.float32),
+    }
+    cache = KeyValueCache(layers, HEADS, DIM // HEADS)
+    loop = Loop(graph, fixed, {}, cache, np.ones(rows, dtype=np.int64), END, reorder=reorder)
+    return beam_search(loop, max_steps=9, beams=beams, keep=np.full(rows, beams))
+
+
+def test_beam_search_reorders_the_cache_of_a_step_graph_that_does_not() -> None:
+    """Beam search continues each hypothesis from its own cache whether the step graph reorders
+    the cache (`cache_order`) or the loop's `reorder` does, between steps."""
+    torch.manual_seed(0)
+    module = ToyStepReordering(layers=2).eval()
+    signature = toy_signature(2)
+    inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:])
+    inside = beams_of(EagerGraph(module, inputs, signature.outputs), 2)
+    same_weights = ToyStep(layers=2).eval()
+    same_weights.load_state_dict(module.state_dict())
+    plain = EagerGraph(same_weights, signature.inputs, signature.outputs)
+
+    def take_rows(order: np.ndarray, cache: Any) -> dict[str, Any]:
+        return {name: value[order] for name, value in cache.items()}
+
+    assert beams_of(plain, 2, take_rows) == inside
+    assert beams_of(plain, 2, lambda order, cache: dict(cache)) != inside  # the order matters here
+    with pytest.raises(ValueError, match="cache_order, or the loop's reorder"):
+        beams_of(plain, 2)
 
 
 @pytest.mark.parametrize("layers", [1, 3])

@@ -232,6 +232,45 @@ def test_teacher_forced_eager_loops_are_the_stepped_ones(tiny_model: Path, data_
         assert forced == sum(min(length, 2) for length in lengths)
 
 
+@pytest.mark.parametrize("tiny_model", ["gner"], indirect=True)
+@pytest.mark.parametrize("device_resident", [False, True])
+def test_gner_loops_over_some_sentences_read_their_own_rows(
+    tiny_model: Path, data_root: Path, tmp_path: Path, device_resident: bool
+) -> None:
+    """A batch whose sentences ask for different decoding runs one loop per kind, each over some of
+    its sentences, with beams or without: the `rows` graph hands each loop its sentences' prompts
+    (and beam search its reordered cache), so each sentence writes what it writes alone; on the
+    device path those rows never reach the host."""
+    info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, log=lambda _: None, parity_sentences=8)
+    program = load_graph_set(Path(info["folder"])).program
+    to_host: list[str] = []
+    if device_resident:
+        for graph in program.graphs.values():
+            graph.io_binding = graph.device_resident = True
+            run = graph.run
+
+            def counted(inputs: Any, keep_on_device: Any = (), run: Any = run) -> dict[str, Any]:
+                outputs = run(inputs, keep_on_device)
+                to_host.extend(name for name, value in outputs.items() if isinstance(value, np.ndarray))
+                return outputs
+
+            graph.run = counted
+    sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"], ["Shares", "rose"]]
+    options = [
+        GnerOptions(labels=("person", "location"), beams=2),
+        GnerOptions(labels=("organization",)),
+        GnerOptions(labels=("person", "location"), beams=2),
+    ]
+    together = program.run(program.prepare(sentences), options)
+    for index, sentence in enumerate(sentences):
+        alone = program.run(program.prepare([sentence]), options[index])
+        written = together["sequence_tokens"][index]
+        np.testing.assert_array_equal(written[written >= 0], alone["sequence_tokens"][0])
+        steps = alone["sequence_log_probs"].shape[1]
+        np.testing.assert_allclose(together["sequence_log_probs"][index, :steps], alone["sequence_log_probs"][0], atol=1e-5)
+    assert not {name for name in to_host if name.startswith(("rows_out_", "present_", "cross_"))}, to_host
+
+
 # What a batch hands to the host when its graphs keep their outputs on the device (the GPU path):
 # the encoder's outputs that only later graphs read never come back. Span's whole batch: the
 # span proposal's four outputs, once.

@@ -53,6 +53,13 @@ def _starts_a_loop(inputs: Mapping[str, Value], past: list[str]) -> bool:
 class Step:
     tokens: np.ndarray  # [rows]
     positions: np.ndarray  # [rows]
+    vocabulary: np.ndarray | None = None  # [A]: the tokens it scored, for a step graph that takes them
+
+
+def _same_vocabulary(fed: Value | None, recorded: np.ndarray | None) -> bool:
+    if fed is None or recorded is None:
+        return fed is None and recorded is None
+    return np.array_equal(fed, recorded)
 
 
 class _StepGraphWrapper:
@@ -76,7 +83,9 @@ class RecordedLoops(_StepGraphWrapper):
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
         if _starts_a_loop(inputs, self.past) or not self.loops:
             self.loops.append([])
-        self.loops[-1].append(Step(np.array(inputs[NAMES.token]), np.array(inputs[NAMES.position])))
+        vocabulary = inputs.get(NAMES.vocabulary)
+        tokens, positions = np.array(inputs[NAMES.token]), np.array(inputs[NAMES.position])
+        self.loops[-1].append(Step(tokens, positions, None if vocabulary is None else np.array(vocabulary)))
         return self.graph.run(inputs, keep_on_device)
 
 
@@ -84,9 +93,10 @@ class TeacherForcedSteps(_StepGraphWrapper):
     """An eager step graph that answers a loop's steps from passes over the tokens a recorded loop
     fed (the k-th loop it sees takes the k-th recorded one), CHUNK steps a pass so that the
     scores of a long loop's every step and token never sit in memory at once, while each call
-    matches: the recorded step's tokens and positions, the cache this wrapper answered at the step
-    before, the same other inputs as at the loop's start and no reordering. Any other call runs the
-    step graph itself, and so does every later step of that loop."""
+    matches: the recorded step's tokens, positions and scored vocabulary, the cache this wrapper
+    answered at the step before, the same other inputs as at the loop's start and no reordering.
+    Any other call runs the step graph itself, and so does every later step of that loop. A pass
+    scores the union of its steps' vocabularies; each step answers its own columns of it."""
 
     CHUNK = 64
 
@@ -94,14 +104,16 @@ class TeacherForcedSteps(_StepGraphWrapper):
         super().__init__(graph)
         self.present = [present_of(n) for n in self.past]
         self.drafts = drafts
-        # a step graph answering more than its scores and cache is always run step by step
-        self.answerable = set(graph.output_names) == {NAMES.logits, *self.present}
+        # a step graph answering more than its scores, states and cache is always run step by step
+        outputs = set(graph.output_names)
+        self.answerable = {NAMES.logits, *self.present} <= outputs <= {NAMES.logits, NAMES.states, *self.present}
         self.loops_seen = 0
         self.forced_steps = 0  # steps answered from a teacher-forced pass (tests check it is used)
         self._draft: list[Step] | None = None
         self._fixed: dict[str, Value] = {}  # the loop's inputs other than the steps' and the cache
         self._cache: dict[str, Value] = {}  # the cache the next pass continues (empty at the start)
         self._outputs: dict[str, np.ndarray] = {}  # the current pass's
+        self._union: np.ndarray | None = None  # the vocabulary the current pass scored
         self._first = 0  # the step the current pass starts at
         self._answered: dict[str, Value] = {}
         self._step = 0
@@ -121,7 +133,8 @@ class TeacherForcedSteps(_StepGraphWrapper):
         rows = len(inputs[NAMES.token])
         if not self.answerable or draft is None or any(len(step.tokens) != rows for step in draft):
             return
-        self._fixed = {name: value for name, value in inputs.items() if name not in (*self.past, NAMES.token, NAMES.position)}
+        per_step = (*self.past, NAMES.token, NAMES.position, NAMES.vocabulary)
+        self._fixed = {name: value for name, value in inputs.items() if name not in per_step}
         if NAMES.cache_order in self._fixed:
             self._fixed[NAMES.cache_order] = np.arange(rows, dtype=np.int64)
         self._cache = {name: inputs[name] for name in self.past}
@@ -132,11 +145,12 @@ class TeacherForcedSteps(_StepGraphWrapper):
         if draft is None or self._step >= len(draft):
             return False
         expected = draft[self._step]
-        order = inputs.get(NAMES.cache_order)
+        order, vocabulary = inputs.get(NAMES.cache_order), inputs.get(NAMES.vocabulary)
         if not (
             np.array_equal(inputs[NAMES.token], expected.tokens)
             and np.array_equal(inputs[NAMES.position], expected.positions)
             and (order is None or np.array_equal(order, np.arange(len(order))))
+            and _same_vocabulary(vocabulary, expected.vocabulary)
         ):
             return False
         if self._step == 0:  # the loop's start: its other inputs are the pass's, its cache empty
@@ -153,6 +167,10 @@ class TeacherForcedSteps(_StepGraphWrapper):
             NAMES.token: np.stack([step.tokens for step in chunk], axis=1),
             NAMES.position: np.stack([step.positions for step in chunk], axis=1),
         }
+        vocabularies = [step.vocabulary for step in chunk if step.vocabulary is not None]
+        self._union = np.unique(np.concatenate(vocabularies)) if vocabularies else None
+        if self._union is not None:
+            steps[NAMES.vocabulary] = self._union
         outputs = self.graph.run({**self._fixed, **self._cache, **steps})
         self._outputs = {name: np.asarray(value) for name, value in outputs.items()}
         self._cache = {past: self._outputs[present] for past, present in zip(self.past, self.present, strict=True)}
@@ -162,7 +180,13 @@ class TeacherForcedSteps(_StepGraphWrapper):
         t = self._step
         if not self._outputs or t - self._first >= self._outputs[NAMES.logits].shape[1]:
             self._forward()
-        answer: dict[str, Value] = {NAMES.logits: self._outputs[NAMES.logits][:, t - self._first]}
+        logits = self._outputs[NAMES.logits][:, t - self._first]
+        vocabulary = self._draft[t].vocabulary if self._draft is not None else None
+        if self._union is not None and vocabulary is not None:
+            logits = logits[:, np.searchsorted(self._union, vocabulary)]
+        answer: dict[str, Value] = {NAMES.logits: logits}
+        if NAMES.states in self._outputs:
+            answer[NAMES.states] = self._outputs[NAMES.states][:, t - self._first]
         answer.update({name: self._outputs[name][:, :, : t + 1] for name in self.present})
         self._answered = answer
         self._step += 1

@@ -126,8 +126,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # bump when the export code changes what it writes (2: signatures from specs, stricter parity;
 # 3: encoders take packed rows; 4: max pooling without a sub-word mask; 5: gner's vocabulary axis fixed;
 # 6: the span proposal takes filter thresholds; 7: and answers its candidates only; 8: the pointer
-# decoder's cross-attention keys and values come from the encoder graph, once per sentence)
-EXPORT_VERSION = "8"
+# decoder's cross-attention keys and values come from the encoder graph, once per sentence; 9: gner's
+# step graph reads its inputs per row, its `rows` graph selects them)
+EXPORT_VERSION = "9"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
 INT8_VERSION = "int8-2"
 

@@ -2,14 +2,16 @@
 
 The loop, the choice of the next token and the stopping rule stay in the program, outside the
 graphs: one step graph then serves every length, beam width and stopping rule without re-export,
-and the cache passes from step to step as the runtime's own device values (ner.graph). A step
-graph that takes `cache_order` reorders the cache itself (beam search), on the device.
+and the cache passes from step to step as the runtime's own device values (ner.graph). Beam
+search reorders the cache on the device: a step graph that takes `cache_order` does it itself,
+and a loop whose step graph does not has a `reorder` of its own (a graph that gathers rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -18,6 +20,21 @@ from nerserve.ner.graph import Graph, KeyValueCache, Value
 # (logits [rows, V], tokens so far [rows, t] incl. the first) → logits with forbidden tokens at
 # -inf: the grammar of the sequences (constrained decoding)
 Constraint = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@runtime_checkable
+class Candidates(Protocol):
+    """A constraint that also names, before a step, the tokens each row may write: a step graph
+    that takes a `vocabulary` then scores only their union (a decoder's projection onto a large
+    vocabulary reads every row of its matrix at every step: on the CPU, half a step's time)."""
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray: ...
+
+    def candidates(self, history: np.ndarray) -> list[list[int]]: ...
+
+
+# (order [rows], cache) → the cache's rows in that order, where the cache is
+Reorder = Callable[[np.ndarray, Mapping[str, Value]], dict[str, Value]]
 BLOCKED = -1e9
 
 
@@ -28,7 +45,9 @@ class StepNames:
     token: str = "tokens"  # [rows] int64: the previous token of each row
     position: str = "positions"  # [rows] int64: that token's position
     cache_order: str = "cache_order"  # [rows] int64: whose cache each row continues (if an input)
-    logits: str = "logits"  # [rows, V] float32: scores of the next token
+    vocabulary: str = "vocabulary"  # [A] int64: the tokens the step scores (if an input)
+    logits: str = "logits"  # [rows, V] (or [rows, A]) float32: scores of the next token
+    states: str = "states"  # [rows, D]: the decoder's output states (an output of some step graphs)
 
 
 @dataclass(frozen=True)
@@ -54,28 +73,76 @@ class Loop:
     offsets: np.ndarray | None = None  # [rows] int64: position of the first token (default 0)
     names: StepNames = field(default_factory=StepNames)
     constraint: Constraint | None = None
+    reorder: Reorder | None = None  # beam search's, for a step graph without `cache_order`
+    # For a step graph that takes a vocabulary, where the constraint names no candidates: every
+    # token's scores [rows, V] from the step's outputs (the step itself then scores only `end`).
+    every_token: Callable[[Mapping[str, Value]], np.ndarray] | None = None
 
     def run_step(
         self,
         per_row: Mapping[str, np.ndarray],
         past: Mapping[str, Value],
-        token: np.ndarray,
+        history: np.ndarray,
         position: np.ndarray,
         order: np.ndarray,
-    ) -> tuple[np.ndarray, dict[str, Value]]:
-        feeds = {**self.shared, **per_row, **past, self.names.token: token, self.names.position: position}
+    ) -> tuple[StepScores, dict[str, Value]]:
+        """The next token's scores for each row after `history`, the constraint applied, and the
+        grown cache."""
+        feeds = {**self.shared, **per_row, **past, self.names.token: history[:, -1], self.names.position: position}
         if self.names.cache_order in self.step.input_names:
             feeds[self.names.cache_order] = order
+        ids, allowed = self._vocabulary(history)
+        if ids is not None:
+            feeds[self.names.vocabulary] = ids
         outputs = self.step.run(feeds, keep_on_device=self.cache.present)
-        return np.asarray(outputs[self.names.logits], dtype=np.float32), self.cache.carry(outputs)
+        if allowed is not None:
+            logits = np.asarray(outputs[self.names.logits], dtype=np.float32)
+            return StepScores(np.where(allowed, logits, np.float32(BLOCKED)), ids), self.cache.carry(outputs)
+        if ids is not None:  # scored `end` only: every token's scores come from the states
+            assert self.every_token is not None
+            logits = np.asarray(self.every_token(outputs), dtype=np.float32)
+        else:
+            logits = np.asarray(outputs[self.names.logits], dtype=np.float32)
+        scores = self.constraint(logits, history) if self.constraint else logits
+        return StepScores(scores, None), self.cache.carry(outputs)
 
-    def allowed(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        return self.constraint(logits, history) if self.constraint else logits
+    def _vocabulary(self, history: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The tokens the step graph scores (None: it scores every token itself) and, when the
+        constraint named them, which of them each row may write [rows, A]."""
+        if self.names.vocabulary not in self.step.input_names:
+            return None, None
+        if not isinstance(self.constraint, Candidates):
+            if self.every_token is None:
+                raise ValueError("a step graph that takes a vocabulary needs Candidates or the loop's every_token")
+            return np.array([self.end], dtype=np.int64), None
+        candidates = self.constraint.candidates(history)
+        ids = np.unique(np.fromiter((t for row in candidates for t in row), dtype=np.int64))
+        allowed = np.zeros((len(candidates), len(ids)), dtype=bool)
+        rows = np.repeat(np.arange(len(candidates)), [len(row) for row in candidates])
+        allowed[rows, np.searchsorted(ids, np.fromiter((t for row in candidates for t in row), dtype=np.int64))] = True
+        return ids, allowed
+
+
+@dataclass(frozen=True)
+class StepScores:
+    """A step's scores after the constraint, [rows, A]: column a scores token `ids[a]` (every
+    token, column = token id, when ids is None)."""
+
+    scores: np.ndarray
+    ids: np.ndarray | None
+
+    def tokens(self, columns: np.ndarray) -> np.ndarray:
+        return columns if self.ids is None else self.ids[columns]
+
+    def columns(self, tokens: np.ndarray) -> np.ndarray:
+        if self.ids is None:
+            return tokens
+        return np.minimum(np.searchsorted(self.ids, tokens), len(self.ids) - 1)
 
 
 def greedy(loop: Loop, max_steps: int, keep_logits: bool = False) -> Generated:
     """Greedy decoding: one step-graph call per position, until every row has written the end
-    token or after `max_steps` tokens."""
+    token or after `max_steps` tokens. `keep_logits` needs scores over every token."""
     rows = len(loop.first)
     offsets = loop.offsets if loop.offsets is not None else np.zeros(rows, dtype=np.int64)
     past: dict[str, Value] = dict(loop.cache.empty(rows))
@@ -85,13 +152,14 @@ def greedy(loop: Loop, max_steps: int, keep_logits: bool = False) -> Generated:
     scores: list[np.ndarray] = []
     chosen: list[np.ndarray] = []
     for index in range(max_steps):
-        logits, past = loop.run_step(loop.per_row, past, history[:, -1], offsets + index, order)
-        allowed = loop.allowed(logits, history)
-        token = np.where(finished, loop.end, allowed.argmax(axis=-1).astype(np.int64))
+        step, past = loop.run_step(loop.per_row, past, history, offsets + index, order)
+        token = np.where(finished, loop.end, step.tokens(step.scores.argmax(axis=-1)).astype(np.int64))
         history = np.concatenate([history, token[:, None]], axis=1)
-        chosen.append(token_log_probs(allowed, token))
+        chosen.append(token_log_probs(step.scores, step.columns(token)))
         if keep_logits:
-            scores.append(allowed)
+            if step.ids is not None:
+                raise ValueError("keep_logits needs a step graph that scores every token")
+            scores.append(step.scores)
         finished |= token == loop.end
         if finished.all():
             break
@@ -128,8 +196,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> list[list[Hypothesis]]:
     """Beam search with `beams` hypotheses per row; per row, the `keep[row]` best finished ones
-    (or the best unfinished when fewer finish), best first. The cache is reordered by the step
-    graph (`cache_order`), where it lives.
+    (or the best unfinished when fewer finish), best first. The cache is reordered where it
+    lives: by the step graph (`cache_order`), or by the loop's `reorder`.
 
     A row is complete once `beams` of its hypotheses have finished (or none is left alive), and is
     not extended after that: when a row stops depends on that row alone, never on the other rows
@@ -148,19 +216,24 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
     done: list[list[Hypothesis]] = [[] for _ in range(rows)]
     complete = np.zeros(rows, dtype=bool)
     for index in range(max_steps):
-        logits, past = loop.run_step(per_row, past, history[:, -1], offsets + index, order)
-        logp = log_softmax(loop.allowed(logits, history).astype(np.float64))
-        candidates = totals[:, None] + logp  # [slots, V]
-        vocabulary = candidates.shape[1]
-        best = np.argsort(-candidates.reshape(rows, beams * vocabulary), axis=1, kind="stable")[:, :beams]
-        origin = (best // vocabulary) + (np.arange(rows) * beams)[:, None]
-        token = (best % vocabulary).reshape(-1)
+        step, past = loop.run_step(per_row, past, history, offsets + index, order)
+        logp = log_softmax(step.scores.astype(np.float64))
+        candidates = totals[:, None] + logp  # [slots, A]
+        width = candidates.shape[1]
+        best = np.argsort(-candidates.reshape(rows, beams * width), axis=1, kind="stable")[:, :beams]
+        origin = (best // width) + (np.arange(rows) * beams)[:, None]
+        column = (best % width).reshape(-1)
         origin = origin.reshape(-1)
-        chosen_logp = logp[origin, token]
-        totals = candidates[origin, token]
+        token = step.tokens(column)
+        chosen_logp = logp[origin, column]
+        totals = candidates[origin, column]
         history = np.concatenate([history[origin], token[:, None]], axis=1)
         token_scores = np.concatenate([token_scores[origin], chosen_logp[:, None]], axis=1)
         order = origin.astype(np.int64)
+        if loop.names.cache_order not in loop.step.input_names:
+            if loop.reorder is None:
+                raise ValueError("beam search needs a step graph that takes cache_order, or the loop's reorder")
+            past = loop.reorder(order, past)
         finished = (token == loop.end) & np.isfinite(totals)
         for slot in np.flatnonzero(finished):
             done[slot // beams].append(Hypothesis(tuple(history[slot, 1:].tolist()), tuple(token_scores[slot].tolist())))

@@ -119,10 +119,13 @@ class Constraint:
             self.states[key] = known
         return known
 
+    def candidates(self, history: np.ndarray) -> list[list[int]]:
+        """The tokens each row may write next (a step then scores only these)."""
+        return [self.grammars[self.row_sentence[row]].allowed(self.state(row, history[row])) for row in range(len(history))]
+
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """Scores over every token [rows, V] with those no row may write blocked."""
         out = np.full(logits.shape, BLOCKED, dtype=logits.dtype)
-        for row in range(len(history)):
-            grammar = self.grammars[self.row_sentence[row]]
-            allowed = grammar.allowed(self.state(row, history[row]))
+        for row, allowed in enumerate(self.candidates(history)):
             out[row, allowed] = logits[row, allowed]
         return out

@@ -219,7 +219,12 @@ class GnerNetwork(nn.Module):
         return states + self.shape_embedding(shape_ids)
 
     def graphs(self) -> dict[str, nn.Module]:
-        return {"encoder": GnerEncoderGraph(self), "decoder": GnerStepGraph(self.decoder)}
+        return {
+            "encoder": GnerEncoderGraph(self),
+            "decoder": GnerStepGraph(self.decoder),
+            "rows": RowsGraph(),
+            "scores": ScoresGraph(self.decoder),
+        }
 
 
 class GnerEncoderGraph(nn.Module):
@@ -236,22 +241,41 @@ class GnerEncoderGraph(nn.Module):
 
 
 class GnerStepGraph(nn.Module):
-    """One step for R rows: (memory_mask, row_sentence, tokens, positions, cache_order,
-    *cross, *past) → (logits [R, V], *present); `cache_order` reorders the cache (beam search).
-    Tokens and positions [R, T] take T steps at once (logits [R, T, V]): eager only, where export
-    parity checks a loop's steps in one teacher-forced pass (export.teacher_forcing)."""
+    """One step for R rows: (memory_mask, tokens, positions, vocabulary, *cross, *past) → (logits
+    [R, A] of the A `vocabulary` tokens, states [R, D], *present), every input but the vocabulary per row (the
+    `rows` graph selects them when a loop's rows are not the batch's sentences in order). Tokens
+    and positions [R, T] take T steps at once (logits [R, T, A]): eager only, where export parity
+    checks a loop's steps in one teacher-forced pass (export.teacher_forcing)."""
 
     def __init__(self, decoder: BackboneDecoder | T5Decoder) -> None:
         super().__init__()
         self.decoder = decoder
 
-    def forward(  # type: ignore[no-untyped-def]
-        self, memory_mask, row_sentence, tokens, positions, cache_order, *cross_and_past
-    ):
+    def forward(self, memory_mask, tokens, positions, vocabulary, *cross_and_past):  # type: ignore[no-untyped-def]
         layers = len(self.decoder.layers)
-        cross = [c.index_select(0, row_sentence) for c in cross_and_past[: 2 * layers]]
-        ordered = [p.index_select(0, cache_order) for p in cross_and_past[2 * layers :]]
-        padding = memory_mask.index_select(0, row_sentence) < 0.5
+        cross, past = list(cross_and_past[: 2 * layers]), list(cross_and_past[2 * layers :])
         tokens, positions, one_step = as_steps(tokens, positions)
-        logits, present = self.decoder.logits(cross, padding, tokens, positions, ordered)
-        return (logits[:, 0] if one_step else logits, *present)
+        states, present = self.decoder.states(cross, memory_mask < 0.5, tokens, positions, past)
+        logits = self.decoder.scores(states, vocabulary)
+        if one_step:
+            return (logits.squeeze(1), states.squeeze(1), *present)
+        return (logits, states, *present)
+
+
+class ScoresGraph(nn.Module):
+    """states [R, D] → every token's scores [R, V] (free generation's)."""
+
+    def __init__(self, decoder: BackboneDecoder | T5Decoder) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.decoder.scores(states)
+
+
+class RowsGraph(nn.Module):
+    """(row_index [R], *tensors [N, …]) → each tensor's rows in that order: a loop's cross keys and
+    values per row, once per loop, and beam search's reordered cache, once per step."""
+
+    def forward(self, row_index, *tensors):  # type: ignore[no-untyped-def]
+        return tuple(t.index_select(0, row_index) for t in tensors)

@@ -18,11 +18,18 @@ from nerserve.ner.archs.base import OptionError, ProgramBase
 from nerserve.ner.archs.gner.config import GnerConfig, GnerOptions
 from nerserve.ner.archs.gner.constraint import Constraint, SentenceGrammar, trie_of
 from nerserve.ner.archs.gner.matching import align
-from nerserve.ner.archs.gner.signatures import decoder_cache
+from nerserve.ner.archs.gner.signatures import (
+    ALL_LOGITS,
+    ROW_INDEX,
+    STATES,
+    decoder_cache,
+    row_cross_names,
+    rows_names,
+)
 from nerserve.ner.archs.gner.tagging import Markers, Tag, TagCodec, bio_entities, parse_pairs, squeeze
 from nerserve.ner.decoding.generation import BLOCKED, Loop, beam_search, greedy
 from nerserve.ner.decoding.overlap import resolve
-from nerserve.ner.graph import cross_names
+from nerserve.ner.graph import Value, cross_names
 from nerserve.ner.text.chars import shape_id
 from nerserve.ner.text.subword import Tokenized, Words
 from nerserve.ner.types import Entity, EntitySet
@@ -36,10 +43,27 @@ class GnerBatch:
 
 
 @dataclass(frozen=True)
+class Prompts:
+    """A batch's prompts as the decoder reads them: the padding mask [B, S] and each layer's
+    cross-attention keys and values [B, H, S, hd] (device values on a GPU)."""
+
+    mask: np.ndarray
+    cross: dict[str, Value]
+
+    @classmethod
+    def of(cls, inputs: Mapping[str, np.ndarray], encoded: Mapping[str, Value], layers: int) -> Prompts:
+        return cls(inputs["attention_mask"].astype(np.float32), {name: encoded[name] for name in cross_names(layers)})
+
+
+@dataclass(frozen=True)
 class Written:
     tokens: tuple[int, ...]  # generated, end excluded
     log_probs: tuple[float, ...]
     finished: bool
+
+
+# the tokens an export example's steps score: their count apart from every other axis's size
+EXAMPLE_VOCABULARY = np.array([0, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233], dtype=np.int64)
 
 
 class LengthLimit:
@@ -92,6 +116,10 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
             tokens += (separator if index else []) + ids(label)
         return tuple(tokens + ids(config.sentence_marker))
 
+    def every_token(self, step: Mapping[str, Value]) -> np.ndarray:
+        """Free generation's scores of every token [rows, V], from a step's states."""
+        return np.asarray(self.graphs["scores"].run({STATES: step[STATES]})[ALL_LOGITS])
+
     def labels_of(self, options: GnerOptions) -> tuple[str, ...]:
         return options.labels or self.config.labels
 
@@ -136,23 +164,37 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
         config = self.config
         # on a GPU the decoder's cross-attention keys and values stay there (a no-op on the CPU)
         encoded = self.graphs["encoder"].run(inputs, keep_on_device=cross_names(config.decoder_layers))
-        shared = {
-            "memory_mask": inputs["attention_mask"].astype(np.float32),
-            **{n: encoded[n] for n in cross_names(config.decoder_layers)},
-        }
+        prompts = Prompts.of(inputs, encoded, config.decoder_layers)
         written: dict[int, Written] = {}
         groups: dict[tuple[int, bool], list[int]] = {}
         for index, option in enumerate(chosen):
             groups.setdefault((option.beams, option.constrained), []).append(index)
         for (beams, constrained), rows in sorted(groups.items()):
-            written.update(self.generate(batch, labels, shared, np.array(rows, dtype=np.int64), beams, constrained))
+            written.update(self.generate(batch, labels, prompts, np.array(rows, dtype=np.int64), beams, constrained))
         return {**encoded, **pack([written[i] for i in range(len(batch.sentences))])}
+
+    def select_rows(self, index: np.ndarray, tensors: Mapping[str, Value]) -> dict[str, Value]:
+        """Per-layer tensors' rows in `index` order, through the `rows` graph (on the device,
+        where they are)."""
+        taken, selected = rows_names(self.config.decoder_layers)
+        feeds = {ROW_INDEX: index, **dict(zip(taken, tensors.values(), strict=True))}
+        outputs = self.graphs["rows"].run(feeds, keep_on_device=selected)
+        return {name: outputs[out] for name, out in zip(tensors, selected, strict=True)}
+
+    def loop_inputs(self, prompts: Prompts, sentences: np.ndarray) -> dict[str, Value]:
+        """The step graph's per-row prompt inputs for a loop whose rows read `sentences`: the
+        encoder's own when they are the batch in order, else selected once for the whole loop."""
+        names = row_cross_names(self.config.decoder_layers)
+        cross = prompts.cross
+        if not np.array_equal(sentences, np.arange(len(prompts.mask))):
+            cross = self.select_rows(sentences, cross)
+        return {"memory_mask": prompts.mask[sentences], **dict(zip(names, cross.values(), strict=True))}
 
     def generate(
         self,
         batch: GnerBatch,
         labels: Sequence[tuple[str, ...]],
-        shared: Mapping[str, np.ndarray],
+        prompts: Prompts,
         rows: np.ndarray,
         beams: int,
         constrained: bool,
@@ -168,12 +210,14 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
         config = self.config
         loop = Loop(
             self.graphs["decoder"],
-            shared,
-            {"row_sentence": rows},
+            self.loop_inputs(prompts, rows[slots]),
+            {},
             decoder_cache(config.decoder_layers, config.decoder_heads, config.head_dim),
             np.full(len(rows), markers.start, dtype=np.int64),
             markers.end,
             constraint=rule,
+            reorder=self.select_rows,
+            every_token=self.every_token,
         )
         out: dict[int, Written] = {}
         if beams == 1:
@@ -199,6 +243,9 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
         encoded = self.graphs["encoder"].run(inputs)
         config = self.config
         rows = 7  # distinct from every other axis size (torch.export specialises equal sizes)
+        prompts = Prompts.of(inputs, encoded, config.decoder_layers)
+        row_sentence = np.arange(rows, dtype=np.int64)[::-1] % len(batch.sentences)
+        per_row = self.loop_inputs(prompts, row_sentence)
         cache = decoder_cache(config.decoder_layers, config.decoder_heads, config.head_dim)
         feeds: dict[str, np.ndarray] = {}
         outputs: dict[str, np.ndarray] = {}
@@ -206,18 +253,21 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
         tokens = np.full(rows, self.markers.start, dtype=np.int64)
         for position in range(3):
             feeds = {
-                "memory_mask": inputs["attention_mask"].astype(np.float32),
-                **{n: encoded[n] for n in cross_names(config.decoder_layers)},
+                **per_row,
                 **past,
-                "row_sentence": np.arange(rows, dtype=np.int64) % len(batch.sentences),
                 "tokens": tokens,
                 "positions": np.full(rows, position, dtype=np.int64),
-                "cache_order": np.arange(rows, dtype=np.int64)[::-1].copy(),
+                "vocabulary": EXAMPLE_VOCABULARY,
             }
             outputs = self.graphs["decoder"].run(feeds)
             past = cache.carry(outputs)
-            tokens = inputs["input_ids"][np.arange(rows) % len(batch.sentences), position + 1]
-        return {**inputs, **encoded, **feeds, **outputs}
+            tokens = inputs["input_ids"][row_sentence, position + 1]
+        scores = self.graphs["scores"].run({STATES: outputs[STATES]})
+        taken, selected = rows_names(config.decoder_layers)
+        cross = list(prompts.cross.values())
+        rows_graph = {ROW_INDEX: row_sentence, **dict(zip(taken, cross, strict=True))}
+        rows_graph.update(zip(selected, [per_row[n] for n in row_cross_names(config.decoder_layers)], strict=True))
+        return {**inputs, **encoded, **feeds, **outputs, **rows_graph, **scores}
 
     def decode(
         self, batch: GnerBatch, outputs: Mapping[str, np.ndarray], options: GnerOptions | Sequence[GnerOptions] | None = None
