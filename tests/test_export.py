@@ -243,18 +243,7 @@ def test_gner_loops_over_some_sentences_read_their_own_rows(
     device path those rows never reach the host."""
     info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, log=lambda _: None, parity_sentences=8)
     program = load_graph_set(Path(info["folder"])).program
-    to_host: list[str] = []
-    if device_resident:
-        for graph in program.graphs.values():
-            graph.io_binding = graph.device_resident = True
-            run = graph.run
-
-            def counted(inputs: Any, keep_on_device: Any = (), run: Any = run) -> dict[str, Any]:
-                outputs = run(inputs, keep_on_device)
-                to_host.extend(name for name, value in outputs.items() if isinstance(value, np.ndarray))
-                return outputs
-
-            graph.run = counted
+    to_host = on_the_device_path(program) if device_resident else []
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"], ["Shares", "rose"]]
     options = [
         GnerOptions(labels=("person", "location"), beams=2),
@@ -286,12 +275,11 @@ DEVICE_ONLY = {
 HOST_ARRAYS_PER_BATCH = {"span": 3}
 
 
-def check_device_resident_path(folder: Path, sentences: list[list[str]], expected: list[Any], architecture: str) -> None:
-    """The GPU path's code on the CPU: every graph through ONNX Runtime's I/O binding, as on CUDA,
-    so intermediates stay runtime values between graphs; the entity sets are the plain path's."""
-    loaded = load_graph_set(folder)
+def on_the_device_path(program: Any) -> list[str]:
+    """Every graph of `program` through ONNX Runtime's I/O binding, as on CUDA; → the names of the
+    outputs that reach the host as numpy arrays, as the program runs (a list it keeps filling)."""
     to_host: list[str] = []
-    for graph in loaded.program.graphs.values():
+    for graph in program.graphs.values():
         graph.io_binding = graph.device_resident = True
         run = graph.run
 
@@ -301,6 +289,14 @@ def check_device_resident_path(folder: Path, sentences: list[list[str]], expecte
             return outputs
 
         graph.run = counted
+    return to_host
+
+
+def check_device_resident_path(folder: Path, sentences: list[list[str]], expected: list[Any], architecture: str) -> None:
+    """The GPU path's code on the CPU: every graph through ONNX Runtime's I/O binding, as on CUDA,
+    so intermediates stay runtime values between graphs; the entity sets are the plain path's."""
+    loaded = load_graph_set(folder)
+    to_host = on_the_device_path(loaded.program)
     assert [e.keys() for e in loaded.program.predict(sentences)] == expected
     assert not DEVICE_ONLY.get(architecture, set()) & set(to_host), to_host
     if architecture in HOST_ARRAYS_PER_BATCH:
