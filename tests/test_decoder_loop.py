@@ -128,6 +128,28 @@ def test_beam_search_reorders_the_cache_of_a_step_graph_that_does_not() -> None:
         beams_of(plain, 2)
 
 
+class OddTokens:
+    """Candidates: odd tokens only (the end is even), then the end from the fourth token on."""
+
+    def candidates(self, history: np.ndarray) -> list[list[int]]:
+        allowed = [END] if history.shape[1] > 3 else list(range(1, VOCAB, 2))
+        return [allowed for _ in history]
+
+
+def test_candidates_constrain_a_step_graph_that_scores_every_token() -> None:
+    torch.manual_seed(0)
+    signature = toy_signature(2)
+    graph = EagerGraph(ToyStep(layers=2).eval(), signature.inputs, signature.outputs)
+    rng = np.random.default_rng(0)
+    fixed = {"memory": rng.standard_normal((3, 7, DIM)).astype(np.float32), "memory_mask": np.ones((3, 7), dtype=np.float32)}
+    cache = KeyValueCache(2, HEADS, DIM // HEADS)
+    loop = Loop(graph, fixed, {}, cache, np.ones(3, dtype=np.int64), END, constraint=OddTokens())
+    generated = greedy(loop, max_steps=9)
+    assert generated.finished.all() and generated.tokens.shape[1] == 4
+    assert np.all(generated.tokens[:, :3] % 2 == 1) and np.all(generated.tokens[:, 3] == END)
+    assert np.all(generated.log_probs[:, 3] == 0)  # the only token allowed: probability 1
+
+
 @pytest.mark.parametrize("layers", [1, 3])
 def test_signature_names_only_the_configured_layers(layers: int) -> None:
     signature = toy_signature(layers)

@@ -76,12 +76,11 @@ def test_constraint_forces_words_and_allows_only_request_tags(subwords: SubwordE
     grammar = SentenceGrammar(pieces, trie_of(codec.sequences), markers)
     constraint = Constraint([grammar], np.zeros(1, dtype=np.int64))
     history = np.array([[markers.start]])
-    vocabulary = subwords.tokenizer.get_vocab_size()
     rng = np.random.default_rng(0)
     written: list[int] = []
     for _ in range(grammar.steps(max(len(s) for s in codec.sequences))):
-        allowed = constraint(rng.normal(size=(1, vocabulary)), history)
-        token = int(allowed.argmax())
+        (allowed,) = constraint.candidates(history)
+        token = int(rng.choice(allowed))
         written.append(token)
         history = np.concatenate([history, [[token]]], axis=1)
         if token == markers.end:

@@ -9,6 +9,7 @@ and a loop whose step graph does not has a `reorder` of its own (a graph that ga
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -24,11 +25,9 @@ Constraint = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 @runtime_checkable
 class Candidates(Protocol):
-    """A constraint that also names, before a step, the tokens each row may write: a step graph
-    that takes a `vocabulary` then scores only their union (a decoder's projection onto a large
+    """A constraint that names, before a step, the tokens each row may write: a step graph that
+    takes a `vocabulary` then scores only their union (a decoder's projection onto a large
     vocabulary reads every row of its matrix at every step: on the CPU, half a step's time)."""
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray: ...
 
     def candidates(self, history: np.ndarray) -> list[list[int]]: ...
 
@@ -72,7 +71,7 @@ class Loop:
     end: int
     offsets: np.ndarray | None = None  # [rows] int64: position of the first token (default 0)
     names: StepNames = field(default_factory=StepNames)
-    constraint: Constraint | None = None
+    constraint: Constraint | Candidates | None = None
     reorder: Reorder | None = None  # beam search's, for a step graph without `cache_order`
     # For a step graph that takes a vocabulary, where the constraint names no candidates: every
     # token's scores [rows, V] from the step's outputs (the step itself then scores only `end`).
@@ -91,36 +90,36 @@ class Loop:
         feeds = {**self.shared, **per_row, **past, self.names.token: history[:, -1], self.names.position: position}
         if self.names.cache_order in self.step.input_names:
             feeds[self.names.cache_order] = order
-        ids, allowed = self._vocabulary(history)
-        if ids is not None:
+        candidates = self.constraint.candidates(history) if isinstance(self.constraint, Candidates) else None
+        flat = None if candidates is None else np.fromiter(itertools.chain.from_iterable(candidates), dtype=np.int64)
+        ids = None
+        if self.names.vocabulary in self.step.input_names:
+            ids = self._vocabulary(flat)
             feeds[self.names.vocabulary] = ids
         outputs = self.step.run(feeds, keep_on_device=self.cache.present)
-        if allowed is not None:
-            logits = np.asarray(outputs[self.names.logits], dtype=np.float32)
-            return StepScores(np.where(allowed, logits, np.float32(BLOCKED)), ids), self.cache.carry(outputs)
-        if ids is not None:  # scored `end` only: every token's scores come from the states
-            assert self.every_token is not None
-            logits = np.asarray(self.every_token(outputs), dtype=np.float32)
-        else:
-            logits = np.asarray(outputs[self.names.logits], dtype=np.float32)
-        scores = self.constraint(logits, history) if self.constraint else logits
-        return StepScores(scores, None), self.cache.carry(outputs)
-
-    def _vocabulary(self, history: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """The tokens the step graph scores (None: it scores every token itself) and, when the
-        constraint named them, which of them each row may write [rows, A]."""
-        if self.names.vocabulary not in self.step.input_names:
-            return None, None
-        if not isinstance(self.constraint, Candidates):
-            if self.every_token is None:
-                raise ValueError("a step graph that takes a vocabulary needs Candidates or the loop's every_token")
-            return np.array([self.end], dtype=np.int64), None
-        candidates = self.constraint.candidates(history)
-        ids = np.unique(np.fromiter((t for row in candidates for t in row), dtype=np.int64))
-        allowed = np.zeros((len(candidates), len(ids)), dtype=bool)
+        present = self.cache.carry(outputs)
+        if candidates is None or flat is None:
+            if ids is not None and self.every_token is not None:  # the step scored `end` alone
+                logits = np.asarray(self.every_token(outputs), dtype=np.float32)
+            else:
+                logits = np.asarray(outputs[self.names.logits], dtype=np.float32)
+            scores = self.constraint(logits, history) if callable(self.constraint) else logits
+            return StepScores(scores, None), present
+        logits = np.asarray(outputs[self.names.logits], dtype=np.float32)  # [rows, A] over ids, or every token
         rows = np.repeat(np.arange(len(candidates)), [len(row) for row in candidates])
-        allowed[rows, np.searchsorted(ids, np.fromiter((t for row in candidates for t in row), dtype=np.int64))] = True
-        return ids, allowed
+        columns = flat if ids is None else np.searchsorted(ids, flat)
+        scores = np.full(logits.shape, BLOCKED, dtype=np.float32)
+        scores[rows, columns] = logits[rows, columns]
+        return StepScores(scores, ids), present
+
+    def _vocabulary(self, candidates: np.ndarray | None) -> np.ndarray:
+        """What a step graph that takes a vocabulary scores: the rows' candidates, or `end` alone
+        where every token's scores come from `every_token`."""
+        if candidates is not None:
+            return np.unique(candidates)
+        if self.every_token is None:
+            raise ValueError("a step graph that takes a vocabulary needs Candidates or the loop's every_token")
+        return np.array([self.end], dtype=np.int64)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nerserve.ner.archs.gner.tagging import Markers
-from nerserve.ner.decoding.generation import BLOCKED
 
 Trie = dict[int, "TrieNode"]
 
@@ -101,7 +100,8 @@ class SentenceGrammar:
 
 
 class Constraint:
-    """The Loop's constraint for rows that belong to `grammars[row_sentence[row]]`."""
+    """The Loop's constraint (generation.Candidates) for rows that belong to
+    `grammars[row_sentence[row]]`."""
 
     def __init__(self, grammars: Sequence[SentenceGrammar], row_sentence: np.ndarray) -> None:
         self.grammars = grammars
@@ -122,10 +122,3 @@ class Constraint:
     def candidates(self, history: np.ndarray) -> list[list[int]]:
         """The tokens each row may write next (a step then scores only these)."""
         return [self.grammars[self.row_sentence[row]].allowed(self.state(row, history[row])) for row in range(len(history))]
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        """Scores over every token [rows, V] with those no row may write blocked."""
-        out = np.full(logits.shape, BLOCKED, dtype=logits.dtype)
-        for row, allowed in enumerate(self.candidates(history)):
-            out[row, allowed] = logits[row, allowed]
-        return out
