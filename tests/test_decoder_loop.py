@@ -150,6 +150,56 @@ def test_candidates_constrain_a_step_graph_that_scores_every_token() -> None:
     assert np.all(generated.log_probs[:, 3] == 0)  # the only token allowed: probability 1
 
 
+class ToyStepScoringVocabulary(ToyStep):
+    """ToyStep that takes a `vocabulary` and answers the scores of those tokens only."""
+
+    def forward(self, memory, memory_mask, tokens, positions, vocabulary, *past):  # type: ignore[no-untyped-def]
+        logits, *present = super().forward(memory, memory_mask, tokens, positions, *past)
+        return (logits.index_select(1, vocabulary), *present)
+
+
+class FewTokens:
+    """Candidates: one token for three steps (fewer than the beams), then three, then the end; a
+    row whose last token is one that fills a beam short of allowed continuations may write only
+    the end."""
+
+    def candidates(self, history: np.ndarray) -> list[list[int]]:
+        step = history.shape[1]
+        usual = [END] if step > 5 else [7] if step < 4 else [3, 5, 11]
+        return [[END] if row[-1] == 0 or (step > 1 and row[-1] == 1) else usual for row in history]
+
+
+def test_beam_search_over_a_vocabulary_is_beam_search_over_every_token() -> None:
+    """A step that scores only the candidates gives beam search the hypotheses, order and scores it
+    gets when the step scores every token, also where a row has fewer allowed continuations than
+    beams."""
+    torch.manual_seed(0)
+    every = ToyStep(layers=2).eval()
+    some = ToyStepScoringVocabulary(layers=2).eval()
+    some.load_state_dict(every.state_dict())
+    signature = toy_signature(2)
+    inputs = (*signature.inputs[:4], "vocabulary", *signature.inputs[4:])
+
+    def beams(graph: Any) -> list[list[Hypothesis]]:
+        rng = np.random.default_rng(0)
+        memory = rng.standard_normal((6, 7, DIM)).astype(np.float32)
+        fixed = {"memory": memory, "memory_mask": np.ones((6, 7), dtype=np.float32)}
+        cache = KeyValueCache(2, HEADS, DIM // HEADS)
+
+        def take_rows(order: np.ndarray, cache: Any) -> dict[str, Any]:
+            return {name: value[order] for name, value in cache.items()}
+
+        loop = Loop(graph, fixed, {}, cache, np.ones(2, dtype=np.int64), END, constraint=FewTokens(), reorder=take_rows)
+        return beam_search(loop, max_steps=9, beams=3, keep=np.full(2, 3))
+
+    expected = beams(EagerGraph(every, signature.inputs, signature.outputs))
+    got = beams(EagerGraph(some, inputs, signature.outputs))
+    assert [[h.tokens for h in row] for row in got] == [[h.tokens for h in row] for row in expected]
+    for got_row, expected_row in zip(got, expected, strict=True):
+        for a, b in zip(got_row, expected_row, strict=True):
+            np.testing.assert_allclose(a.log_probs, b.log_probs, rtol=1e-5)
+
+
 @pytest.mark.parametrize("layers", [1, 3])
 def test_signature_names_only_the_configured_layers(layers: int) -> None:
     signature = toy_signature(layers)

@@ -84,9 +84,12 @@ class Loop:
         history: np.ndarray,
         position: np.ndarray,
         order: np.ndarray,
+        spare: int = 0,
     ) -> tuple[StepScores, dict[str, Value]]:
         """The next token's scores for each row after `history`, the constraint applied, and the
-        grown cache."""
+        grown cache. `spare`: a step that scores a vocabulary scores the `spare` lowest token ids
+        too (blocked where not allowed): beam search, where a row has fewer allowed continuations
+        than beams, fills its beams with those, as it does when every token is scored."""
         feeds = {**self.shared, **per_row, **past, self.names.token: history[:, -1], self.names.position: position}
         if self.names.cache_order in self.step.input_names:
             feeds[self.names.cache_order] = order
@@ -94,7 +97,7 @@ class Loop:
         flat = None if candidates is None else np.fromiter(itertools.chain.from_iterable(candidates), dtype=np.int64)
         ids = None
         if self.names.vocabulary in self.step.input_names:
-            ids = self._vocabulary(flat)
+            ids = self._vocabulary(flat, spare)
             feeds[self.names.vocabulary] = ids
         outputs = self.step.run(feeds, keep_on_device=self.cache.present)
         present = self.cache.carry(outputs)
@@ -112,11 +115,11 @@ class Loop:
         scores[rows, columns] = logits[rows, columns]
         return StepScores(scores, ids), present
 
-    def _vocabulary(self, candidates: np.ndarray | None) -> np.ndarray:
-        """What a step graph that takes a vocabulary scores: the rows' candidates, or `end` alone
-        where every token's scores come from `every_token`."""
+    def _vocabulary(self, candidates: np.ndarray | None, spare: int) -> np.ndarray:
+        """What a step graph that takes a vocabulary scores: the rows' candidates (and the `spare`
+        lowest ids), or `end` alone where every token's scores come from `every_token`."""
         if candidates is not None:
-            return np.unique(candidates)
+            return np.unique(np.concatenate([candidates, np.arange(spare, dtype=np.int64)]))
         if self.every_token is None:
             raise ValueError("a step graph that takes a vocabulary needs Candidates or the loop's every_token")
         return np.array([self.end], dtype=np.int64)
@@ -215,7 +218,7 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
     done: list[list[Hypothesis]] = [[] for _ in range(rows)]
     complete = np.zeros(rows, dtype=bool)
     for index in range(max_steps):
-        step, past = loop.run_step(per_row, past, history, offsets + index, order)
+        step, past = loop.run_step(per_row, past, history, offsets + index, order, spare=beams)
         logp = log_softmax(step.scores.astype(np.float64))
         candidates = totals[:, None] + logp  # [slots, A]
         width = candidates.shape[1]
