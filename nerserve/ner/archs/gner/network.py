@@ -242,10 +242,10 @@ class GnerEncoderGraph(nn.Module):
 
 class GnerStepGraph(nn.Module):
     """One step for R rows: (memory_mask, tokens, positions, vocabulary, *cross, *past) → (logits
-    [R, A] of the A `vocabulary` tokens, states [R, D], *present), every input but the vocabulary per row (the
-    `rows` graph selects them when a loop's rows are not the batch's sentences in order). Tokens
-    and positions [R, T] take T steps at once (logits [R, T, A]): eager only, where export parity
-    checks a loop's steps in one teacher-forced pass (export.teacher_forcing)."""
+    [R, A] of the A `vocabulary` tokens, states [R, D], *present), every input but the vocabulary
+    per row (the `rows` graph selects them when a loop's rows are not the batch's sentences in
+    order). Tokens and positions [R, T] take T steps at once (logits [R, T, A]): eager only, where
+    export parity checks a loop's steps in one teacher-forced pass (export.teacher_forcing)."""
 
     def __init__(self, decoder: BackboneDecoder | T5Decoder) -> None:
         super().__init__()
