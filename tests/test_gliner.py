@@ -46,6 +46,24 @@ def test_a_long_label_list_runs_in_passes_whose_scores_are_each_passes_own(progr
         np.testing.assert_allclose(scores[:, :, first : first + len(names)], alone[:, :, : len(names)], atol=1e-6)
 
 
+def test_a_sentence_scores_the_same_alone_and_packed_with_others(program: GlinerProgram) -> None:
+    options = GlinerOptions(labels=NAMES[:2])
+    batch = program.prepare([["short", "one"], *SENTENCES])
+    together = program.run(batch, options)["scores"]
+    for b, words in enumerate(SENTENCES, start=1):
+        single = program.prepare([words])
+        alone = program.run(single, options)["scores"][0]
+        scored = single.span_mask[0]
+        np.testing.assert_allclose(together[b, : len(scored)][scored], alone[scored], atol=1e-5)
+
+
+def test_a_batch_with_no_span_to_score_finds_nothing(program: GlinerProgram) -> None:
+    batch = program.prepare([["@", "--"], ["!"]])
+    options = GlinerOptions(labels=("person",), threshold=0.0)
+    assert program.feeds(batch, [Pass(0, 0, ("person",)), Pass(1, 0, ("person",))])["spans"].shape == (0, 3)
+    assert program.decode(batch, program.run(batch, options), options) == [EntitySet(), EntitySet()]
+
+
 def test_a_sentence_that_leaves_little_room_gets_more_passes(program: GlinerProgram) -> None:
     room = program.subwords.max_subwords - program.subwords.special_count - 1
     assert len(program.passes(0, NAMES, room - 2)) == 5  # each name (marker + pieces) fills the rest alone

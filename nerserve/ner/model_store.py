@@ -127,8 +127,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # 3: encoders take packed rows; 4: max pooling without a sub-word mask; 5: gner's vocabulary axis fixed;
 # 6: the span proposal takes filter thresholds; 7: and answers its candidates only; 8: the pointer
 # decoder's cross-attention keys and values come from the encoder graph, once per sentence; 9: gner's
-# step graph reads its inputs per row, its `rows` graph selects them)
-EXPORT_VERSION = "9"
+# step graph reads its inputs per row, its `rows` graph selects them; 10: the label-matching graph
+# scores packed spans)
+EXPORT_VERSION = "10"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
 INT8_VERSION = "int8-2"
 

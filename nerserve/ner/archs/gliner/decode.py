@@ -23,9 +23,10 @@ def decode_batch(
     """scores [B, S, L] (a sentence's columns past its own labels are ignored), spans [B, S, 2],
     span_mask [B, S]; each sentence's label names and options."""
     thresholds = np.array([o.threshold for o in options], dtype=scores.dtype)[:, None, None]
-    # the threshold over [B, S, L] first, flat, then the masks only on the pairs above it (padding
-    # spans score high: masking the whole tensor first costs more than the test); flat order is
-    # sentence by sentence, span by span, label by label
+    # the threshold over [B, S, L] first, flat, then the masks only on the pairs above it (a span
+    # not scored has the bias's score, which a low threshold passes; masking the whole tensor
+    # first costs more than the test); flat order is sentence by sentence, span by span, label
+    # by label
     flat = np.flatnonzero(scores > thresholds)
     flat = flat[span_mask.ravel()[flat // scores.shape[2]]]
     sentence, span, label = np.unravel_index(flat, scores.shape)

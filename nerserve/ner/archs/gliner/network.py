@@ -24,7 +24,12 @@ class Projection(nn.Module):
 
 
 class GlinerNetwork(nn.Module):
-    """MATCH_INPUTS → scores [B, S, L]: p(span s is an entity of label l). One graph, "encoder"."""
+    """MATCH_INPUTS → scores [B, S, L]: p(span s is an entity of label l). One graph, "encoder".
+
+    Only the spans worth scoring come in, packed across rows (`spans` [T, 3]: row, first word,
+    end word); `span_slots` [B, S] places them back (T: a slot of no span, scored by the bias
+    alone). A batch padded to its longest sentence's spans is ~¾ padding in arrival order, and
+    the span layers were a third of the graph's time on it."""
 
     def __init__(self, backbone: nn.Module, hidden_size: int, config: GlinerConfig) -> None:
         super().__init__()
@@ -55,10 +60,11 @@ class GlinerNetwork(nn.Module):
         text_index: torch.Tensor,
         label_index: torch.Tensor,
         spans: torch.Tensor,
+        span_slots: torch.Tensor,
     ) -> torch.Tensor:
         encoder_inputs = (input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask)
         words = (char_ids, shape_ids, word_mask, text_index)
-        return torch.sigmoid(self.logits(*encoder_inputs, *words, label_index, spans))
+        return torch.sigmoid(self.logits(*encoder_inputs, *words, label_index, spans, span_slots))
 
     def logits(
         self,
@@ -74,6 +80,7 @@ class GlinerNetwork(nn.Module):
         text_index: torch.Tensor,
         label_index: torch.Tensor,
         spans: torch.Tensor,
+        span_slots: torch.Tensor,
     ) -> torch.Tensor:
         encoder = self.encoder
         hidden = unpack_rows(encoder.backbone_states(input_ids, segment_ids, position_ids), token_index)
@@ -84,14 +91,18 @@ class GlinerNetwork(nn.Module):
         features = torch.cat([words, encoder.chars(char_ids), encoder.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
         states = encoder.lstm(encoder.dropout(features), lengths)  # [B, N, 2·lstm_hidden]
-        starts, ends = spans[..., 0], spans[..., 1]
+        rows, starts, ends = spans[:, 0], spans[:, 1], spans[:, 2]
+        first = rows * states.shape[1] + starts  # positions in the batch's words, flattened
         span_hidden = (
-            gather_positions(self.start(states), starts)
-            + gather_positions(self.end(states), ends - 1)
+            self.start(states).flatten(0, 1).index_select(0, first)
+            + self.end(states).flatten(0, 1).index_select(0, first + (ends - starts - 1))
             + self.width(torch.clamp(ends - starts, max=self.width.num_embeddings - 1))
         )
-        span_vectors = self.span_out(span_hidden)  # [B, S, D]
-        return torch.einsum("bsd,bld->bsl", span_vectors, label_vectors) + self.bias
+        span_vectors = self.span_out(span_hidden)  # [T, D]
+        no_span = span_vectors.new_zeros((1, span_vectors.shape[1]))
+        slotted = torch.cat([span_vectors, no_span]).index_select(0, span_slots.flatten())
+        slotted = slotted.reshape(*span_slots.shape, -1)  # [B, S, D]
+        return torch.einsum("bsd,bld->bsl", slotted, label_vectors) + self.bias
 
     def graphs(self) -> dict[str, nn.Module]:
         return {"encoder": self}

@@ -68,6 +68,20 @@ def names_something(shapes: Sequence[bytes], spans: np.ndarray) -> np.ndarray:
     return np.asarray(found[..., 1] > found[..., 0], dtype=bool)
 
 
+def scored_spans(batch: GlinerBatch, sentences: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The spans the graph scores for rows of these sentences: those of each row's sentence in
+    `span_mask`, packed ([T, 3] int64: row, first word, end word), and each row's slots [R, S]
+    int64: the index of its span s in the packed spans, or T where none is scored."""
+    mask = batch.span_mask[sentences]
+    rows, slots = np.nonzero(mask)
+    spans = np.empty((len(rows), 3), dtype=np.int64)
+    spans[:, 0] = rows
+    spans[:, 1:] = batch.spans[np.asarray(sentences, dtype=np.int64)[rows], slots]
+    span_slots = np.full(mask.shape, len(rows), dtype=np.int64)
+    span_slots[rows, slots] = np.arange(len(rows))
+    return spans, span_slots
+
+
 class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
     # a sentence window leaves the prompt at least the rest of the backbone's 512 positions
     window_subwords = 256
@@ -156,7 +170,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
             word_mask[r, :count] = 1.0
             text_index[r, :count] = np.arange(count) + 2 * len(one.labels) + 1
             label_index[r, : len(one.labels)] = np.arange(len(one.labels)) * 2 + 1
-        spans = batch.spans[[p.sentence for p in passes]]
+        spans, span_slots = scored_spans(batch, [p.sentence for p in passes])
         return {
             **subword_feeds(encoded),
             "char_ids": char_ids,
@@ -165,6 +179,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
             "text_index": text_index,
             "label_index": label_index,
             "spans": spans,
+            "span_slots": span_slots,
         }
 
     def run(self, batch: GlinerBatch, options: GlinerOptions | Sequence[GlinerOptions] | None = None) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ from nerserve.ner.archs.feeds import ENCODER_AXES, ENCODER_INPUTS
 from nerserve.ner.archs.gliner.config import GlinerConfig
 from nerserve.ner.graph import GraphSignature
 
-MATCH_INPUTS = (*ENCODER_INPUTS, "text_index", "label_index", "spans")
+MATCH_INPUTS = (*ENCODER_INPUTS, "text_index", "label_index", "spans", "span_slots")
 MATCHER = GraphSignature(
     MATCH_INPUTS,
     ("scores",),
@@ -18,7 +18,9 @@ MATCHER = GraphSignature(
         "subword_mask": ("batch", "prompt_words", "pieces"),
         "text_index": ("batch", "words"),
         "label_index": ("batch", "labels"),
-        "spans": ("batch", "spans", ""),
+        # the spans scored, packed across rows (row, first word, end), and where each row's go
+        "spans": ("scored_spans", ""),
+        "span_slots": ("batch", "spans"),
         "scores": ("batch", "spans", "labels"),
     },
 )
