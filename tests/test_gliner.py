@@ -48,9 +48,12 @@ def test_a_long_label_list_runs_in_passes_whose_scores_are_each_passes_own(progr
 
 def test_a_sentence_scores_the_same_alone_and_packed_with_others(program: GlinerProgram) -> None:
     options = GlinerOptions(labels=NAMES[:2])
-    batch = program.prepare([["short", "one"], *SENTENCES])
+    long = ["word"] * 90
+    batch = program.prepare([long, ["short", "one"], *SENTENCES])
+    passes = [Pass(b, 0, options.labels) for b in range(len(batch.lengths))]
+    assert len(program.pass_groups(batch, passes)) == 2  # the long one alone, the short ones together
     together = program.run(batch, options)["scores"]
-    for b, words in enumerate(SENTENCES, start=1):
+    for b, words in zip([0, 2, 3], [long, *SENTENCES], strict=True):
         single = program.prepare([words])
         alone = program.run(single, options)["scores"][0]
         scored = single.span_mask[0]

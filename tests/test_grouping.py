@@ -69,6 +69,16 @@ def test_groups_cover_every_row_once_and_bound_the_padding() -> None:
     assert len(size_groups([5, 5, 5])) == 1
 
 
+def test_an_allowance_of_padding_keeps_small_rows_in_one_group() -> None:
+    sizes = [3, 40, 7, 39, 12, 1, 38, 8, 2, 11]
+    groups = size_groups(sizes, slack=1.25, allowance=30)
+    assert [sorted(sizes[r] for r in rows) for rows in groups] == [[12, 38, 39, 40], [2, 3, 7, 8, 11], [1]]
+    assert len(size_groups(sizes, slack=1.25)) == 5
+    for rows in groups:
+        members = [sizes[r] for r in rows]
+        assert len(members) * max(members) <= max(1.25 * sum(members), sum(members) + 30)
+
+
 def test_grouped_outputs_equal_the_whole_batch_inside_each_row() -> None:
     rng = np.random.default_rng(0)
     word_counts = [3, 40, 7, 39, 12, 1, 38, 8, 2, 11]

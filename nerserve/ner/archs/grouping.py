@@ -20,15 +20,16 @@ from nerserve.ner.graph import Graph, GraphSignature
 PADDING_SLACK = 1.25
 
 
-def size_groups(sizes: Sequence[int], slack: float = PADDING_SLACK) -> list[np.ndarray]:
+def size_groups(sizes: Sequence[int], slack: float = PADDING_SLACK, allowance: int = 0) -> list[np.ndarray]:
     """Row indices in groups, largest rows first: each group padded to its first row's size has at
-    most `slack` × its rows' own sizes."""
+    most `slack` × its rows' own sizes, or at most `allowance` positions of padding."""
     order = np.argsort(-np.asarray(sizes, dtype=np.int64), kind="stable")
     groups: list[list[int]] = []
     real = 0
     for row in order.tolist():
         size = max(1, int(sizes[row]))
-        if groups and (len(groups[-1]) + 1) * max(1, int(sizes[groups[-1][0]])) <= slack * (real + size):
+        padded = (len(groups[-1]) + 1) * max(1, int(sizes[groups[-1][0]])) if groups else 0
+        if groups and padded <= max(slack * (real + size), real + size + allowance):
             groups[-1].append(row)
             real += size
         else:

@@ -18,11 +18,16 @@ from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import subword_feeds
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_batch
+from nerserve.ner.archs.grouping import size_groups
 from nerserve.ner.text.chars import SHAPES, encode_chars
 from nerserve.ner.text.subword import Tokenized, Words
 from nerserve.ner.types import EntitySet
 
 PUNCTUATION = SHAPES.index("punctuation")
+# Padding words a group of passes may carry rather than take another graph call: a call's own cost
+# (a few hundred nodes) is about what this many words cost the layers over words, so that small
+# batches are not cut into calls of a sentence or two.
+PADDING_WORDS_PER_CALL = 64
 
 
 @dataclass
@@ -188,13 +193,22 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         chosen = self.per_sentence(options, len(batch.lengths))
         labels = [self.labels_of(o) for o in chosen]
         passes = [p for b, names in enumerate(labels) for p in self.passes(b, names, batch.sentences[b].subwords)]
-        outputs = self.graphs["encoder"].run(self.feeds(batch, passes))
         scores = np.zeros((len(batch.lengths), batch.spans.shape[1], max(len(n) for n in labels)), dtype=np.float32)
-        for r, one in enumerate(passes):
-            scores[one.sentence, :, one.first_label : one.first_label + len(one.labels)] = outputs["scores"][
-                r, :, : len(one.labels)
-            ]
+        for group in self.pass_groups(batch, passes):
+            found = self.graphs["encoder"].run(self.feeds(batch, group))["scores"]
+            for r, one in enumerate(group):
+                columns = slice(one.first_label, one.first_label + len(one.labels))
+                scores[one.sentence, : found.shape[1], columns] = found[r, :, : len(one.labels)]
         return {"scores": scores}
+
+    def pass_groups(self, batch: GlinerBatch, passes: list[Pass]) -> list[list[Pass]]:
+        """On the CPU, passes of sentences of similar lengths together: the layers over words (the
+        characters, the BiLSTM, the span ends) cost what a batch padded to its longest sentence
+        does. A GPU takes the whole batch in one call."""
+        if self.graphs["encoder"].device_resident:
+            return [passes]
+        groups = size_groups([batch.lengths[p.sentence] for p in passes], allowance=PADDING_WORDS_PER_CALL)
+        return [[passes[r] for r in rows.tolist()] for rows in groups]
 
     def export_values(self, batch: GlinerBatch) -> dict[str, np.ndarray]:
         passes = [Pass(b, 0, self.config.labels[: self.config.labels_per_pass]) for b in range(len(batch.lengths))]
