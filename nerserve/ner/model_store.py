@@ -131,7 +131,7 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # scores packed spans)
 EXPORT_VERSION = "10"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
-INT8_VERSION = "int8-2"
+INT8_VERSION = "int8-3"
 
 
 def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
