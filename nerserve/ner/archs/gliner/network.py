@@ -28,8 +28,8 @@ class GlinerNetwork(nn.Module):
 
     Only the spans worth scoring come in, packed across rows (`spans` [T, 3]: row, first word,
     end word); `span_slots` [B, S] places them back (T: a slot of no span, scored by the bias
-    alone). A batch padded to its longest sentence's spans is ~¾ padding in arrival order, and
-    the span layers were a third of the graph's time on it."""
+    alone). The span layers cost per span, and a batch in arrival order mixes lengths: padded to
+    its longest sentence's spans, most of [B, S] would be padding (docs/decisions/open-labels.md)."""
 
     def __init__(self, backbone: nn.Module, hidden_size: int, config: GlinerConfig) -> None:
         super().__init__()
