@@ -19,7 +19,7 @@ from nerserve.ner.archs.diffusion.decode import decode_batch
 from nerserve.ner.archs.diffusion.schedule import Sampler, spans_to_noise, step_pairs
 from nerserve.ner.archs.diffusion.signatures import DENOISER
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.grouping import run_grouped, size_groups
+from nerserve.ner.archs.grouping import groups_for, run_grouped
 from nerserve.ner.graph import Graph, GraphSignature
 from nerserve.ner.text.subword import SubwordEncoder, Words
 from nerserve.ner.types import EntitySet
@@ -62,7 +62,7 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
         # costs what the padding does. On a GPU one call a step, on states that stay there.
         word_counts = lengths.astype(np.int64).tolist()
         denoiser = self.graphs["denoiser"]
-        groups = [np.arange(len(word_counts))] if denoiser.device_resident else size_groups(word_counts)
+        groups = groups_for(denoiser, word_counts)
         sizes = {"words": word_counts}
         x = noise[:, 0]
         outputs: dict[str, np.ndarray] = {}

@@ -18,7 +18,7 @@ from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import subword_feeds
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_batch
-from nerserve.ner.archs.grouping import size_groups
+from nerserve.ner.archs.grouping import groups_for
 from nerserve.ner.text.chars import SHAPES, encode_chars
 from nerserve.ner.text.subword import Tokenized, Words
 from nerserve.ner.types import EntitySet
@@ -205,9 +205,8 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         """On the CPU, passes of sentences of similar lengths together: the layers over words (the
         characters, the BiLSTM, the span ends) cost what a batch padded to its longest sentence
         does. A GPU takes the whole batch in one call."""
-        if self.graphs["encoder"].device_resident:
-            return [passes]
-        groups = size_groups([batch.lengths[p.sentence] for p in passes], allowance=PADDING_WORDS_PER_CALL)
+        sizes = [batch.lengths[p.sentence] for p in passes]
+        groups = groups_for(self.graphs["encoder"], sizes, allowance=PADDING_WORDS_PER_CALL)
         return [[passes[r] for r in rows.tolist()] for rows in groups]
 
     def export_values(self, batch: GlinerBatch) -> dict[str, np.ndarray]:
