@@ -26,12 +26,14 @@ LOCATIONS = Locations()
 app = typer.Typer(add_completion=False)
 
 
-def load_program(model: str, runtime: str, device: str, threads: int | None, precision: str = "fp32") -> Any:
+def load_program(
+    model: str, runtime: str, device: str, threads: int | None, precision: str = "fp32", int8: bool = False
+) -> Any:
     if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
         from nerserve.ner.loading import load_model
 
         return load_model(LOCATIONS.model_dir(model), device, precision=precision, merged=True).program
-    return load_graph_set(LOCATIONS.graph_set_folder(model, runtime), device, threads).program
+    return load_graph_set(LOCATIONS.graph_set_folder(model, runtime, int8), device, threads).program
 
 
 def gpu_memory_mib(device: str) -> float | None:
@@ -63,9 +65,10 @@ def main(
     threads: Annotated[int | None, typer.Option(min=1)] = None,
     precision: Annotated[str, typer.Option(help="eager runtime: fp32, or fp16/bf16 under autocast")] = "fp32",
     options: Annotated[str, typer.Option(help="decoding options over the manifest's, as JSON: '{\"steps\": 1}'")] = "",
+    int8: Annotated[bool, typer.Option("--int8", help="the ONNX export with INT8 weights (`nerserve export --int8`)")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    program = load_program(model, runtime, device, threads, precision)
+    program = load_program(model, runtime, device, threads, precision, int8)
     chosen = dataclasses.replace(program.config.decode, **json.loads(options)) if options else None
     arrival = [list(s.tokens) for s in read_split(data, "test", limit)]
     by_length = sorted(arrival, key=len)
@@ -86,6 +89,7 @@ def main(
         "sentences": len(arrival),
         "threads": threads,
         "precision": precision,
+        "int8": int8,
         "options": json.loads(options) if options else {},
         "rows": rows,
         "best_gain_over_batch_1": max(max(r["arrival_order"], r["length_sorted"]) for r in rows) / base,

@@ -3,8 +3,8 @@ import random
 import numpy as np
 import torch
 
-from nerserve.ner.encoder import pool_subwords
-from nerserve.ner.text.chars import SHAPES, char_rows, encode_chars, shape_id
+from nerserve.ner.encoder import CharCNN, pool_subwords
+from nerserve.ner.text.chars import SHAPES, CharFeeds, char_rows, encode_chars, shape_id
 from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, longest_first, pack_rows, packed_rows, packing_cost
 
@@ -44,8 +44,31 @@ def test_shapes_and_chars() -> None:
     assert SHAPES[shape_id("NATO")] == "upper"
     assert SHAPES[shape_id("iPhone")] == "mixed"
     assert SHAPES[shape_id("1996")] == "digit"
-    char_ids, shape_ids = encode_chars([char_rows(["Ab", "c"]), char_rows(["d"])], 2)
-    assert char_ids.shape == (2, 2, 2) and shape_ids[1, 1] == 0 and char_ids[0, 1, 1] == 0
+    chars = encode_chars([char_rows(["Ab", "c"]), char_rows(["d"])], 2)
+    char_ids = char_grid(chars)
+    assert char_ids.shape == (2, 2, 2) and chars.shape_ids[1, 1] == 0 and char_ids[0, 1, 1] == 0
+    # a 0 before every word and one at the end: a width-3 window never reads into a neighbour
+    assert (chars.stream == 0).sum() == 4 and chars.stream[0] == chars.stream[-1] == 0
+
+
+def char_grid(chars: CharFeeds) -> np.ndarray:
+    """The [B, N, C] grid of character ids (0: padding) that the stream and its index describe."""
+    return np.append(chars.stream, 0)[chars.positions]
+
+
+def test_the_character_cnn_on_the_stream_is_the_convolution_of_each_padded_word() -> None:
+    torch.manual_seed(0)
+    cnn = CharCNN(char_dim=8, filters=6)
+    sentences = [["EU", "rejects", "Müller", "."], ["a" * 30 + "Z", "x"], []]
+    chars = encode_chars([char_rows(s) for s in sentences], 4)
+    grid = torch.from_numpy(char_grid(chars)).reshape(-1, chars.positions.shape[2])
+    with torch.no_grad():
+        got = cnn(torch.from_numpy(chars.stream), torch.from_numpy(chars.positions))
+        # the plain formulation: every word padded to C on its own, convolved, padding masked out
+        hidden = torch.relu(cnn.conv(cnn.embedding(grid).transpose(1, 2)))
+        expected = hidden.masked_fill(~(grid > 0).unsqueeze(1), 0.0).amax(dim=2).reshape(got.shape)
+    assert got.shape == (3, 4, 6) and torch.allclose(got, expected, atol=1e-6)
+    assert not got[1, 2:].any() and not got[2].any()  # padding words have no character features
 
 
 def test_subword_map_covers_every_word(tiny_backbone) -> None:
@@ -154,7 +177,8 @@ def test_character_features_fill_each_word_in_its_place() -> None:
     from nerserve.ner.text.chars import MAX_WORD_CHARS, char_id
 
     sentences = [["EU", "rejects", "Müller", "中国"], ["a" * 30 + "Z"], ["3.5", "-"]]
-    char_ids, shape_ids = encode_chars([char_rows(s) for s in sentences], 5)
+    chars = encode_chars([char_rows(s) for s in sentences], 5)
+    char_ids, shape_ids = char_grid(chars), chars.shape_ids
     assert char_ids.shape == (3, 5, MAX_WORD_CHARS) and shape_ids.shape == (3, 5)
     for b, words in enumerate(sentences):
         for i, word in enumerate(words):

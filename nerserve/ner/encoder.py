@@ -57,20 +57,34 @@ def load_backbone(info: BackboneInfo) -> PreTrainedModel:
 
 
 class CharCNN(nn.Module):
-    """Character CNN with max over characters: sees the casing the uncased backbone throws away."""
+    """Character CNN with max over characters: sees the casing the uncased backbone throws away.
+
+    Runs on the batch's character stream (text.chars.CharFeeds): the convolution of width 3 is
+    the sum of three per-character vectors, one table per offset (the embedding times that
+    offset's filter weights, so a character costs three gathers); each word's maximum is then
+    read through its characters' positions. The separators between words are the padding id,
+    whose embedding is zero, as a word padded on its own would see."""
 
     def __init__(self, char_dim: int, filters: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(CHAR_VOCAB_SIZE, char_dim, padding_idx=0)
         self.conv = nn.Conv1d(char_dim, filters, kernel_size=3, padding=1)
 
-    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        batch, words, chars = char_ids.shape
-        flat = char_ids.reshape(batch * words, chars)
-        hidden = torch.relu(self.conv(self.embedding(flat).transpose(1, 2)))  # [BW, F, C]
-        mask = (flat > 0).unsqueeze(1)
-        hidden = hidden.masked_fill(~mask, 0.0)  # relu ≥ 0, so 0 is neutral for the max
-        return hidden.max(dim=2).values.reshape(batch, words, -1)
+    def forward(self, char_stream: torch.Tensor, char_index: torch.Tensor) -> torch.Tensor:
+        """char_stream [T], char_index [B, N, C] → [B, N, filters]."""
+        # one [V, filters] table per offset of the window; an einsum, not a MatMul, so that INT8
+        # export (which quantises MatMuls) leaves this product of two weights to constant folding
+        tables = torch.einsum("ve,fek->kvf", self.embedding.weight, self.conv.weight)
+        edge = char_stream[:1] * 0
+        before = torch.cat([edge, char_stream[:-1]])
+        after = torch.cat([char_stream[1:], edge])
+        hidden = tables[0].index_select(0, before) + tables[1].index_select(0, char_stream) + tables[2].index_select(0, after)
+        if self.conv.bias is not None:
+            hidden = hidden + self.conv.bias
+        # relu ≥ 0, so a zero row read for the index's padding (position T) leaves every maximum as it is
+        hidden = torch.cat([torch.relu(hidden), hidden.new_zeros((1, hidden.shape[1]))])
+        batch, words, chars = char_index.shape
+        return hidden.index_select(0, char_index.reshape(-1)).reshape(batch, words, chars, -1).amax(dim=2)
 
 
 def gather_positions(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -182,12 +196,22 @@ class WordEncoder(nn.Module):
         token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
-        char_ids: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         states, hidden = self.encode(
-            input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask, char_ids, shape_ids, word_mask
+            input_ids,
+            segment_ids,
+            position_ids,
+            token_index,
+            subword_index,
+            subword_mask,
+            char_stream,
+            char_index,
+            shape_ids,
+            word_mask,
         )
         return states, hidden[:, 0]
 
@@ -212,7 +236,8 @@ class WordEncoder(nn.Module):
         token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
-        char_ids: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,6 +245,6 @@ class WordEncoder(nn.Module):
         row per sentence."""
         hidden = unpack_rows(self.backbone_states(input_ids, segment_ids, position_ids), token_index)
         words = pool_subwords(hidden, subword_index, subword_mask, self.config.pooling)
-        features = torch.cat([words, self.chars(char_ids), self.shapes(shape_ids)], dim=-1)
+        features = torch.cat([words, self.chars(char_stream, char_index), self.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
         return self.lstm(self.dropout(features), lengths), hidden

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nerserve.ner.graph import GraphSignature
-from nerserve.ner.text.chars import encode_chars
+from nerserve.ner.text.chars import CharFeeds, encode_chars
 from nerserve.ner.text.subword import SubwordBatch, SubwordEncoder, Words, sentence_char_rows
 
 # Packed rows in (ner.text.subword), one row per sentence out: "rows" × "row_subwords" are the
@@ -20,7 +20,8 @@ ENCODER_INPUTS = (
     "token_index",
     "subword_index",
     "subword_mask",
-    "char_ids",
+    "char_stream",
+    "char_index",
     "shape_ids",
     "word_mask",
 )
@@ -32,7 +33,8 @@ ENCODER_AXES: dict[str, tuple[str, ...]] = {
     "token_index": ("batch", "subwords"),
     "subword_index": ("batch", "words", "pieces"),
     "subword_mask": ("batch", "words", "pieces"),
-    "char_ids": ("batch", "words", "chars"),
+    "char_stream": ("char_stream",),
+    "char_index": ("batch", "words", "chars"),
     "shape_ids": ("batch", "words"),
     "word_mask": ("batch", "words"),
     "word_states": ("batch", "words", ""),
@@ -44,9 +46,12 @@ ENCODER = GraphSignature(ENCODER_INPUTS, ("word_states", "context"), ENCODER_AXE
 def encoder_feeds(subwords: SubwordEncoder, sentences: Sequence[Words]) -> tuple[dict[str, np.ndarray], SubwordBatch]:
     """ENCODER_INPUTS by name, and the sub-word batch they came from."""
     encoded = subwords.encode(sentences)
-    char_ids, shape_ids = encode_chars(list(map(sentence_char_rows, sentences)), encoded.word_mask.shape[1])
-    feeds = {**subword_feeds(encoded), "char_ids": char_ids, "shape_ids": shape_ids, "word_mask": encoded.word_mask}
-    return feeds, encoded
+    chars = encode_chars(list(map(sentence_char_rows, sentences)), encoded.word_mask.shape[1])
+    return {**subword_feeds(encoded), **char_feeds(chars), "word_mask": encoded.word_mask}, encoded
+
+
+def char_feeds(chars: CharFeeds) -> dict[str, np.ndarray]:
+    return {"char_stream": chars.stream, "char_index": chars.positions, "shape_ids": chars.shape_ids}
 
 
 def subword_feeds(encoded: SubwordBatch) -> dict[str, np.ndarray]:

@@ -54,7 +54,8 @@ class GlinerNetwork(nn.Module):
         token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
-        char_ids: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
         text_index: torch.Tensor,
@@ -63,7 +64,7 @@ class GlinerNetwork(nn.Module):
         span_slots: torch.Tensor,
     ) -> torch.Tensor:
         encoder_inputs = (input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask)
-        words = (char_ids, shape_ids, word_mask, text_index)
+        words = (char_stream, char_index, shape_ids, word_mask, text_index)
         return torch.sigmoid(self.logits(*encoder_inputs, *words, label_index, spans, span_slots))
 
     def logits(
@@ -74,7 +75,8 @@ class GlinerNetwork(nn.Module):
         token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
-        char_ids: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
         text_index: torch.Tensor,
@@ -88,7 +90,7 @@ class GlinerNetwork(nn.Module):
         labels = torch.cat([gather_positions(prompt_words, label_index - 1), gather_positions(prompt_words, label_index)], -1)
         label_vectors = self.label_projection(labels)  # [B, L, D]
         words = gather_positions(prompt_words, text_index)
-        features = torch.cat([words, encoder.chars(char_ids), encoder.shapes(shape_ids)], dim=-1)
+        features = torch.cat([words, encoder.chars(char_stream, char_index), encoder.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
         states = encoder.lstm(encoder.dropout(features), lengths)  # [B, N, 2·lstm_hidden]
         rows, starts, ends = spans[:, 0], spans[:, 1], spans[:, 2]

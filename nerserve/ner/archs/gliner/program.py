@@ -15,7 +15,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
-from nerserve.ner.archs.feeds import subword_feeds
+from nerserve.ner.archs.feeds import char_feeds, subword_feeds
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_batch
 from nerserve.ner.archs.grouping import groups_for
@@ -166,7 +166,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         sentences = [batch.sentences[p.sentence] for p in passes]
         encoded = self.subwords.encode([self.row(s, p.labels) for s, p in zip(sentences, passes, strict=True)])
         n_words = max(len(s.words) for s in sentences)
-        char_ids, shape_ids = encode_chars([s.char_rows for s in sentences], n_words)
+        chars = encode_chars([s.char_rows for s in sentences], n_words)
         word_mask = np.zeros((len(passes), n_words), dtype=np.float32)
         text_index = np.zeros((len(passes), n_words), dtype=np.int64)
         label_index = np.ones((len(passes), max(len(p.labels) for p in passes)), dtype=np.int64)
@@ -178,8 +178,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
         spans, span_slots = scored_spans(batch, [p.sentence for p in passes])
         return {
             **subword_feeds(encoded),
-            "char_ids": char_ids,
-            "shape_ids": shape_ids,
+            **char_feeds(chars),
             "word_mask": word_mask,
             "text_index": text_index,
             "label_index": label_index,

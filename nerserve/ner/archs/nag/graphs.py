@@ -70,14 +70,24 @@ class NagEncoderGraph(nn.Module):
         token_index: torch.Tensor,
         subword_index: torch.Tensor,
         subword_mask: torch.Tensor,
-        char_ids: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
         subword_words: torch.Tensor,
         memory_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         states, hidden = self.encoder.encode(
-            input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask, char_ids, shape_ids, word_mask
+            input_ids,
+            segment_ids,
+            position_ids,
+            token_index,
+            subword_index,
+            subword_mask,
+            char_stream,
+            char_index,
+            shape_ids,
+            word_mask,
         )
         start, memory, queries = self.head(states, hidden, subword_words)
         # memory_mask is a graph input so that the decoder graph can take it from the same feed
