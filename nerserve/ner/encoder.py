@@ -71,17 +71,18 @@ class CharCNN(nn.Module):
         self.conv = nn.Conv1d(char_dim, filters, kernel_size=3, padding=1)
 
     def forward(self, char_stream: torch.Tensor, char_index: torch.Tensor) -> torch.Tensor:
-        """char_stream [T], char_index [B, N, C] → [B, N, filters]."""
+        """char_stream [T], char_index [B, N, C] (each character's position in the stream; T: none)
+        → [B, N, filters]."""
         # one [V, filters] table per offset of the window; an einsum, not a MatMul, so that INT8
         # export (which quantises MatMuls) leaves this product of two weights to constant folding
         tables = torch.einsum("ve,fek->kvf", self.embedding.weight, self.conv.weight)
-        edge = char_stream[:1] * 0
+        edge = char_stream[:1] * 0  # the padding id beyond both ends
         before = torch.cat([edge, char_stream[:-1]])
         after = torch.cat([char_stream[1:], edge])
         hidden = tables[0].index_select(0, before) + tables[1].index_select(0, char_stream) + tables[2].index_select(0, after)
         if self.conv.bias is not None:
             hidden = hidden + self.conv.bias
-        # relu ≥ 0, so a zero row read for the index's padding (position T) leaves every maximum as it is
+        # relu ≥ 0, so the zero row that position T reads leaves every word's maximum as it is
         hidden = torch.cat([torch.relu(hidden), hidden.new_zeros((1, hidden.shape[1]))])
         batch, words, chars = char_index.shape
         return hidden.index_select(0, char_index.reshape(-1)).reshape(batch, words, chars, -1).amax(dim=2)

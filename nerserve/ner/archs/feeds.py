@@ -51,6 +51,7 @@ def encoder_feeds(subwords: SubwordEncoder, sentences: Sequence[Words]) -> tuple
 
 
 def char_feeds(chars: CharFeeds) -> dict[str, np.ndarray]:
+    """The encoder inputs that come from the characters (`char_index`: their positions)."""
     return {"char_stream": chars.stream, "char_index": chars.positions, "shape_ids": chars.shape_ids}
 
 
