@@ -202,18 +202,8 @@ class WordEncoder(nn.Module):
         shape_ids: torch.Tensor,
         word_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        states, hidden = self.encode(
-            input_ids,
-            segment_ids,
-            position_ids,
-            token_index,
-            subword_index,
-            subword_mask,
-            char_stream,
-            char_index,
-            shape_ids,
-            word_mask,
-        )
+        subwords = (input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask)
+        states, hidden = self.encode(*subwords, char_stream, char_index, shape_ids, word_mask)
         return states, hidden[:, 0]
 
     def backbone_states(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:

@@ -77,18 +77,8 @@ class NagEncoderGraph(nn.Module):
         subword_words: torch.Tensor,
         memory_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        states, hidden = self.encoder.encode(
-            input_ids,
-            segment_ids,
-            position_ids,
-            token_index,
-            subword_index,
-            subword_mask,
-            char_stream,
-            char_index,
-            shape_ids,
-            word_mask,
-        )
+        subwords = (input_ids, segment_ids, position_ids, token_index, subword_index, subword_mask)
+        states, hidden = self.encoder.encode(*subwords, char_stream, char_index, shape_ids, word_mask)
         start, memory, queries = self.head(states, hidden, subword_words)
         # memory_mask is a graph input so that the decoder graph can take it from the same feed
         return torch.softmax(start, dim=-1), memory * memory_mask.unsqueeze(-1), queries
