@@ -194,8 +194,8 @@ def fuse_transformer(path: Path) -> dict[str, int]:
 
 def quantize_int8(source: Path, target: Path) -> None:
     """ONNX Runtime dynamic quantization: int8 weights, activations quantized per batch at run time.
-    MatMuls only: the character CNN as ConvInteger took 8.7 % of the INT8 encoder's time against
-    2.2 % for its fp32 FusedConv. A scale per output channel rather than per weight matrix keeps
+    MatMuls only: the products with activations (the character CNN's tables, an einsum of two
+    weights, are left to constant folding in fp32). A scale per output channel rather than per weight matrix keeps
     more of fp32's F1 at the same speed (docs/gpu.md, "Nothing lost on the CPU")."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -108,11 +108,11 @@ def encode_chars(sentences: Sequence[CharRows], n_words: int) -> CharFeeds:
     # every character of every word: its place in the stream (one 0 before each word) and in its word
     ids = np.frombuffer(b"".join(s.ids for s in sentences), dtype=_CHAR_DTYPE)
     word_of_char = np.repeat(np.arange(len(lengths)), lengths)
-    positions = np.arange(len(ids)) + word_of_char + 1
+    in_stream = np.arange(len(ids)) + word_of_char + 1
     stream = np.zeros(len(ids) + len(lengths) + 1, dtype=np.int64)
-    stream[positions] = ids
+    stream[in_stream] = ids
     columns = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     width = int(lengths.max(initial=1)) or 1
-    index = np.full((len(sentences) * n_words, width), len(stream), dtype=np.int64)
-    index[word_slots[word_of_char], columns] = positions
-    return CharFeeds(stream, index.reshape(len(sentences), n_words, width), shape_ids.reshape(len(sentences), n_words))
+    positions = np.full((len(sentences) * n_words, width), len(stream), dtype=np.int64)
+    positions[word_slots[word_of_char], columns] = in_stream
+    return CharFeeds(stream, positions.reshape(len(sentences), n_words, width), shape_ids.reshape(len(sentences), n_words))

@@ -202,8 +202,8 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
 
     def pass_groups(self, batch: GlinerBatch, passes: list[Pass]) -> list[list[Pass]]:
         """On the CPU, passes of sentences of similar lengths together: the layers over words (the
-        characters, the BiLSTM, the span ends) cost what a batch padded to its longest sentence
-        does. A GPU takes the whole batch in one call."""
+        BiLSTM, the span ends) cost what a batch padded to its longest sentence does. A GPU takes
+        the whole batch in one call."""
         sizes = [batch.lengths[p.sentence] for p in passes]
         groups = groups_for(self.graphs["encoder"], sizes, allowance=PADDING_WORDS_PER_CALL)
         return [[passes[r] for r in rows.tolist()] for rows in groups]
