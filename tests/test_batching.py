@@ -1,6 +1,8 @@
 """Batcher: packing as a pure function; the scheduler with a fake graph runner (no model)."""
 
 import asyncio
+import random
+import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -9,13 +11,31 @@ from dataclasses import dataclass
 import pytest
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
-from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, QueueFull, Scheduler, WorkItem
+from nerserve.service.batching.scheduler import (
+    DeadlineExceeded,
+    Draining,
+    QueueFull,
+    Scheduler,
+    SlidingMedian,
+    WorkItem,
+)
 
 
 @dataclass
 class Item:
     cost: int
     request: int = 0
+
+
+def test_sliding_median_is_the_median_of_the_last_values() -> None:
+    """What the edge sizes an unread request by: statistics.median over the window, kept in order
+    rather than sorted at every arrival (repeated values leave and come back)."""
+    values = random.Random(0).choices(range(1, 40), k=500)
+    median = SlidingMedian(7)
+    assert median.median == 0.0
+    for seen, value in enumerate(values, start=1):
+        median.add(value)
+        assert median.median == statistics.median(values[max(0, seen - 7) : seen])
 
 
 def test_oldest_go_first_whatever_their_lengths() -> None:

@@ -172,12 +172,12 @@ class ArchitectureSpec(Generic[C, O]):
 
     def resolve_options(self, defaults: O, raw: Mapping[str, Any]) -> O:
         """A request's options over the model's defaults; OptionError names the first bad one."""
+        if not raw:  # nearly every request: nothing to check
+            return defaults
         known = self.option_names()
         for name in raw:
             if name not in known:
                 raise OptionError(f"options.{name}", f"unknown option; known: {', '.join(known)}")
-        if not raw:
-            return defaults
         try:
             return dataclasses.replace(defaults, **raw)  # type: ignore[type-var]
         except ValidationError as error:

@@ -109,15 +109,17 @@ def accept_spans_best_first(
     return best_first(bounds, scores, SPAN_CONFLICTS[overlap], (lambda span: span) if one_type_per_span else None)
 
 
-def spans_by_sentence(
-    sentence: np.ndarray, starts: list[int], ends: list[int], sentences: int
-) -> list[tuple[int, list[Fragment]]]:
-    """A batch's candidates, ordered by sentence (as np.nonzero gives them): for each of `sentences`
-    sentences, the index of its first candidate and its candidates' bounds."""
-    first = np.searchsorted(sentence, np.arange(sentences + 1)).tolist()
+def spans_by_sentence(sentence: np.ndarray, starts: list[int], ends: list[int]) -> list[tuple[int, int, list[Fragment]]]:
+    """A batch's candidates, ordered by sentence (as np.nonzero gives them): for each sentence that
+    has any (few do, once lone spans are taken), its number, the index of its first candidate and
+    its candidates' bounds."""
+    if not len(sentence):
+        return []
+    changes = (np.flatnonzero(np.diff(sentence)) + 1).tolist()
+    firsts, lasts = [0, *changes], [*changes, len(sentence)]
     return [
-        (first[b], list(zip(starts[first[b] : first[b + 1]], ends[first[b] : first[b + 1]], strict=True)))
-        for b in range(sentences)
+        (b, lo, list(zip(starts[lo:hi], ends[lo:hi], strict=True)))
+        for b, lo, hi in zip(sentence[firsts].tolist(), firsts, lasts, strict=True)
     ]
 
 

@@ -57,9 +57,8 @@ def decode_batch(
     found = lone_entities(alone, sentence, starts, ends, classes, scores, labels, len(options))
     rest = ~settled
     types, kept_scores = (classes[rest] - 1).tolist(), scores[rest].tolist()
-    for (lo, bounds), chosen, entities in zip(
-        spans_by_sentence(sentence[rest], starts[rest].tolist(), ends[rest].tolist(), len(options)), options, found, strict=True
-    ):
-        accepted = accept_spans_best_first(bounds, kept_scores[lo : lo + len(bounds)], chosen.overlap, one_type_per_span=True)
-        entities.extend(Entity(labels[types[lo + i]], (bounds[i],), kept_scores[lo + i]) for i in accepted)
+    for b, lo, bounds in spans_by_sentence(sentence[rest], starts[rest].tolist(), ends[rest].tolist()):
+        own_scores = kept_scores[lo : lo + len(bounds)]
+        accepted = accept_spans_best_first(bounds, own_scores, options[b].overlap, one_type_per_span=True)
+        found[b].extend(Entity(labels[types[lo + i]], (bounds[i],), kept_scores[lo + i]) for i in accepted)
     return [EntitySet(entities) for entities in found]

@@ -34,11 +34,9 @@ def decode_batch(
     sentence, span, label = sentence[asked], span[asked], label[asked]
     pair_scores, label_ids = scores[sentence, span, label].tolist(), label.tolist()
     starts, ends = spans[sentence, span, 0].tolist(), spans[sentence, span, 1].tolist()
-    found: list[EntitySet] = []
-    for b, ((lo, bounds), chosen) in enumerate(
-        zip(spans_by_sentence(sentence, starts, ends, len(options)), options, strict=True)
-    ):
-        overlap: Overlap = "nested" if chosen.nested else "flat"
+    found = [EntitySet() for _ in options]
+    for b, lo, bounds in spans_by_sentence(sentence, starts, ends):
+        overlap: Overlap = "nested" if options[b].nested else "flat"
         accepted = accept_spans_best_first(bounds, pair_scores[lo : lo + len(bounds)], overlap, one_type_per_span=True)
-        found.append(EntitySet(Entity(labels[b][label_ids[lo + i]], (bounds[i],), pair_scores[lo + i]) for i in accepted))
+        found[b] = EntitySet(Entity(labels[b][label_ids[lo + i]], (bounds[i],), pair_scores[lo + i]) for i in accepted)
     return found

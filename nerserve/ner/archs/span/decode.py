@@ -45,11 +45,8 @@ def decode_batch(
     sentence, classes, scores = sentence[rest], classes[rest], scores[rest]
     # as Python numbers: one conversion per array, not one per value
     types, kept_scores = (classes - 1).tolist(), scores.tolist()
-    for (lo, bounds), chosen, entities in zip(
-        spans_by_sentence(sentence, starts[rest].tolist(), ends[rest].tolist(), len(options)), options, found, strict=True
-    ):
-        if bounds:
-            entities.extend(survivors(bounds, types[lo : lo + len(bounds)], kept_scores[lo : lo + len(bounds)], labels, chosen))
+    for b, lo, bounds in spans_by_sentence(sentence, starts[rest].tolist(), ends[rest].tolist()):
+        found[b].extend(survivors(bounds, types[lo : lo + len(bounds)], kept_scores[lo : lo + len(bounds)], labels, options[b]))
     return [EntitySet(entities) for entities in found]
 
 
