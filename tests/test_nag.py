@@ -26,13 +26,16 @@ PIECES = [[1], [2, 3], [4], [5]]
 WORD_OF = {p: w for w, ps in enumerate(PIECES) for p in ps}
 
 
-def sequence(*tokens: int) -> np.ndarray:
-    return np.array([*tokens] + [PAD] * (CONFIG.length - len(tokens)))
+LOGS_OF_0_9 = np.log(np.full(CONFIG.length, 0.9, dtype=np.float32))  # every token's probability 0.9
+
+
+def sequence(*tokens: int) -> list[int]:
+    return [*tokens] + [PAD] * (CONFIG.length - len(tokens))
 
 
 def test_discontinuous_sequence_maps_to_fragments() -> None:
     ids = sequence(BOS, CONFIG.type_id("ADR"), V + 2, V + 3, V + 5, EOS)
-    entity, outcome = parse_query(ids, np.full(CONFIG.length, 0.9), 1, PIECES, WORD_OF, CONFIG)
+    entity, outcome = parse_query(ids, LOGS_OF_0_9, 1, PIECES, WORD_OF, CONFIG)
     assert outcome == "exact" and entity is not None
     assert entity.type == "ADR" and entity.fragments == ((1, 2), (3, 4))
     assert entity.score == pytest.approx(0.9)
@@ -49,8 +52,8 @@ def test_discontinuous_sequence_maps_to_fragments() -> None:
         (sequence(BOS, CONFIG.type_id("ADR"), EOS), 0, "unmapped"),  # empty
     ],
 )
-def test_unmappable_sequences_are_counted(ids: np.ndarray, start: int, outcome: str) -> None:
-    entity, got = parse_query(ids, np.full(CONFIG.length, 0.9), start, PIECES, WORD_OF, CONFIG)
+def test_unmappable_sequences_are_counted(ids: list[int], start: int, outcome: str) -> None:
+    entity, got = parse_query(ids, LOGS_OF_0_9, start, PIECES, WORD_OF, CONFIG)
     assert entity is None and got == outcome
 
 
@@ -63,9 +66,7 @@ def test_unmappable_sequences_are_counted(ids: np.ndarray, start: int, outcome: 
     ],
 )
 def test_sub_word_slips_map_to_whole_words(pointers: tuple[int, ...]) -> None:
-    entity, outcome = parse_query(
-        sequence(BOS, CONFIG.type_id("ADR"), *pointers), np.full(CONFIG.length, 0.9), 1, PIECES, WORD_OF, CONFIG
-    )
+    entity, outcome = parse_query(sequence(BOS, CONFIG.type_id("ADR"), *pointers), LOGS_OF_0_9, 1, PIECES, WORD_OF, CONFIG)
     assert outcome == "merged" and entity is not None and entity.fragments == ((1, 2),)
 
 

@@ -59,7 +59,7 @@ def resolve(candidates: Iterable[Entity], threshold: float, overlap: Overlap) ->
     """Generated entities of one sentence: those scoring at least `threshold`, the best of each
     (type, fragments), then best-first acceptance under the overlap rule."""
     kept = best_per((e for e in candidates if e.score >= threshold), key=Entity.key)
-    return accept_best_first(kept, overlap)
+    return accept_best_first(kept, overlap) if kept else EntitySet()
 
 
 def best_first(

@@ -131,11 +131,9 @@ class SubwordBatch:
         """Per word of one sentence: its sub-word positions (a decoder that needs only some
         sentences' asks for those)."""
         first = self.word_firsts[sentence]
-        position, words = self.first_position, []
-        for length in self.piece_lengths[first : first + self.word_counts[sentence]]:
-            words.append(list(range(position, position + length)))
-            position += length
-        return words
+        lengths = self.piece_lengths[first : first + self.word_counts[sentence]]
+        starts = itertools.accumulate(lengths, initial=self.first_position)  # one more than the words
+        return [list(range(start, start + length)) for start, length in zip(starts, lengths, strict=False)]
 
     @property
     def padded_tokens(self) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.base import ProgramBase
 from nerserve.ner.archs.feeds import encoder_feeds
-from nerserve.ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs
+from nerserve.ner.archs.pointer.decoding import Grammar, decode_rows, pack, parse_groups, sentence_inputs, written_sequences
 from nerserve.ner.archs.pointer.export import step_example
 from nerserve.ner.archs.pointer.signatures import decoder_cache, sentence_states
 from nerserve.ner.archs.pointer.vocabulary import START
@@ -79,11 +79,8 @@ class BartnerProgram(ProgramBase[BartnerConfig, BartnerBatch, BartnerOptions]):
         chosen = self.per_sentence(options, len(batch.lengths))
         limits = self.limits(np.array(batch.lengths, dtype=np.int64))
         decoded = []
-        for b, tokens in enumerate(outputs["sequence_tokens"]):
-            kept = tokens >= 0
-            entities = parse_groups(
-                tuple(tokens[kept].tolist()), tuple(outputs["sequence_log_probs"][b][kept].tolist()), self.config.vocabulary, []
-            )
-            self.outcomes["at the length limit" if kept.sum() >= limits[b] else "finished"] += 1
+        for b, (tokens, log_probs) in enumerate(written_sequences(outputs)):
+            entities = parse_groups(tokens, log_probs, self.config.vocabulary, [])
+            self.outcomes["at the length limit" if len(tokens) >= limits[b] else "finished"] += 1
             decoded.append(resolve(entities, chosen[b].threshold, chosen[b].overlap))
         return decoded

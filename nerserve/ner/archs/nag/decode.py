@@ -47,31 +47,28 @@ def words_of_pointers(
 
 
 def parse_query(
-    ids: np.ndarray, probs: np.ndarray, start_word: int, pieces: list[list[int]], word_of: dict[int, int], config: NagConfig
+    ids: list[int], log_probs: np.ndarray, start_word: int, pieces: list[list[int]], word_of: dict[int, int], config: NagConfig
 ) -> tuple[Entity | None, str]:
-    """One generated sequence → (entity, outcome) with outcome in exact / merged / outside / unmapped."""
-    tag = int(ids[1])
+    """One generated sequence (its token ids, and the logs of their probabilities) → (entity,
+    outcome) with outcome in exact / merged / outside / unmapped."""
+    tag = ids[1]
     if tag == OUTSIDE:
         return None, "outside"
-    if not len(SPECIALS) <= tag < config.fixed_vocabulary:
+    fixed = config.fixed_vocabulary
+    if not len(SPECIALS) <= tag < fixed:
         return None, "unmapped"
-    positions: list[int] = []
-    end = None
-    for slot in range(2, len(ids)):
-        token = int(ids[slot])
-        if token == EOS:
-            end = slot
-            break
-        if token < config.fixed_vocabulary:
-            return None, "unmapped"
-        positions.append(token - config.fixed_vocabulary)
-    if end is None:
+    try:
+        end = ids.index(EOS, 2)
+    except ValueError:
+        return None, "unmapped"
+    positions = [token - fixed for token in ids[2:end]]
+    if any(position < 0 for position in positions):  # a special or a type where pointers belong
         return None, "unmapped"
     mapped = words_of_pointers(positions, start_word, pieces, word_of)
     if mapped is None:
         return None, "unmapped"
     words, exact = mapped
-    score = math.exp(float(np.log(np.maximum(probs[1 : end + 1], 1e-12)).mean()))
+    score = math.exp(float(log_probs[1 : end + 1].mean()))
     return Entity(config.labels[tag - len(SPECIALS)], fragments_of(words), score), "exact" if exact else "merged"
 
 
@@ -95,11 +92,13 @@ def decode_queries(
     queries)."""
     maps: dict[int, tuple[list[list[int]], dict[int, int]]] = {}
     found: list[list[Entity]] = [[] for _ in range(sentences)]
+    # as Python numbers, and the logs of every probability: one conversion for the batch
+    ids, log_probs = token_ids.tolist(), np.log(np.maximum(token_probs, 1e-12))
     for q, (sentence, start_word) in enumerate(queries):
         if sentence not in maps:
             pieces = pieces_of(sentence)
             maps[sentence] = (pieces, {p: w for w, wp in enumerate(pieces) for p in wp})
-        entity, outcome = parse_query(token_ids[q], token_probs[q], start_word, *maps[sentence], config)
+        entity, outcome = parse_query(ids[q], log_probs[q], start_word, *maps[sentence], config)
         outcomes[outcome] += 1
         if entity is not None:
             found[sentence].append(entity)

@@ -5,7 +5,8 @@ rows, and the parse of pointer/type groups into typed word fragments."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,8 +122,16 @@ def sentence_inputs(encoder_inputs: Mapping[str, np.ndarray], encoded: Mapping[s
     return {"memory_mask": encoder_inputs["word_mask"], **{name: encoded[name] for name in sentence_states(layers)}}
 
 
+def written_sequences(outputs: Mapping[str, np.ndarray]) -> Iterator[tuple[list[int], list[float]]]:
+    """Each row's written tokens and their log-probabilities as Python lists (one conversion for
+    the batch, not one a row), without the padding (-1) `pack` put after them."""
+    for tokens, log_probs in zip(outputs["sequence_tokens"].tolist(), outputs["sequence_log_probs"].tolist(), strict=True):
+        length = tokens.index(-1) if tokens[-1] == -1 else len(tokens)
+        yield tokens[:length], log_probs[:length]
+
+
 def parse_groups(
-    tokens: tuple[int, ...], log_probs: tuple[float, ...], vocabulary: Vocabulary, seed_words: list[int]
+    tokens: Sequence[int], log_probs: Sequence[float], vocabulary: Vocabulary, seed_words: list[int]
 ) -> list[Entity]:
     """Pointer groups closed by a type → entities (score: geometric mean of the group's token
     probabilities). `seed_words` start the first group (SetGNER: the head word, given not
@@ -134,7 +143,8 @@ def parse_groups(
             words.append(token - vocabulary.first_pointer)
             scores.append(logp)
         elif vocabulary.is_type(token) and words and all(a < b for a, b in itertools.pairwise(words)):
-            score = float(np.exp(np.mean([*scores, logp])))
+            scores.append(logp)
+            score = math.exp(sum(scores) / len(scores))
             entities.append(Entity(vocabulary.label(token), fragments_of(words), score))
             words, scores = [], []
         else:

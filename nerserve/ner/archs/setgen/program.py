@@ -22,6 +22,7 @@ from nerserve.ner.archs.pointer.decoding import (
     pack,
     parse_groups,
     sentence_inputs,
+    written_sequences,
 )
 from nerserve.ner.archs.pointer.export import step_example
 from nerserve.ner.archs.pointer.signatures import decoder_cache, sentence_states
@@ -109,16 +110,16 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
         chosen = self.per_sentence(options, len(batch.lengths))
         vocabulary = self.config.vocabulary
         found: list[list[Entity]] = [[] for _ in batch.lengths]
-        for i, (sentence, head) in enumerate(zip(outputs["sequence_sentence"], outputs["sequence_word"], strict=True)):
-            # the head threshold again: outputs run at a looser one (dev tuning) hold a superset
-            # of the rows, and a row's sequence does not depend on the other rows
-            if outputs["part_probs"][sentence, head, HEAD] < chosen[int(sentence)].head_threshold:
+        sentences, heads = outputs["sequence_sentence"], outputs["sequence_word"]
+        # the head threshold again: outputs run at a looser one (dev tuning) hold a superset of
+        # the rows, and a row's sequence does not depend on the other rows
+        head_thresholds = np.array([o.head_threshold for o in chosen], dtype=np.float64)[sentences]
+        passed = ~(outputs["part_probs"][sentences, heads, HEAD] < head_thresholds)
+        rows = zip(sentences.tolist(), heads.tolist(), passed.tolist(), written_sequences(outputs), strict=True)
+        for sentence, head, passes, (tokens, log_probs) in rows:
+            if not passes:
                 continue
-            tokens = outputs["sequence_tokens"][i]
-            kept = tokens >= 0
-            entities = parse_groups(
-                tuple(tokens[kept].tolist()), tuple(outputs["sequence_log_probs"][i][kept].tolist()), vocabulary, [int(head)]
-            )
+            entities = parse_groups(tokens, log_probs, vocabulary, [head])
             self.outcomes["entity" if entities else "no entity"] += 1
-            found[int(sentence)] += entities
+            found[sentence] += entities
         return [resolve(entities, chosen[b].threshold, chosen[b].overlap) for b, entities in enumerate(found)]
