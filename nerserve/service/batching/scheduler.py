@@ -39,9 +39,8 @@ REQUEST_SIZE_WINDOW = 101
 
 
 class SlidingMedian:
-    """The median of the last `size` values, kept in order as they come and go: read at every
-    arrival, where sorting the whole window each time cost the engine's loop more than the rest
-    of a request's accounting."""
+    """The median of the last `size` values, kept in order as they come and go: it changes with
+    every request the engine accepts, and statistics.median would sort the whole window each time."""
 
     def __init__(self, size: int) -> None:
         self._window: deque[int] = deque(maxlen=size)

@@ -113,8 +113,8 @@ class SetgenProgram(ProgramBase[SetgenConfig, SetgenBatch, SetgenOptions]):
         sentences, heads = outputs["sequence_sentence"], outputs["sequence_word"]
         # the head threshold again: outputs run at a looser one (dev tuning) hold a superset of
         # the rows, and a row's sequence does not depend on the other rows
-        head_thresholds = np.array([o.head_threshold for o in chosen], dtype=np.float64)[sentences]
-        passed = ~(outputs["part_probs"][sentences, heads, HEAD] < head_thresholds)
+        head_probs = outputs["part_probs"][sentences, heads, HEAD]
+        passed = ~(head_probs < np.array([o.head_threshold for o in chosen], dtype=head_probs.dtype)[sentences])
         rows = zip(sentences.tolist(), heads.tolist(), passed.tolist(), written_sequences(outputs), strict=True)
         for sentence, head, passes, (tokens, log_probs) in rows:
             if not passes:
