@@ -173,3 +173,34 @@ def test_workers_stop_when_the_engine_is_gone() -> None:
     while time.monotonic() < end and any(map(running, workers)):
         time.sleep(0.2)
     assert not [pid for pid in workers if running(pid)]
+
+
+def test_overload_through_workers_refuses_small_and_large_bodies_alike() -> None:
+    """A small body is admitted by the engine with its run, a larger one before it is read: under
+    overload both are refused with the same 429 and Retry-After, the others answered in full, every
+    refusal counted once, and once all are answered none stays counted as admitted."""
+    server = Server(models="span-conll03", max_queue=8, max_request_sentences=8, max_batch_size=2, threads=1, http_workers=2)
+    try:
+        server.wait_ready()
+        small = json.dumps({"tokens": [SENTENCES[0]] * 4})
+        bodies = [small, small + " " * 5000]  # the same request, its body over the size admitted with a run
+
+        def send(index: int) -> httpx.Response:
+            headers = {"content-type": "application/json"}
+            return httpx.post(f"{server.url}/extract", content=bodies[index % 2], headers=headers, timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            responses = list(pool.map(send, range(64)))
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) <= {200, 429} and 200 in statuses
+        assert 429 in statuses[0::2] and 429 in statuses[1::2]
+        for refused in (r for r in responses if r.status_code == 429):
+            assert refused.json()["error"]["code"] == "queue_full" and int(refused.headers["Retry-After"]) >= 1
+        assert all(len(r.json()["results"]) == 4 for r in responses if r.status_code == 200)
+        time.sleep(0.2)  # a worker tells the engine of a response once it is written
+        metrics = httpx.get(f"{server.url}/metrics").text
+        refusals = sum(float(v) for v in re.findall(r'^nerserve_requests_total\{[^}]*status="429"\} (\S+)$', metrics, re.M))
+        assert refusals == statuses.count(429)
+        assert counted(metrics, "nerserve_admitted_requests") == 0
+    finally:
+        server.stop()

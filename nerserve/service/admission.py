@@ -43,6 +43,14 @@ def model_route(scope: Scope) -> tuple[bool, str | None]:
     return (True, match["model"]) if match else (False, None)
 
 
+def declared_length(scope: Scope) -> int | None:
+    """The body's size as its Content-Length header declares it; None without one (chunked)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
 @dataclass(frozen=True)
 class Refusal:
     wait: float  # seconds of others' work the request would wait on
@@ -50,11 +58,21 @@ class Refusal:
     bound: float
 
 
+def refusal_message(refusal: Refusal) -> str:
+    return f"overloaded: {refusal.in_flight} requests in flight, about {refusal.wait:.1f} s of work ahead"
+
+
+def refusal_retry_after(refusal: Refusal) -> str:
+    """Seconds until the work ahead is back within the bound, for the Retry-After header."""
+    return str(max(1, math.ceil(refusal.wait - refusal.bound)))
+
+
 class EdgeAdmitter(Protocol):
     """Decides at the edge: the engine's own counter (EdgeCounter), or an HTTP worker's question to
-    the engine process, which owns the count for every worker."""
+    the engine process, which owns the count for every worker. `body_bytes`: the request's declared
+    Content-Length, None when it declares none."""
 
-    async def admit(self, model: str | None, tenant: str) -> Refusal | None: ...
+    async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None: ...
 
     def release(self) -> None: ...
 
@@ -76,7 +94,7 @@ class EdgeCounter:
         self.in_flight += 1
         return None
 
-    async def admit(self, model: str | None, tenant: str) -> Refusal | None:
+    async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
         return self.decide(model, tenant)
 
     def release(self) -> None:
@@ -98,7 +116,7 @@ class EdgeAdmission:
         if not runs_a_model:
             await self.app(scope, receive, send)
             return
-        refusal = await self.admitter.admit(model, tenant_of(scope))
+        refusal = await self.admitter.admit(model, tenant_of(scope), declared_length(scope))
         if refusal is not None:
             await self._refuse(send, refusal, scope)
             return
@@ -108,13 +126,12 @@ class EdgeAdmission:
             self.admitter.release()
 
     async def _refuse(self, send: Send, refusal: Refusal, scope: Scope) -> None:
-        message = f"overloaded: {refusal.in_flight} requests in flight, about {refusal.wait:.1f} s of work ahead"
-        body = error_body("queue_full", message, path=scope.get("path", ""))
+        body = error_body("queue_full", refusal_message(refusal), path=scope.get("path", ""))
         status = ERROR_STATUS["queue_full"]
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(max(1, math.ceil(refusal.wait - refusal.bound))).encode()),
+            (b"retry-after", refusal_retry_after(refusal).encode()),
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from prometheus_client import generate_latest
 
 from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
-from nerserve.service.admission import EdgeCounter, Refusal
+from nerserve.service.admission import EdgeCounter, Refusal, refusal_message, refusal_retry_after
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, extract, run_planned
 from nerserve.service.api.state import ServiceState
@@ -26,7 +26,7 @@ class Engine(Protocol):
         when the client goes away. Refusals and bad input are ApiErrors."""
         ...
 
-    async def admit(self, model: str | None, tenant: str) -> Refusal | None: ...
+    async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None: ...
 
     def release(self) -> None: ...
 
@@ -93,12 +93,25 @@ class LocalEngine:
     async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
         return await extract(self.state, self.served(model), query, tenant, gone)
 
-    async def run_planned(self, model: str, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any]) -> UnitAnswers:
-        """A request an HTTP worker planned: its units through the model's batcher."""
-        return await run_planned(self.state, self.served(model), query, tenant, gone)
+    async def run_planned(
+        self, model: str, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any], admitted: bool = True
+    ) -> UnitAnswers:
+        """A request an HTTP worker planned: its units through the model's batcher. `admitted`: let
+        through the edge already; if not (a small body, which a worker sends with its run rather
+        than ask first), it is admitted here by the edge's rule and counted while it runs."""
+        if admitted:
+            return await run_planned(self.state, self.served(model), query, tenant, gone)
+        refusal = self.edge.decide(model, tenant)
+        if refusal is not None:
+            retry = {"Retry-After": refusal_retry_after(refusal)}
+            raise ApiError("queue_full", refusal_message(refusal), headers=retry)
+        try:
+            return await run_planned(self.state, self.served(model), query, tenant, gone)
+        finally:
+            self.edge.release()
 
-    async def admit(self, model: str | None, tenant: str) -> Refusal | None:
-        return self.edge.decide(model, tenant)
+    async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
+        return await self.edge.admit(model, tenant, body_bytes)
 
     def release(self) -> None:
         self.edge.release()
@@ -108,6 +121,7 @@ class LocalEngine:
 
     async def metrics_text(self) -> bytes:
         metrics = self.state.metrics
+        metrics.admitted.set(self.edge.in_flight)
         for name, model in self.state.models.items():
             metrics.queue_depth.labels(name).set(model.scheduler.depth)
             metrics.in_flight.labels(name).set(model.scheduler.in_flight)

@@ -79,6 +79,9 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("nerserve_in_flight", "Sentences accepted and not yet answered", ["model"], registry=r)
+        self.admitted = Gauge(
+            "nerserve_admitted_requests", "Requests let through admission and not yet answered, every model", registry=r
+        )
         self.sentences = Counter("nerserve_sentences", "Sentences processed", ["model"], registry=r)
         self.tokens = Counter("nerserve_tokens", "Sub-word tokens processed (unpadded)", ["model"], registry=r)
         self.dropped = Counter("nerserve_dropped", "Sentences dropped before running", ["model", "reason"], registry=r)
