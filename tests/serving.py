@@ -52,7 +52,7 @@ class Server:
     def __init__(
         self, blocked: tuple[str, ...] = (), python: str = sys.executable, cwd: str | None = None, **settings: object
     ) -> None:
-        self.port = free_port()
+        self.port = int(settings.pop("port", None) or free_port())  # type: ignore[call-overload]
         env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
         env["NERSERVE_PORT"] = str(self.port)
         command = [python, "-c", BLOCKING, *blocked] if blocked else [python, "-m", "nerserve", "serve"]

@@ -5,11 +5,13 @@ that dies replaced, SIGTERM draining what was admitted."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +126,55 @@ def test_one_metrics_for_every_worker_and_keys_at_their_door(servers: tuple[Serv
     assert KEY not in after
     stats = httpx.get(f"{split.url}/stats", headers={"authorization": f"Bearer {KEY}"}).json()
     assert stats["span-conll03"]["sentences"] >= 40 and stats["keys"]["team-a"]["requests"]["200"] >= 40
+
+
+def connections_held(pids: set[int], port: int) -> dict[int, int]:
+    """Established TCP connections to `port` that each process holds (its socket descriptors
+    matched with the kernel's table by inode)."""
+    established = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            established.add(fields[9])
+    held = {}
+    for pid in pids:
+        links = (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir())
+        held[pid] = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in established)
+    return held
+
+
+def test_connections_spread_over_the_workers(servers: tuple[Server, Server]) -> None:
+    """Each worker listens on a socket of its own: a burst of new connections is spread by the
+    kernel rather than taken by the first worker to wake."""
+    _, split = servers
+
+    async def burst() -> dict[int, int]:
+        async def one() -> asyncio.StreamWriter:
+            reader, writer = await asyncio.open_connection("127.0.0.1", split.port)
+            writer.write(b"GET /health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            return writer
+
+        writers = await asyncio.gather(*(one() for _ in range(16)))
+        try:
+            return connections_held(worker_pids(split.process.pid), split.port)
+        finally:
+            for writer in writers:
+                writer.close()
+
+    for _ in range(5):  # 16 on one worker: 1 round in 30,000 by chance
+        held = asyncio.run(burst())
+        assert sum(held.values()) == 16 and min(held.values()) >= 1, held
+        time.sleep(0.2)  # the round's connections closed
+
+
+def test_a_port_in_use_ends_the_server_saying_so() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        server = Server(models="span-conll03", http_workers=2, port=holder.getsockname()[1])
+        assert server.process.wait(60) != 0
+        assert "address already in use" in server.process.stderr.read().decode().lower()  # type: ignore[union-attr]
 
 
 def test_a_worker_that_dies_is_replaced(servers: tuple[Server, Server]) -> None:

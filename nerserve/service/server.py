@@ -2,9 +2,10 @@
 `--http-workers N` (N ≥ 2) an engine process and N HTTP worker processes.
 
 The engine process (this one: the one Kubernetes signals) loads the models and owns the
-schedulers, admission's count, the API keys' ceilings and the metrics; it binds the listening
-socket and starts the workers, which accept on it in turn (the kernel hands each connection to one
-of them) and ask the engine over a Unix socket (service.engine_link). A worker that dies is
+schedulers, admission's count, the API keys' ceilings and the metrics; it checks that the port is
+free and starts the workers, each listening on that port with a socket of its own (the kernel
+hands each new connection to one of them), which ask the engine over a Unix socket
+(service.engine_link). A worker that dies is
 replaced. On SIGTERM the engine marks itself draining (every worker's readiness goes off), tells
 the workers to stop (each stops accepting and answers what it admitted, within the drain deadline),
 waits for them, drains its own queues and exits 0."""
@@ -74,14 +75,13 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
         log.info("--device %s: running on %s", settings.device, device)
         settings = settings.model_copy(update={"device": device})
     if settings.http_workers > 1:
-        # bound here, as uvicorn binds for its own workers (an address in use ends the process,
-        # saying so); this config only binds and names the event loop: its app is never loaded
-        front = uvicorn.Config(with_admission, host=settings.host, port=settings.port, backlog=BACKLOG)
-        sock = front.bind_socket()
+        settings = settings.model_copy(update={"port": free_port_or_exit(settings.host, settings.port)})
         # the engine's loop is the workers' (libuv where installed): its per-request Python is
-        # what caps the workers' requests/s, and it shares the graphs' cores
+        # what caps the workers' requests/s, and it shares the graphs' cores; this config only
+        # names that loop, its app is never loaded
+        front = uvicorn.Config(with_admission, host=settings.host, port=settings.port)
         with asyncio.Runner(loop_factory=front.get_loop_factory()) as runner:
-            fatal = runner.run(_engine_process(settings, exporter, sock))
+            fatal = runner.run(_engine_process(settings, exporter))
     else:
         app = create_app(settings, exporter)
         _serve(app, settings)
@@ -108,15 +108,45 @@ def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None
     DrainingServer(config, state).run(sockets=sockets)
 
 
-def http_worker(settings: Settings, sock: socket.socket, engine: EngineAddress, index: int) -> None:
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def free_port_or_exit(host: str, port: int) -> int:
+    """The port the workers will share, checked free by binding it alone (without SO_REUSEPORT, so
+    that a port another server holds is an error here even if that server shares its own), then
+    let go for them; port 0 becomes the one the system picked."""
+    with socket.socket(_family(host)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise SystemExit(f"nerserve: cannot listen on {host}:{port}: {error.strerror}") from None
+        return int(probe.getsockname()[1])
+
+
+def worker_socket(host: str, port: int) -> socket.socket:
+    """An HTTP worker's own listening socket on the port all workers share (SO_REUSEPORT): the
+    kernel spreads new connections over the workers by a hash of their addresses. Workers that
+    accepted on one shared socket took connections as they woke, and a burst (a load balancer's
+    pool of keep-alive connections) could land on one worker and leave the others idle; a worker
+    that stops (drains, dies) takes its socket with it, and new connections go to the others."""
+    sock = socket.socket(_family(host))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def http_worker(settings: Settings, engine: EngineAddress, index: int) -> None:
     """An HTTP worker process's life: the app in front of the engine at `engine`."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
-    _serve(create_app(settings, engine=engine), settings, [sock])
+    _serve(create_app(settings, engine=engine), settings, [worker_socket(settings.host, settings.port)])
 
 
-async def _engine_process(settings: Settings, exporter: Exporter | None, sock: socket.socket) -> str | None:
-    """The engine process's life, its workers accepting on `sock`; returns why it could not serve, if so."""
+async def _engine_process(settings: Settings, exporter: Exporter | None) -> str | None:
+    """The engine process's life and its workers'; returns why it could not serve, if so."""
     state = new_state(settings, exporter)
     engine = LocalEngine(state)
     state.engine = engine
@@ -132,7 +162,7 @@ async def _engine_process(settings: Settings, exporter: Exporter | None, sock: s
     spawn = multiprocessing.get_context("spawn")
 
     def start(index: int) -> BaseProcess:
-        process = spawn.Process(target=http_worker, args=(settings, sock, address, index), name=f"nerserve-http-{index}")
+        process = spawn.Process(target=http_worker, args=(settings, address, index), name=f"nerserve-http-{index}")
         process.start()
         return process
 
@@ -154,7 +184,6 @@ async def _engine_process(settings: Settings, exporter: Exporter | None, sock: s
     await asyncio.to_thread(_join, workers, settings.drain_seconds + 5)
     await shut_down(state, loader)
     await link.close()
-    sock.close()
     shutil.rmtree(folder, ignore_errors=True)
     return state.fatal
 
