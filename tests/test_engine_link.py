@@ -1,0 +1,70 @@
+"""The engine link's frames: a turn's messages travel as one frame, and a reply that cannot be
+pickled reaches its caller as an error rather than never (the rest of that turn's messages intact)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nerserve.service.engine_link import LENGTH, FrameReader, FrameWriter
+
+
+class CapturedWrites:
+    """What a FrameWriter writes, in place of a socket's StreamWriter."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+def frame_count(data: bytes) -> int:
+    frames, offset = 0, 0
+    while offset < len(data):
+        (size,) = LENGTH.unpack_from(data, offset)
+        offset += LENGTH.size + size
+        frames += 1
+    return frames
+
+
+async def written(messages: list[Any]) -> bytes:
+    """The bytes one turn of sends writes."""
+    out = CapturedWrites()
+    writer = FrameWriter(out)  # type: ignore[arg-type]
+    for message in messages:
+        writer.send(message)
+    await asyncio.sleep(0)  # the turn ends: the writer flushes
+    return bytes(out.data)
+
+
+async def read_back(data: bytes) -> list[Any]:
+    stream = asyncio.StreamReader()
+    stream.feed_data(data)
+    stream.feed_eof()
+    return await FrameReader(stream).read()
+
+
+def test_a_turns_messages_are_one_frame() -> None:
+    messages = [("reply", 1, True, {"a": 1}), ("record", None, ("span-conll03", 200, None, 0.01)), ("release", None, ())]
+
+    async def scenario() -> tuple[bytes, list[Any]]:
+        data = await written(messages)
+        return data, await read_back(data)
+
+    data, received = asyncio.run(scenario())
+    assert frame_count(data) == 1 and received == messages
+
+
+def test_an_unpicklable_reply_is_answered_as_an_error_and_the_others_still_go() -> None:
+    messages = [("reply", 7, True, lambda: None), ("reply", 8, True, "fine"), ("record", None, ("m", 200, None, None))]
+
+    async def scenario() -> list[Any]:
+        return await read_back(await written(messages))
+
+    failed, fine, record = asyncio.run(scenario())
+    assert failed[:3] == ("reply", 7, False) and failed[3][0] == "internal"
+    assert fine == messages[1] and record == messages[2]
