@@ -8,6 +8,7 @@ serving process never loads torch, transformers or peft, and a serving-only inst
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,21 @@ from nerserve.ner.model_store import Locations
 from nerserve.service.start_up_exports import Exporter
 
 
+def _stop_at_once(signum: int, frame: object) -> None:
+    """The server is stopping (StartUpExports sends SIGINT): the export ends here and now. Raised
+    as KeyboardInterrupt, the signal could land in a finalizer, which swallows it (printing a
+    traceback into the server's log) and lets the export run on until it is killed. The server
+    removes the staging folder the export reported."""
+    os._exit(128 + signum)
+
+
 def export_at_start_up(
     source: Path, fmt: str, locations: Locations, parity_sentences: int, background: bool, report: Any
 ) -> None:
-    try:
-        from nerserve.export.build import export_for_service
+    signal.signal(signal.SIGINT, _stop_at_once)
+    from nerserve.export.build import export_for_service
 
-        export_for_service(source, fmt, locations, parity_sentences, background, report)
-    except KeyboardInterrupt:
-        # the server stopping (StartUpExports sends SIGINT so that the export removes its staging
-        # folder, which it has done by now): an exit code, not a traceback in the server's log
-        raise SystemExit(128 + signal.SIGINT) from None
+    export_for_service(source, fmt, locations, parity_sentences, background, report)
 
 
 START_UP_EXPORTER = Exporter(run=export_at_start_up, preload=("nerserve.export.build",))

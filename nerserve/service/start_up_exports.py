@@ -33,7 +33,7 @@ log = logging.getLogger("nerserve")
 # rather than export's 200: the full check of a generative model takes minutes on a few cores.
 START_UP_PARITY_SENTENCES = 32
 _export_processes = multiprocessing.get_context("forkserver")
-# How long an export has, once asked to stop, to remove its staging folder before it is killed
+# How long an export has, once asked to stop, to end before it is killed
 STOP_GRACE_SECONDS = 5.0
 
 
@@ -54,8 +54,8 @@ class Exporter:
 
 
 def _interrupt(processes: Iterable[BaseProcess]) -> None:
-    """SIGINT first, so that an export removes its staging folder; killed if not ended within the
-    grace. Not joined here: the thread that started each one reaps it."""
+    """SIGINT first, on which an export ends at once; killed if not ended within the grace. Not
+    joined here: the thread that started each one reaps it and removes its staging folder."""
     running = [process for process in processes if process.pid is not None]
     for process in running:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
@@ -130,7 +130,7 @@ class StartUpExports:
             process.join()
             with self._lock:
                 self._running.discard(process)
-        if staging is not None:  # a process killed mid-export could not remove its own
+        if staging is not None:  # a process stopped mid-export did not remove its own
             shutil.rmtree(staging, ignore_errors=True)
         return reason, process.exitcode
 
