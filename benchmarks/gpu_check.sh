@@ -80,7 +80,7 @@ ready() {
 serve() {  # serve NAME MODEL RUNTIME [flags…]: a server pinned to the server cores, until stop
   local name=$1 model=$2 runtime=$3; shift 3
   taskset -c "$SERVER_CORES" $PY -m nerserve serve --port "$PORT" --models "$model" --runtime "$runtime" \
-    --device "$DEVICE" "$@" > "$OUT/server-$name.log" 2>&1 &
+    --device "$DEVICE" --http-workers 1 "$@" > "$OUT/server-$name.log" 2>&1 &
   SERVER=$!
   ready || { log "FAILED server $name (see server-$name.log)"; stop; return 1; }
 }

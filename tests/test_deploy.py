@@ -144,14 +144,15 @@ def test_helm_chart_passes_api_keys_from_a_secret() -> None:
 
 
 def test_helm_chart_sets_http_workers_and_graph_lanes_when_asked() -> None:
-    """`httpWorkers` > 1 becomes NERSERVE_HTTP_WORKERS (tests/test_http_workers.py serves with it);
-    the default, one process, sets nothing."""
+    """`httpWorkers` becomes NERSERVE_HTTP_WORKERS (tests/test_http_workers.py serves with it);
+    unset, the server's own default for its device and CPUs."""
 
     def env(values: dict[str, object]) -> dict[str, object]:
         (deployment,) = [d for d in rendered(values) if d["kind"] == "Deployment"]
         return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # type: ignore[index]
 
     assert env({"httpWorkers": 4})["NERSERVE_HTTP_WORKERS"] == "4"
+    assert env({"httpWorkers": 1})["NERSERVE_HTTP_WORKERS"] == "1"  # one process, even on a GPU
     assert "NERSERVE_HTTP_WORKERS" not in env({})
     # graph lanes likewise: set when asked, else the server's own default for its device and CPUs
     assert env({"graphLanes": 1})["NERSERVE_GRAPH_LANES"] == "1"

@@ -83,6 +83,17 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
             Settings(graph_lanes=2, **one_pipe)
 
 
+def test_http_workers_default_to_one_on_the_cpu_and_to_the_cores_but_two_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nerserve.service import config
+    from nerserve.service.config import Settings
+
+    for cores, workers in [(16, 8), (32, 8), (6, 4), (3, 1), (2, 1)]:
+        monkeypatch.setattr(config, "usable_cores", lambda cores=cores: cores)
+        assert Settings(device="cpu").front_workers == 1
+        assert Settings(device="cuda").front_workers == Settings(device="simulated").front_workers == workers, cores
+        assert Settings(device="cuda", http_workers=1).front_workers == 1
+
+
 def test_usable_cores_follow_a_containers_cpu_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 

@@ -27,6 +27,10 @@ CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 # ONNX Runtime on the CPU runs two batches on one core each faster than one batch on two cores
 # (docs/decisions/graph-lanes.md): by default two lanes where there are two cores.
 CPU_GRAPH_LANES = 2
+# A fast device is fed by several HTTP processes: one front process answers 1,200-1,600 one-sentence
+# requests a second a core, a fraction of what a GPU computes (docs/gpu.md). By default, on CUDA,
+# every usable core but the engine's two (its event loop, prepare and decode), at most 8.
+ENGINE_CORES, MAX_DEFAULT_HTTP_WORKERS = 2, 8
 
 
 # a container's CPU limit (cgroup v2): "max 100000", or "200000 100000" for two CPUs
@@ -82,11 +86,12 @@ class Settings(Locations):
         description="run each model's graphs in a process of its own, so that a runtime that launches its "
         "work from Python (eager torch on CUDA) does not wait for the interpreter lock the HTTP front holds",
     )
-    http_workers: int = Field(
-        1,
+    http_workers: int | None = Field(
+        None,
         ge=1,
         description="HTTP worker processes in front of one engine process (parsing, validation and JSON off the "
-        "engine's interpreter lock); 1: the front and the engine share one process",
+        "engine's interpreter lock); 1: the front and the engine share one process (default: 1 on the CPU; on "
+        f"CUDA the usable cores but {ENGINE_CORES}, 1 to {MAX_DEFAULT_HTTP_WORKERS})",
     )
     threads: int | None = Field(
         None, ge=1, description="intra-op threads per graph (default: the cores this process may use, shared by the lanes)"
@@ -219,6 +224,16 @@ class Settings(Locations):
             return self.graph_lanes
         cpu_graphs = self.device == "cpu" and self.runtime == Runtime.onnx and not self.graph_process
         return CPU_GRAPH_LANES if cpu_graphs and usable_cores() >= CPU_GRAPH_LANES else 1
+
+    @property
+    def front_workers(self) -> int:
+        """`http_workers`, or its default for the device: a GPU's (or the simulated device's)
+        answers outrun one front process."""
+        if self.http_workers is not None:
+            return self.http_workers
+        if not self.batches_as_gpu:
+            return 1
+        return max(1, min(MAX_DEFAULT_HTTP_WORKERS, usable_cores() - ENGINE_CORES))
 
     @property
     def graph_threads(self) -> int | None:

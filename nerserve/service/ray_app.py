@@ -36,7 +36,8 @@ class ReplicaHeader:
 @serve.ingress()
 class NerServeReplica:
     def __init__(self, settings: Settings, exporter: Exporter | None) -> None:
-        self.settings = settings.model_copy(update={"load_before_serving": True})
+        # one process a replica: Ray's router is its front
+        self.settings = settings.model_copy(update={"load_before_serving": True, "http_workers": 1})
         self.exporter = exporter
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.service_app: Any = None

@@ -74,7 +74,9 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
     if device != settings.device:
         log.info("--device %s: running on %s", settings.device, device)
         settings = settings.model_copy(update={"device": device})
-    if settings.http_workers > 1:
+    # the count decided once, here, for every process of this server
+    settings = settings.model_copy(update={"http_workers": settings.front_workers})
+    if settings.front_workers > 1:
         settings = settings.model_copy(update={"port": free_port_or_exit(settings.host, settings.port)})
         # the engine's loop is the workers' (libuv where installed): its per-request Python is
         # what caps the workers' requests/s, and it shares the graphs' cores; this config only
@@ -166,7 +168,7 @@ async def _engine_process(settings: Settings, exporter: Exporter | None) -> str 
         process.start()
         return process
 
-    workers = [start(index) for index in range(settings.http_workers)]
+    workers = [start(index) for index in range(settings.front_workers)]
     log.info("engine process %d; HTTP workers %s on %s:%d", os.getpid(), [w.pid for w in workers], settings.host, settings.port)
     while not stop.is_set():
         try:

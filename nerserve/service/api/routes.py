@@ -114,7 +114,7 @@ async def info(request: Request) -> dict[str, Any]:
         "runtime": settings.runtime.value,
         "device": settings.device,
         **({"simulated_device": device_report} if device_report is not None else {}),
-        "http_workers": settings.http_workers,
+        "http_workers": settings.front_workers,
         "default_model": state.default_model,
         "models": state.model_states,
         "execution_providers": {name: view.info["execution_providers"] for name, view in state.views.items()},
