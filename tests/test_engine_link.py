@@ -68,3 +68,30 @@ def test_an_unpicklable_reply_is_answered_as_an_error_and_the_others_still_go() 
     failed, fine, record = asyncio.run(scenario())
     assert failed[:3] == ("reply", 7, False) and failed[3][0] == "internal"
     assert fine == messages[1] and record == messages[2]
+
+
+def test_a_worker_asks_before_reading_for_a_while_after_a_refusal() -> None:
+    """A small body is admitted with its run, a large one is asked about first; once the engine has
+    refused one of its requests, the worker asks first for every body for a while (a flood is then
+    refused unread), and then admits small ones with their runs again."""
+    from nerserve.service.admission import Refusal
+    from nerserve.service.api.state import ServiceState
+    from nerserve.service.config import Settings
+    from nerserve.service.engine_link import ASK_FIRST_SECONDS, EngineAddress, RemoteEngine
+
+    asked: list[str] = []
+
+    async def refusing(method: str, *args: Any) -> Refusal:
+        asked.append(method)
+        return Refusal(wait=3.0, in_flight=10, bound=1.0)
+
+    async def scenario() -> None:
+        remote = RemoteEngine(EngineAddress("/nowhere", 0), ServiceState(Settings()))
+        remote._call = refusing  # type: ignore[method-assign]
+        assert await remote.admit("span-conll03", "", 200) is None and asked == []
+        assert await remote.admit("span-conll03", "", 10_000) is not None and asked == ["admit"]
+        assert await remote.admit("span-conll03", "", 200) is not None and asked == ["admit", "admit"]
+        remote.refused_at -= ASK_FIRST_SECONDS
+        assert await remote.admit("span-conll03", "", 200) is None and len(asked) == 2
+
+    asyncio.run(scenario())
