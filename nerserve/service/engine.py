@@ -99,16 +99,16 @@ class LocalEngine:
         """A request an HTTP worker planned: its units through the model's batcher. `admitted`: let
         through the edge already; if not (a small body, which a worker sends with its run rather
         than ask first), it is admitted here by the edge's rule and counted while it runs."""
-        if admitted:
-            return await run_planned(self.state, self.served(model), query, tenant, gone)
-        refusal = self.edge.decide(model, tenant)
-        if refusal is not None:
-            retry = {"Retry-After": refusal_retry_after(refusal)}
-            raise ApiError("queue_full", refusal_message(refusal), headers=retry)
+        if not admitted:
+            refusal = self.edge.decide(model, tenant)
+            if refusal is not None:
+                retry = {"Retry-After": refusal_retry_after(refusal)}
+                raise ApiError("queue_full", refusal_message(refusal), headers=retry)
         try:
             return await run_planned(self.state, self.served(model), query, tenant, gone)
         finally:
-            self.edge.release()
+            if not admitted:
+                self.edge.release()
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
         return await self.edge.admit(model, tenant, body_bytes)

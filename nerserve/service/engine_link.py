@@ -347,10 +347,12 @@ class RemoteEngine:
         self._send(method, args, call_id)
         return call_id, reply
 
-    @staticmethod
-    def _value(reply: asyncio.Future[tuple[bool, Any]]) -> Any:
+    def _value(self, reply: asyncio.Future[tuple[bool, Any]]) -> Any:
+        """The answer, or its error raised (a refusal noted: see admit)."""
         ok, value = reply.result()
         if not ok:
+            if value[0] == "queue_full":
+                self.refused_at = asyncio.get_running_loop().time()
             raise ApiError(*value)
         return value
 
@@ -393,12 +395,7 @@ class RemoteEngine:
             reply.cancel()
             self._send("cancel", (call_id,))
             raise ApiError("client_gone", "the client closed the connection before the answer")
-        ok, value = reply.result()
-        if not ok:
-            if value[0] == "queue_full":
-                self.refused_at = asyncio.get_running_loop().time()
-            raise ApiError(*value)
-        answers: UnitAnswers = value
+        answers: UnitAnswers = self._value(reply)
         return answer(query, planned, answers)
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
