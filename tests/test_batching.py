@@ -254,6 +254,44 @@ def test_next_batch_is_prepared_while_the_graphs_run() -> None:
     assert events.index("prepare b") < events.index("done a")
 
 
+@pytest.mark.parametrize("close_as_device_frees", [True, False])
+def test_on_a_gpu_the_next_batch_gathers_until_the_running_one_is_about_to_end(close_as_device_frees: bool) -> None:
+    """A GPU's batch costs little more for more sentences: while one runs (300 ms), the next keeps
+    gathering past max_wait (b, then c 100 ms later, in one batch) until the running one is about
+    to end, less its prepare time. Without the rule b closes at max_wait and c waits behind it."""
+    events: list[str] = []
+
+    def prepare(payloads: list[str]) -> list[str]:
+        events.append("prepare " + ",".join(payloads))
+        return payloads
+
+    def run(prepared: list[str]) -> list[str]:
+        events.append("run " + ",".join(prepared))
+        time.sleep(0.3)
+        events.append("done " + ",".join(prepared))
+        return prepared
+
+    async def scenario() -> None:
+        limits = BatchLimits(max_wait_ms=5, close_when_idle=True, close_as_device_frees=close_as_device_frees)
+        scheduler = Scheduler(prepare=prepare, run=run, limits=limits)
+        scheduler.start()
+        await asyncio.gather(*scheduler.submit([("w", 1)]))  # measures the run and prepare times
+        first = scheduler.submit([("a", 1)])
+        while "run a" not in events:
+            await asyncio.sleep(0.001)
+        second = scheduler.submit([("b", 1)])
+        await asyncio.sleep(0.1)
+        third = scheduler.submit([("c", 1)])
+        await asyncio.gather(*first, *second, *third)
+        await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    if close_as_device_frees:
+        assert "run b,c" in events
+    else:
+        assert "run b" in events and "run c" in events
+
+
 def test_admission_refuses_what_would_wait_too_long() -> None:
     """Once a rate is measured, a request that would wait on more than the bound of others' work
     gets QueueFull at once, with a Retry-After from that estimate; an empty queue always admits.

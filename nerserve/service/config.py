@@ -270,6 +270,15 @@ class Settings(Locations):
         return self.batches_as_gpu
 
     @property
+    def close_as_device_frees(self) -> bool:
+        """A GPU's batch costs little more for many more sentences (the H100's span-conll03 pass:
+        21 ms for 128, 29 ms for 256), so while one batch runs the next keeps gathering until the
+        device is about to take it, instead of closing at max_wait into a third small batch
+        (docs/decisions/gpu-batching.md). Not on the CPU: there a batch costs about its sentences,
+        and its lanes take batches as they free."""
+        return self.batches_as_gpu
+
+    @property
     def request_tokens_bound(self) -> int | None:
         if self.max_request_tokens is not None:
             return self.max_request_tokens

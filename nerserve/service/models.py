@@ -198,6 +198,7 @@ def load_served_model(
         max_request_tokens=settings.request_tokens_bound,
         max_queue_seconds=settings.max_queue_seconds,
         close_when_idle=settings.close_when_idle,
+        close_as_device_frees=settings.close_as_device_frees,
     )
     scheduler = Scheduler(
         prepare=prepare,

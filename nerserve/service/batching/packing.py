@@ -27,6 +27,9 @@ class BatchLimits:
     max_request_tokens: int | None = None
     # close a batch at once when nothing is prepared or running (see Settings.close_when_idle)
     close_when_idle: bool = False
+    # while a batch runs and nothing waits prepared, let the next one grow until the running one is
+    # about to end, less the time to prepare it (see Settings.close_as_device_frees)
+    close_as_device_frees: bool = False
 
 
 class Sized(Protocol):

@@ -36,6 +36,9 @@ from nerserve.service.batching.packing import BatchLimits, select_batch
 from nerserve.service.batching.rates import BatchRates
 
 REQUEST_SIZE_WINDOW = 101
+# close_as_device_frees: what a prepared batch needs beyond its prepare to start as the running one
+# ends (the hand-off, the run loop's turn, the graph thread's wake-up)
+HAND_OFF_SECONDS = 0.003
 
 
 class SlidingMedian:
@@ -194,6 +197,12 @@ class Scheduler:
         self._batches = 0
         self._last_idle = 0.0
         self._requests = 0  # submit() calls so far: each one's items carry its number
+        # close_as_device_frees: the graphs' own run time and the prepare stage's, by batch size,
+        # when each running lane's batch is expected to end, and a wake-up as a lane frees
+        self.run_rates = BatchRates(self.limits.max_batch_tokens)
+        self.prepare_rates = BatchRates(self.limits.max_batch_tokens)
+        self._lane_ends: dict[int, float] = {}
+        self._lane_freed = asyncio.Event()
 
     @property
     def depth(self) -> int:
@@ -352,8 +361,17 @@ class Scheduler:
             # running (an idle device) it closes at once: waiting for company would only delay a
             # lone request, and under load company gathers while the graphs run.
             idle = limits.close_when_idle and self._taken_tokens == 0
-            if full or idle or (remaining <= 0 and self._handoff.empty()):
+            if full or idle:
                 break
+            if remaining <= 0 and self._handoff.empty():
+                gather = self._gathering_time() if limits.close_as_device_frees else 0.0
+                if gather <= 0:
+                    break
+                # the device is busy for a while yet: gather until then, woken early if it frees
+                self._lane_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._lane_freed.wait(), timeout=gather)
+                continue
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
@@ -363,6 +381,21 @@ class Scheduler:
         self._queue.take(batch)
         self._taken_tokens += sum(item.cost for item in batch)
         return batch
+
+    def _gathering_time(self) -> float:
+        """How long the next batch may still gather and be prepared by the time the first running
+        batch ends, at the run and prepare times measured for batches of those sizes; 0 when
+        nothing runs or neither is measured yet."""
+        if not self._lane_ends or not self.run_rates or not self.prepare_rates:
+            return 0.0
+        tokens = self._queue.tokens
+        prepare = 2 * tokens / self.prepare_rates.at(tokens)  # twice: a prepare shares the cores
+        return min(self._lane_ends.values()) - self.clock() - prepare - HAND_OFF_SECONDS
+
+    def _expect_end(self, lane: int, batch: list[WorkItem]) -> None:
+        """When LANE's batch, starting now, should end, at the run time measured for its size."""
+        tokens = sum(item.cost for item in batch)
+        self._lane_ends[lane] = self.clock() + (tokens / self.run_rates.at(tokens) if self.run_rates else 0.0)
 
     def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
         """With lanes free, what is queued is shared among them: two half batches on one core each
@@ -379,12 +412,14 @@ class Scheduler:
             batch = await self._wait_for_batch()
             if not batch:
                 continue
+            tokens, started = sum(item.cost for item in batch), self.clock()
             try:
                 payloads = [item.payload for item in batch]
                 prepared = await asyncio.get_running_loop().run_in_executor(self._preparer, self.prepare, payloads)
             except Exception as error:  # a batch that cannot be prepared fails its own items only
                 await self._isolate(batch, error)
                 continue
+            self.prepare_rates.observe(tokens, tokens / max(self.clock() - started, 1e-6))
             await self._handoff.put((batch, prepared))
 
     async def _run_loop(self) -> None:
@@ -393,6 +428,7 @@ class Scheduler:
             # full, so the collector keeps growing the next batch instead of closing another
             lane = await self._free_lanes.get()
             handed = await self._handoff.get()
+            self._expect_end(lane, handed[0])  # before the collector, woken next, looks
             self._arrived.set()  # the hand-off slot is free: wake the collector to close the next batch
             task = asyncio.create_task(self._run_batch(lane, *handed))
             self._running.add(task)
@@ -406,7 +442,7 @@ class Scheduler:
                 self._finish(batch)
                 self.observer.dropped("client_gone", len(batch))
                 return
-            started = self.clock()
+            started, tokens = self.clock(), sum(item.cost for item in batch)
             for item in batch:
                 item.started = started
             try:
@@ -415,12 +451,15 @@ class Scheduler:
                 await self._isolate(batch, error)
                 return
         finally:
+            self._lane_ends.pop(lane, None)
+            self._lane_freed.set()
             self._free_lanes.put_nowait(lane)
         finished = self.clock()
         self._batches += 1
+        self.run_rates.observe(tokens, tokens / max(finished - started, 1e-6))
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
-            self.rates.observe(sum(item.cost for item in batch), rate)
+            self.rates.observe(tokens, rate)
         task = asyncio.create_task(self._decode(batch, prepared, outputs, started, finished, self._batches))
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
