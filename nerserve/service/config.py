@@ -274,7 +274,7 @@ class Settings(Locations):
         """A GPU's batch costs little more for many more sentences (the H100's span-conll03 pass:
         21 ms for 128, 29 ms for 256), so while one batch runs the next keeps gathering until the
         device is about to take it, instead of closing at max_wait into a third small batch
-        (docs/decisions/gpu-batching.md). Not on the CPU: there a batch costs about its sentences,
+        (docs/decisions/gpu-engine.md). Not on the CPU: there a batch costs about its sentences,
         and its lanes take batches as they free."""
         return self.batches_as_gpu
 
