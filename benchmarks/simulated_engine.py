@@ -123,7 +123,9 @@ def main(
     concurrency: str = "1,16,64,256",
     seconds: float = 15.0,
     per_request: Annotated[int, typer.Option(min=1)] = 1,
-    costs: Annotated[Path | None, typer.Option(help="a table of batch costs (default: the bundled bare-encoder one)")] = None,
+    costs: Annotated[
+        Path | None, typer.Option(help="batch costs: a file or a bundled table's name (default: the bare encoder on an H100)")
+    ] = None,
     out: Path | None = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]

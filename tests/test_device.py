@@ -146,6 +146,22 @@ def test_the_simulated_device_waits_its_table_and_counts_it() -> None:
     assert device.passes == 1 and device.busy_seconds == pytest.approx(0.012190)
 
 
+def test_a_bundled_cost_table_is_named_by_its_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--simulated-device-costs h100-span-conll03-offline.json` takes the bundled table of span's
+    own H100 batches; a file of that name where the server runs, or any path, is read instead."""
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    monkeypatch.chdir(tmp_path)
+    span = SimulatedDevice.from_file(Path("h100-span-conll03-offline.json"))
+    assert "H100" in span.card and span.batch_seconds(2403) == pytest.approx(0.020911)
+    (tmp_path / "h100-span-conll03-offline.json").write_text(
+        '{"card": "mine", "source": "here", "points": [{"subwords": 1, "ms": 1}, {"subwords": 2, "ms": 2}]}'
+    )
+    assert SimulatedDevice.from_file(Path("h100-span-conll03-offline.json")).card == "mine"
+    with pytest.raises(FileNotFoundError):
+        SimulatedDevice.from_file(Path("no-such-table.json"))
+
+
 def test_simulated_graphs_answer_zeros_of_the_recorded_shapes(tmp_path: Path) -> None:
     import numpy as np
 

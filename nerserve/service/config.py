@@ -73,8 +73,9 @@ class Settings(Locations):
     )
     simulated_device_costs: Path | None = Field(
         None,
-        description="--device simulated: a JSON table of batch costs by sub-words (default: the bundled H100 table); "
-        "its figures are simulated, never GPU figures",
+        description="--device simulated: a JSON table of batch costs by sub-words, a file or a bundled table's name "
+        "(default: h100-minilm-l6.json, the bare encoder on an H100; h100-span-conll03-offline.json, span-conll03's "
+        "batches there); its figures are simulated, never GPU figures",
     )
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32",

@@ -47,7 +47,13 @@ class SimulatedDevice:
 
     @classmethod
     def from_file(cls, path: Path | None = None) -> SimulatedDevice:
-        text = path.read_text() if path else resources.files(__package__).joinpath("device_costs", DEFAULT_COSTS).read_text()
+        """A table from PATH; a bare file name that is no file here names a bundled table
+        (`device_costs/`); none: the bundled default."""
+        bundled = resources.files(__package__).joinpath("device_costs", path.name if path else DEFAULT_COSTS)
+        if path is not None and (path.exists() or path.parent != Path(".") or not bundled.is_file()):
+            text = path.read_text()
+        else:
+            text = bundled.read_text()
         table = json.loads(text)
         points = sorted((float(p["subwords"]), float(p["ms"])) for p in table["points"])
         if len(points) < 2:
