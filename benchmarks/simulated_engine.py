@@ -28,6 +28,7 @@ import typer
 
 from nerserve.compose import START_UP_EXPORTER
 from nerserve.loadtest.client import read_sentences
+from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
@@ -61,11 +62,6 @@ async def closed_loop(
 
     await asyncio.gather(*(caller(i) for i in range(concurrency)))
     return len(latencies), latencies
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
 
 
 async def measure(
@@ -107,8 +103,8 @@ async def measure(
                     "sentences_per_second": round(answered * per_request / elapsed, 1),
                     "device_busy": round((after["busy_seconds"] - before["busy_seconds"]) / elapsed, 4),
                     "sentences_per_pass": round(answered * per_request / max(passes, 1), 1),
-                    "p50_ms": round(1000 * percentile(latencies, 0.5), 2),
-                    "p99_ms": round(1000 * percentile(latencies, 0.99), 2),
+                    "p50_ms": round(1000 * percentile(latencies, 50), 2),
+                    "p99_ms": round(1000 * percentile(latencies, 99), 2),
                     "cpu_ms_per_request": round(1000 * (cpu_after - cpu_before) / max(answered, 1), 4),
                 }
             )

@@ -175,7 +175,8 @@ class Scheduler:
     def __post_init__(self) -> None:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight)
         self._arrived = asyncio.Event()
-        self._handoff: asyncio.Queue[tuple[list[WorkItem], Any]] = asyncio.Queue(maxsize=1)
+        # a prepared batch, its prepared form and its sub-words
+        self._handoff: asyncio.Queue[tuple[list[WorkItem], Any, int]] = asyncio.Queue(maxsize=1)
         self._runner = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="graphs", initializer=self._start_lane)
         self._free_lanes: asyncio.Queue[int] = asyncio.Queue()
         for lane in range(self.lanes):
@@ -392,9 +393,9 @@ class Scheduler:
         prepare = 2 * tokens / self.prepare_rates.at(tokens)  # twice: a prepare shares the cores
         return min(self._lane_ends.values()) - self.clock() - prepare - HAND_OFF_SECONDS
 
-    def _expect_end(self, lane: int, batch: list[WorkItem]) -> None:
-        """When LANE's batch, starting now, should end, at the run time measured for its size."""
-        tokens = sum(item.cost for item in batch)
+    def _expect_end(self, lane: int, tokens: int) -> None:
+        """When LANE's batch of TOKENS sub-words, starting now, should end, at the run time measured
+        for its size."""
         self._lane_ends[lane] = self.clock() + (tokens / self.run_rates.at(tokens) if self.run_rates else 0.0)
 
     def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
@@ -420,7 +421,7 @@ class Scheduler:
                 await self._isolate(batch, error)
                 continue
             self.prepare_rates.observe(tokens, tokens / max(self.clock() - started, 1e-6))
-            await self._handoff.put((batch, prepared))
+            await self._handoff.put((batch, prepared, tokens))
 
     async def _run_loop(self) -> None:
         while True:
@@ -428,13 +429,13 @@ class Scheduler:
             # full, so the collector keeps growing the next batch instead of closing another
             lane = await self._free_lanes.get()
             handed = await self._handoff.get()
-            self._expect_end(lane, handed[0])  # before the collector, woken next, looks
+            self._expect_end(lane, handed[2])  # before the collector, woken next, looks
             self._arrived.set()  # the hand-off slot is free: wake the collector to close the next batch
             task = asyncio.create_task(self._run_batch(lane, *handed))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _run_batch(self, lane: int, batch: list[WorkItem], prepared: Any) -> None:
+    async def _run_batch(self, lane: int, batch: list[WorkItem], prepared: Any, tokens: int) -> None:
         """One batch through the graphs in a lane, then its decoding handed to the decode thread."""
         try:
             live = [item for item in batch if not item.future.done()]
@@ -442,7 +443,7 @@ class Scheduler:
                 self._finish(batch)
                 self.observer.dropped("client_gone", len(batch))
                 return
-            started, tokens = self.clock(), sum(item.cost for item in batch)
+            started = self.clock()
             for item in batch:
                 item.started = started
             try:
