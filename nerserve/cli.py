@@ -149,6 +149,13 @@ def train(
         float,
         typer.Option(min=0.0, max=1.0, help="gliner: chance that an example's words are all lowercased (as queries are typed)"),
     ] = 0.0,
+    focal_gamma: Annotated[
+        float, typer.Option(min=0.0, help="gliner: focal loss's gamma; 0 is plain binary cross-entropy")
+    ] = 0.0,
+    focal_alpha: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="gliner: weight of a positive (span, label) pair, 1 - it a negative's"),
+    ] = None,
 ) -> None:
     """Train a model on DATA and write it (manifest + weights) to OUT; resumes from OUT/checkpoint."""
     from nerserve.ner.training.loop import TrainSettings
@@ -172,6 +179,8 @@ def train(
         wordnet_share=wordnet_share,
         common_noun_share=common_noun_share,
         lowercase_share=lowercase_share,
+        focal_gamma=focal_gamma,
+        focal_alpha=focal_alpha,
     )
     from nerserve.ner.loading import lazy
 

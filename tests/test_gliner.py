@@ -12,7 +12,7 @@ import pytest
 from nerserve.ner.archs.gliner import SPEC
 from nerserve.ner.archs.gliner.config import GlinerConfig, GlinerOptions
 from nerserve.ner.archs.gliner.decode import decode_batch
-from nerserve.ner.archs.gliner.loss import pair_mask, targets_of
+from nerserve.ner.archs.gliner.loss import pair_losses, pair_mask, targets_of
 from nerserve.ner.archs.gliner.program import GlinerProgram, Pass, enumerate_spans, names_something, span_array
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.data import Sentence
@@ -128,6 +128,22 @@ def decode_sentence(
     scores: np.ndarray, spans: np.ndarray, mask: np.ndarray, labels: tuple[str, ...], options: GlinerOptions
 ) -> EntitySet:
     return decode_batch(scores[None], spans[None], mask[None], [labels], [options])[0]
+
+
+def test_focal_loss_quiets_the_pairs_already_right_and_alpha_weighs_positives() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    logits = torch.tensor([-6.0, -0.5, 0.5, 6.0])
+    targets = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    plain = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    assert torch.allclose(pair_losses(logits, targets), plain)
+    focal = pair_losses(logits, targets, gamma=2.0)
+    assert torch.all(focal < plain)
+    # an easy pair (right at p = 0.998) loses almost all its weight; a doubtful one (p = 0.62) keeps a seventh
+    assert focal[0] / plain[0] < 1e-4 and focal[1] / plain[1] > 0.1
+    weighted = pair_losses(logits, targets, alpha=0.75)
+    assert torch.allclose(weighted, plain * torch.tensor([0.25, 0.25, 0.75, 0.75]))
 
 
 def test_decoding_flat_nested_and_threshold() -> None:

@@ -321,6 +321,8 @@ def train_gliner(
         "wordnet_share": settings.wordnet_share,
         "common_noun_share": settings.common_noun_share,
         "lowercase_share": settings.lowercase_share,
+        "focal_gamma": settings.focal_gamma,
+        "focal_alpha": settings.focal_alpha,
     }
     if settings.init_from:
         extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
@@ -340,7 +342,7 @@ def train_gliner(
         inputs = {k: torch.from_numpy(v).to(torch_device) for k, v in feeds.items()}
         targets = torch.from_numpy(targets_of(batch.spans, [s.entities for s, _ in examples], labels)).to(torch_device)
         mask = torch.from_numpy(pair_mask(batch.span_mask, labels)).to(torch_device)
-        return gliner_loss(network, inputs, targets, mask), {}
+        return gliner_loss(network, inputs, targets, mask, settings.focal_gamma, settings.focal_alpha), {}
 
     def dev_score() -> dict[str, Any]:
         return macro_f1(program, selection, config.decode, settings.eval_batch_size)

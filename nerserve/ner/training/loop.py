@@ -55,6 +55,8 @@ class TrainSettings:
     wordnet_share: float = 0.0  # gliner: chance that it is swapped for a WordNet sub-type of its mentions
     common_noun_share: float = 0.0  # gliner: chance that an example asks for WordNet kinds of its common nouns
     lowercase_share: float = 0.0  # gliner: chance that an example's words are all lowercased (typed queries, tweets)
+    focal_gamma: float = 0.0  # gliner: focal loss's gamma (0: plain binary cross-entropy)
+    focal_alpha: float | None = None  # gliner: a positive pair's weight, a negative's 1 - alpha (None: both 1)
 
 
 @dataclass

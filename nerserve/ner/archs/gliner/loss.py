@@ -1,6 +1,9 @@
 """Training objective of the label-matching network: binary cross-entropy over every (span,
 label) pair of each pass, summed per sentence (GLiNER's objective; positives are rare, and a sum
-keeps their gradient from being averaged away over ~S·L pairs)."""
+keeps their gradient from being averaged away over ~S·L pairs). Optionally focal (Lin et al., 2017;
+GLiNER's `loss_gamma` / `loss_alpha`): pairs the network already gets right weigh (1 - p_t)^gamma,
+so the ~S·L easy non-entities stop pulling every score down, and alpha weighs positives against
+negatives."""
 
 from __future__ import annotations
 
@@ -32,9 +35,27 @@ def pair_mask(span_mask: np.ndarray, labels: list[tuple[str, ...]]) -> np.ndarra
     return (span_mask[:, :, None] & label_mask[:, None, :]).astype(np.float32)
 
 
+def pair_losses(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 0.0, alpha: float | None = None) -> torch.Tensor:
+    """Each pair's loss: binary cross-entropy, focal when gamma > 0, alpha-weighted when alpha is set
+    (alpha for a positive, 1 - alpha for a negative)."""
+    losses = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    if gamma > 0:
+        probability = torch.sigmoid(logits)
+        right = probability * targets + (1 - probability) * (1 - targets)
+        losses = losses * (1 - right) ** gamma
+    if alpha is not None:
+        losses = losses * (alpha * targets + (1 - alpha) * (1 - targets))
+    return losses
+
+
 def gliner_loss(
-    network: GlinerNetwork, feeds: dict[str, torch.Tensor], targets: torch.Tensor, mask: torch.Tensor
+    network: GlinerNetwork,
+    feeds: dict[str, torch.Tensor],
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 0.0,
+    alpha: float | None = None,
 ) -> torch.Tensor:
     logits = network.logits(*(feeds[name] for name in MATCH_INPUTS))
-    losses = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none") * mask
+    losses = pair_losses(logits.float(), targets, gamma, alpha) * mask
     return losses.sum() / targets.shape[0]
