@@ -29,7 +29,7 @@ import typer
 from nerserve.compose import START_UP_EXPORTER
 from nerserve.loadtest.client import read_sentences
 from nerserve.loadtest.stats import percentile
-from nerserve.service.api.extraction import PlannedQuery
+from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
 from nerserve.service.main import create_app
@@ -47,27 +47,51 @@ async def closed_loop(
     engine: LocalEngine, model: str, queries: list[PlannedQuery], concurrency: int, seconds: float
 ) -> tuple[int, list[float]]:
     """CONCURRENCY callers, each sending its next query as soon as the last is answered, for
-    SECONDS: requests answered and their latencies."""
+    SECONDS: requests answered and their latencies. Each query starts as the engine link starts a
+    worker's (`LocalEngine.start_planned`, its answer a callback) and the next is sent on the
+    loop's next turn, as a worker's next message would arrive."""
+    loop = asyncio.get_running_loop()
     stop_at = time.perf_counter() + seconds
     latencies: list[float] = []
-    gone: asyncio.Future[Any] = asyncio.get_running_loop().create_future()  # a client that never leaves
+    callers_left = concurrency
+    finished: asyncio.Future[None] = loop.create_future()
 
-    async def caller(start: int) -> None:
-        index = start
-        while time.perf_counter() < stop_at:
-            sent = time.perf_counter()
-            await engine.run_planned(model, queries[index % len(queries)], "", gone, admitted=False)
+    def send(index: int) -> None:
+        nonlocal callers_left
+        if time.perf_counter() >= stop_at:
+            callers_left -= 1
+            if callers_left == 0:
+                finished.set_result(None)
+            return
+        sent = time.perf_counter()
+
+        def answered(outcome: UnitAnswers | BaseException) -> None:
+            if isinstance(outcome, BaseException):
+                fail(outcome)
+                return
             latencies.append(time.perf_counter() - sent)
-            index += concurrency
+            loop.call_soon(send, index + concurrency)
 
-    await asyncio.gather(*(caller(i) for i in range(concurrency)))
+        try:
+            engine.start_planned(model, queries[index % len(queries)], "", answered, admitted=False)
+        except Exception as error:  # a refusal: the benchmark is over the engine's bound, and says so
+            fail(error)
+
+    def fail(error: BaseException) -> None:
+        if not finished.done():
+            finished.set_exception(error)
+
+    for caller in range(concurrency):
+        send(caller)
+    await finished
     return len(latencies), latencies
 
 
 async def measure(
     model: str, sentences: list[list[str]], levels: list[int], seconds: float, per_request: int, costs: Path | None
 ) -> dict[str, Any]:
-    settings = Settings(models=[model], device="simulated", threads=1, simulated_device_costs=costs)
+    # configured as for HTTP worker processes (a turn's answers in one message), which it stands in for
+    settings = Settings(models=[model], device="simulated", threads=1, simulated_device_costs=costs, http_workers=2)
     service = create_app(settings, START_UP_EXPORTER)  # graphs exported first where missing
     async with service.router.lifespan_context(service):
         state = service.state.service

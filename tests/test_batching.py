@@ -621,37 +621,64 @@ def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
 
 
 def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_client() -> None:
-    """What a request's sentences are awaited with: every result in order; the first failure at
-    once, the others' failures retrieved (asyncio logs none as lost); the client gone: every
-    sentence cancelled, so that the batcher drops them."""
+    """What a request's sentences are followed with: every result in order, answered once; the
+    first failure at once, the others' failures retrieved (asyncio logs none as lost); the client
+    gone, or the awaiting task cancelled: every sentence cancelled, so that the batcher drops them."""
     from nerserve.service.api.errors import ApiError
-    from nerserve.service.api.extraction import _await_all
+    from nerserve.service.api.extraction import PlannedRun, UnitAnswers, settled
+    from nerserve.service.batching.scheduler import ItemResult
+
+    def result(value: int | str, batch: int = 0) -> ItemResult:
+        return ItemResult(value, queue_seconds=0.1 * batch, run_seconds=0.5, batch_id=batch)
+
+    async def follow(futures: list[asyncio.Future[ItemResult]], gone: asyncio.Future[None]) -> UnitAnswers:
+        outcomes: list[UnitAnswers | BaseException] = []
+
+        def start(on_done: Callable[[UnitAnswers | BaseException], None]) -> PlannedRun:
+            return PlannedRun(futures, {"person"}, lambda outcome: (outcomes.append(outcome), on_done(outcome)))
+
+        try:
+            return await settled(start, gone)
+        finally:
+            assert len(outcomes) <= 1
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         lost: list[dict[str, object]] = []
         loop.set_exception_handler(lambda _, context: lost.append(context))
-        assert await _await_all([], loop.create_future()) == []
-        futures = [loop.create_future() for _ in range(3)]
-        for index, future in enumerate(reversed(futures)):
-            loop.call_later(0.01 * index, future.set_result, len(futures) - 1 - index)
-        assert await _await_all(futures, loop.create_future()) == [0, 1, 2]
+        never_gone: asyncio.Future[None] = loop.create_future()
+        assert (await follow([], never_gone)).entities == []
+        in_order = [loop.create_future() for _ in range(3)]
+        for index, future in enumerate(reversed(in_order)):
+            loop.call_later(0.01 * index, future.set_result, result(len(in_order) - 1 - index, batch=index % 2))
+        answers = await follow(in_order, never_gone)
+        assert answers.entities == [0, 1, 2] and answers.wanted == {"person"}
+        assert answers.queue_seconds == pytest.approx(0.1) and answers.inference_seconds == pytest.approx(1.0)
 
-        futures = [loop.create_future() for _ in range(3)]
-        loop.call_soon(futures[1].set_exception, DeadlineExceeded())
-        with pytest.raises(DeadlineExceeded):
-            await _await_all(futures, loop.create_future())
-        futures[0].set_exception(DeadlineExceeded())
-        futures[2].set_result("late")
+        failing = [loop.create_future() for _ in range(3)]
+        loop.call_soon(failing[1].set_exception, DeadlineExceeded())
+        with pytest.raises(ApiError) as late:
+            await follow(failing, never_gone)
+        assert late.value.code == "deadline_exceeded"
+        failing[0].set_exception(RuntimeError("graphs failed"))
+        failing[2].set_result(result("late"))
 
-        futures = [loop.create_future() for _ in range(2)]
-        futures[0].set_result("done")
-        gone = loop.create_future()
+        left = [loop.create_future() for _ in range(2)]
+        left[0].set_result(result("done"))
+        gone: asyncio.Future[None] = loop.create_future()
         loop.call_soon(gone.set_result, None)
         with pytest.raises(ApiError) as refused:
-            await _await_all(futures, gone)
-        assert refused.value.code == "client_gone" and futures[1].cancelled()
-        del futures
+            await follow(left, gone)
+        assert refused.value.code == "client_gone" and left[1].cancelled()
+
+        abandoned = [loop.create_future()]
+        task = asyncio.create_task(follow(abandoned, never_gone))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert abandoned[0].cancelled()
+        del failing, left
         await asyncio.sleep(0.01)
         import gc
 

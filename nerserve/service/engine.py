@@ -7,6 +7,7 @@ vLLM makes between its API server and its engine core and TEI between its router
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,7 +16,16 @@ from prometheus_client import generate_latest
 from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
 from nerserve.service.admission import EdgeCounter, Refusal, refusal_message, refusal_retry_after
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, extract, run_planned
+from nerserve.service.api.extraction import (
+    Extraction,
+    ExtractionQuery,
+    PlannedQuery,
+    PlannedRun,
+    UnitAnswers,
+    extract,
+    settled,
+    start_planned,
+)
 from nerserve.service.api.state import ServiceState
 from nerserve.service.models import ModelView, ServedModel
 
@@ -93,22 +103,41 @@ class LocalEngine:
     async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
         return await extract(self.state, self.served(model), query, tenant, gone)
 
+    def start_planned(
+        self,
+        model: str,
+        query: PlannedQuery,
+        tenant: str,
+        on_done: Callable[[UnitAnswers | BaseException], None],
+        admitted: bool = True,
+    ) -> PlannedRun:
+        """A request an HTTP worker planned: its units into the model's batcher, `on_done` called
+        with its answers or its error (refusals and bad input are raised here, as ApiErrors).
+        `admitted`: let through the edge already; if not (a small body, which a worker sends with
+        its run rather than ask first), it is admitted here by the edge's rule and counted until
+        it is answered."""
+        if admitted:
+            return start_planned(self.state, self.served(model), query, tenant, on_done)
+        refusal = self.edge.decide(model, tenant)
+        if refusal is not None:
+            retry = {"Retry-After": refusal_retry_after(refusal)}
+            raise ApiError("queue_full", refusal_message(refusal), headers=retry)
+
+        def released(outcome: UnitAnswers | BaseException) -> None:
+            self.edge.release()
+            on_done(outcome)
+
+        try:
+            return start_planned(self.state, self.served(model), query, tenant, released)
+        except BaseException:
+            self.edge.release()
+            raise
+
     async def run_planned(
         self, model: str, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any], admitted: bool = True
     ) -> UnitAnswers:
-        """A request an HTTP worker planned: its units through the model's batcher. `admitted`: let
-        through the edge already; if not (a small body, which a worker sends with its run rather
-        than ask first), it is admitted here by the edge's rule and counted while it runs."""
-        if not admitted:
-            refusal = self.edge.decide(model, tenant)
-            if refusal is not None:
-                retry = {"Retry-After": refusal_retry_after(refusal)}
-                raise ApiError("queue_full", refusal_message(refusal), headers=retry)
-        try:
-            return await run_planned(self.state, self.served(model), query, tenant, gone)
-        finally:
-            if not admitted:
-                self.edge.release()
+        """`start_planned`, awaited."""
+        return await settled(lambda on_done: self.start_planned(model, query, tenant, on_done, admitted), gone)
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
         return await self.edge.admit(model, tenant, body_bytes)

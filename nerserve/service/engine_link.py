@@ -28,7 +28,15 @@ from typing import Any
 from nerserve.ner.text.subword import SubwordEncoder
 from nerserve.service.admission import Refusal
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extraction import Extraction, ExtractionQuery, PlannedQuery, UnitAnswers, answer, plan_query
+from nerserve.service.api.extraction import (
+    Extraction,
+    ExtractionQuery,
+    PlannedQuery,
+    PlannedRun,
+    UnitAnswers,
+    answer,
+    plan_query,
+)
 from nerserve.service.api.state import ServiceState
 from nerserve.service.engine import EngineState, LocalEngine
 from nerserve.service.pipeline import Planner
@@ -154,7 +162,7 @@ class _Worker:
 
     out: FrameWriter
     admitted: int = 0  # requests it let through the edge and has not released
-    watching: dict[int, asyncio.Future[Any]] = field(default_factory=dict)  # extract id → done when its client went away
+    watching: dict[int, PlannedRun] = field(default_factory=dict)  # run_planned call id → its run, until answered
 
     def send(self, message: Any) -> None:
         self.out.send(message)
@@ -211,9 +219,8 @@ class EngineServer:
             self.workers.discard(worker)
             for _ in range(worker.admitted):  # a worker gone: what it had admitted no longer waits
                 self.engine.release()
-            for gone in worker.watching.values():
-                if not gone.done():
-                    gone.set_result(None)
+            for run in list(worker.watching.values()):
+                run.cancel()
             writer.close()
 
     def _dispatch(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
@@ -228,38 +235,57 @@ class EngineServer:
             engine.release()
             worker.admitted -= 1
         elif method == "cancel":
-            gone = worker.watching.get(args[0])
-            if gone is not None and not gone.done():
-                gone.set_result(None)
-        elif method in ("run_planned", "metrics", "stats", "device_report"):
+            run = worker.watching.get(args[0])
+            if run is not None:
+                run.cancel()
+        elif method == "run_planned":
+            self._run_planned(worker, call_id or 0, *args)
+        elif method in ("metrics", "stats", "device_report"):
             task = asyncio.create_task(self._answer(worker, method, call_id, args))
             self.tasks.add(task)  # held until done: the loop keeps only weak references to tasks
             task.add_done_callback(self.tasks.discard)
         else:
             worker.send(("reply", call_id, False, ("internal", f"unknown engine call {method!r}", None, {})))
 
+    def _run_planned(self, worker: _Worker, call_id: int, model: str, query: PlannedQuery, tenant: str, admitted: bool) -> None:
+        """A worker's planned request into the engine; its reply is sent when it is answered (no task
+        a request: see PlannedRun)."""
+
+        def answered(outcome: UnitAnswers | BaseException) -> None:
+            worker.watching.pop(call_id, None)
+            worker.send(_reply(call_id, "run_planned", outcome))
+
+        try:
+            run = self.engine.start_planned(model, query, tenant, answered, admitted)
+        except Exception as error:
+            worker.send(_reply(call_id, "run_planned", error))
+            return
+        if not run.settled:
+            worker.watching[call_id] = run
+
     async def _answer(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
         try:
-            if method == "run_planned":
-                gone: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                worker.watching[call_id or 0] = gone
-                try:
-                    model, query, tenant, admitted = args
-                    value: Any = await self.engine.run_planned(model, query, tenant, gone, admitted)
-                finally:
-                    worker.watching.pop(call_id or 0, None)
-            elif method == "metrics":
-                value = await self.engine.metrics_text()
+            if method == "metrics":
+                value: Any = await self.engine.metrics_text()
             elif method == "stats":
                 value = await self.engine.stats()
             else:
                 value = await self.engine.device_report()
-            worker.send(("reply", call_id, True, value))
-        except ApiError as error:
-            worker.send(("reply", call_id, False, error_parts(error)))
         except Exception as error:
-            log.exception("engine call %s failed", method)
-            worker.send(("reply", call_id, False, ("internal", f"engine error: {type(error).__name__}", None, {})))
+            worker.send(_reply(call_id, method, error))
+            return
+        worker.send(_reply(call_id, method, value))
+
+
+def _reply(call_id: int | None, method: str, outcome: Any) -> tuple[Any, ...]:
+    """The reply message to a call: its value, an ApiError's parts, or any other error as an
+    internal one (logged here, with its traceback)."""
+    if isinstance(outcome, ApiError):
+        return ("reply", call_id, False, error_parts(outcome))
+    if isinstance(outcome, BaseException):
+        log.error("engine call %s failed", method, exc_info=outcome)
+        return ("reply", call_id, False, ("internal", f"engine error: {type(outcome).__name__}", None, {}))
+    return ("reply", call_id, True, outcome)
 
 
 class RemoteEngine:

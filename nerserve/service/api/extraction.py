@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,63 +110,6 @@ async def run_extraction(request: Request, model: str, query: ExtractionQuery) -
         gone.cancel()
 
 
-async def _await_all(futures: list[asyncio.Future[ItemResult]], gone: asyncio.Future[Any]) -> list[ItemResult]:
-    """Wait for every sentence, or for the first that fails; if the client goes away first (`gone`
-    done), cancel them so the batcher drops them. One future awaited, which every sentence's
-    callback counts down (asyncio.gather and asyncio.wait cost a request of one sentence several
-    times that, on the engine's event loop)."""
-    if not futures:
-        return []
-    settled = asyncio.get_running_loop().create_future()
-    remaining = len(futures)
-
-    def one_done(future: asyncio.Future[ItemResult]) -> None:
-        nonlocal remaining
-        remaining -= 1
-        failed = not future.cancelled() and future.exception() is not None  # retrieved: never logged as lost
-        if (failed or remaining == 0) and not settled.done():
-            settled.set_result(future if failed else None)
-
-    def client_gone(_: asyncio.Future[Any]) -> None:
-        if not settled.done():
-            settled.set_result(gone)
-
-    for future in futures:
-        future.add_done_callback(one_done)
-    gone.add_done_callback(client_gone)
-    try:
-        outcome = await settled
-    finally:
-        gone.remove_done_callback(client_gone)
-    if outcome is None:
-        return [future.result() for future in futures]
-    if outcome is not gone:
-        raise outcome.exception()  # the first sentence that failed
-    for future in futures:
-        future.cancel()
-    # answered to nobody, but counted in /metrics under its own status rather than as a failure
-    raise ApiError("client_gone", "the client closed the connection before the answer")
-
-
-async def _run_units(
-    model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None, tenant: str, gone: asyncio.Future[Any]
-) -> list[ItemResult]:
-    try:
-        futures = model.scheduler.submit(payloads, deadline, tenant)
-    except QueueFull as full:
-        raise ApiError(
-            "queue_full",
-            f"model {model.name!r} is overloaded ({full.depth} sentences queued)",
-            headers={"Retry-After": str(int(full.retry_after + 0.999))},
-        ) from None
-    except Draining:
-        raise ApiError("draining", "server is shutting down; retry on another replica") from None
-    try:
-        return await _await_all(futures, gone)
-    except DeadlineExceeded:
-        raise ApiError("deadline_exceeded", "the request's deadline passed before it ran") from None
-
-
 # Planning a few sentences takes less time than handing it to a thread and back (under load the
 # hand-offs dominate the event loop); a large request is planned in a thread so that the loop
 # keeps answering others meanwhile.
@@ -212,12 +156,95 @@ class UnitAnswers:
     inference_seconds: float
 
 
-async def run_planned(
-    state: ServiceState, model: ServedModel, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any]
-) -> UnitAnswers:
-    """In the engine's process: the request's checks that need the model or the engine's counts,
-    then its units through the model's batcher. `tenant`, the API key's name ("" without keys);
-    `gone`, done when the client goes away."""
+class PlannedRun:
+    """A planned request's sentences in a model's queue, followed by callbacks rather than awaited:
+    the engine answers thousands of requests a second, and a task, two coroutines and two futures a
+    request cost its loop more than the request's own bookkeeping. `on_done` gets the request's
+    UnitAnswers, or the exception of the first sentence that failed (or the client_gone ApiError once
+    `cancel` is called), exactly once; the sentences' futures are cancelled when the client goes."""
+
+    def __init__(
+        self,
+        futures: list[asyncio.Future[ItemResult]],
+        wanted: set[str] | None,
+        on_done: Callable[[UnitAnswers | BaseException], None],
+    ) -> None:
+        self.futures = futures
+        self.wanted = wanted
+        self.on_done = on_done
+        self.settled = False
+        self._remaining = len(futures)
+        if not futures:
+            self._settle(UnitAnswers([], wanted, 0.0, 0.0))
+        for future in futures:
+            future.add_done_callback(self._one_done)
+
+    def _one_done(self, future: asyncio.Future[ItemResult]) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()  # retrieved even once settled, so never logged as lost
+        if self.settled:
+            return
+        if error is not None:
+            self._settle(_api_error(error))
+            return
+        self._remaining -= 1
+        if self._remaining == 0:
+            results = [f.result() for f in self.futures]
+            self._settle(
+                UnitAnswers(
+                    [r.value for r in results],
+                    self.wanted,
+                    queue_seconds=max(r.queue_seconds for r in results),
+                    inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once
+                )
+            )
+
+    def cancel(self, _: object = None) -> None:
+        """The client went away: its sentences leave the queue (the batcher drops cancelled ones)."""
+        if self.settled:
+            return
+        for future in self.futures:
+            future.cancel()
+        # answered to nobody, but counted in /metrics under its own status rather than as a failure
+        self._settle(ApiError("client_gone", "the client closed the connection before the answer"))
+
+    def _settle(self, outcome: UnitAnswers | BaseException) -> None:
+        self.settled = True
+        self.on_done(outcome)
+
+
+def _api_error(error: BaseException) -> BaseException:
+    if isinstance(error, DeadlineExceeded):
+        return ApiError("deadline_exceeded", "the request's deadline passed before it ran")
+    return error
+
+
+def _submit(
+    model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None, tenant: str
+) -> list[asyncio.Future[ItemResult]]:
+    try:
+        return model.scheduler.submit(payloads, deadline, tenant)
+    except QueueFull as full:
+        raise ApiError(
+            "queue_full",
+            f"model {model.name!r} is overloaded ({full.depth} sentences queued)",
+            headers={"Retry-After": str(int(full.retry_after + 0.999))},
+        ) from None
+    except Draining:
+        raise ApiError("draining", "server is shutting down; retry on another replica") from None
+
+
+def start_planned(
+    state: ServiceState,
+    model: ServedModel,
+    query: PlannedQuery,
+    tenant: str,
+    on_done: Callable[[UnitAnswers | BaseException], None],
+) -> PlannedRun:
+    """In the engine's process: the request's checks that need the model or the engine's counts
+    (ApiErrors raised here), then its units into the model's batcher; `on_done` follows (see
+    PlannedRun). `tenant`, the API key's name ("" without keys)."""
     wanted = _label_filter(model, query.labels)
     try:
         options = model.resolve_options(query.options, query.labels if wanted is None else None)
@@ -240,17 +267,54 @@ async def run_planned(
             "sentences a second",
             headers={"Retry-After": retry_after(over)},
         )
-    if not units:
-        return UnitAnswers([], wanted, 0.0, 0.0)
-    results = await _run_units(model, [((sentence, options), cost) for sentence, cost in units], deadline, tenant, gone)
-    if state.tenants.enabled:
-        state.metrics.key_sentences.labels(tenant).inc(len(units))
-    return UnitAnswers(
-        [r.value for r in results],
-        wanted,
-        queue_seconds=max(r.queue_seconds for r in results),
-        inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once
-    )
+    if units and state.tenants.enabled:
+        on_done = _counting_key_sentences(state, tenant, len(units), on_done)
+    futures = _submit(model, [((sentence, options), cost) for sentence, cost in units], deadline, tenant) if units else []
+    return PlannedRun(futures, wanted, on_done)
+
+
+def _counting_key_sentences(
+    state: ServiceState, tenant: str, sentences: int, on_done: Callable[[UnitAnswers | BaseException], None]
+) -> Callable[[UnitAnswers | BaseException], None]:
+    def counted(outcome: UnitAnswers | BaseException) -> None:
+        if isinstance(outcome, UnitAnswers):
+            state.metrics.key_sentences.labels(tenant).inc(sentences)
+        on_done(outcome)
+
+    return counted
+
+
+async def settled(
+    start: Callable[[Callable[[UnitAnswers | BaseException], None]], PlannedRun], gone: asyncio.Future[Any]
+) -> UnitAnswers:
+    """A planned request started by `start(on_done)`, awaited: its answers, or its error raised; if
+    the client goes away first (`gone` done), or the awaiting task is cancelled, its sentences
+    leave the queue."""
+    outcome: asyncio.Future[UnitAnswers | BaseException] = asyncio.get_running_loop().create_future()
+
+    def answered(value: UnitAnswers | BaseException) -> None:
+        if not outcome.done():  # cancelled with the awaiting task
+            outcome.set_result(value)
+
+    run = start(answered)
+    gone.add_done_callback(run.cancel)
+    try:
+        result = await outcome
+    except asyncio.CancelledError:
+        run.cancel()
+        raise
+    finally:
+        gone.remove_done_callback(run.cancel)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+async def run_planned(
+    state: ServiceState, model: ServedModel, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any]
+) -> UnitAnswers:
+    """`start_planned`, awaited (see `settled`)."""
+    return await settled(lambda on_done: start_planned(state, model, query, tenant, on_done), gone)
 
 
 def answer(query: ExtractionQuery, planned: list[PlannedText], answers: UnitAnswers) -> Extraction:
