@@ -95,3 +95,44 @@ def test_a_worker_asks_before_reading_for_a_while_after_a_refusal() -> None:
         assert await remote.admit("span-conll03", "", 200) is None and len(asked) == 2
 
     asyncio.run(scenario())
+
+
+def test_the_engine_answers_a_workers_run_from_its_callback_and_cancels_it_on_request() -> None:
+    """A run_planned starts as it is read and is answered when its run settles: its answers, a
+    refusal raised at once, a malformed call, or client_gone once the worker cancels it."""
+    from nerserve.service.api.errors import ApiError
+    from nerserve.service.api.extraction import PlannedRun, UnitAnswers
+    from nerserve.service.batching.scheduler import ItemResult
+    from nerserve.service.engine_link import EngineServer, _Worker
+
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        sentences: dict[str, list[asyncio.Future[ItemResult]]] = {}
+
+        class Engine:
+            def start_planned(self, model: str, query: str, tenant: str, on_done: Any, admitted: bool) -> PlannedRun:
+                if query == "refused":
+                    raise ApiError("queue_full", "overloaded")
+                sentences[query] = [loop.create_future()]
+                return PlannedRun(sentences[query], None, on_done)
+
+        out = CapturedWrites()
+        worker = _Worker(FrameWriter(out))  # type: ignore[arg-type]
+        server = EngineServer(Engine())  # type: ignore[arg-type]
+        server._dispatch(worker, "run_planned", 1, ("m", "answered", "", True))
+        server._dispatch(worker, "run_planned", 2, ("m", "refused", "", True))
+        server._dispatch(worker, "run_planned", 3, ("m", "left", "", True))
+        server._dispatch(worker, "run_planned", 4, ("m",))  # malformed: an error, the link goes on
+        assert set(worker.watching) == {1, 3}
+        sentences["answered"][0].set_result(ItemResult("entities", 0.01, 0.02, 1))
+        server._dispatch(worker, "cancel", None, (3,))
+        await asyncio.sleep(0)
+        assert worker.watching == {} and sentences["left"][0].cancelled()
+        await asyncio.sleep(0)
+        return await read_back(bytes(out.data))
+
+    replies = {message[1]: message for message in asyncio.run(scenario())}
+    assert replies[1][2] is True and isinstance(replies[1][3], UnitAnswers) and replies[1][3].entities == ["entities"]
+    assert replies[2][2:4] == (False, ("queue_full", "overloaded", None, {}))
+    assert replies[3][3][0] == "client_gone"
+    assert replies[4][2] is False and replies[4][3][0] == "internal"

@@ -239,7 +239,7 @@ class EngineServer:
             if run is not None:
                 run.cancel()
         elif method == "run_planned":
-            self._run_planned(worker, call_id or 0, *args)
+            self._run_planned(worker, call_id or 0, args)
         elif method in ("metrics", "stats", "device_report"):
             task = asyncio.create_task(self._answer(worker, method, call_id, args))
             self.tasks.add(task)  # held until done: the loop keeps only weak references to tasks
@@ -247,7 +247,7 @@ class EngineServer:
         else:
             worker.send(("reply", call_id, False, ("internal", f"unknown engine call {method!r}", None, {})))
 
-    def _run_planned(self, worker: _Worker, call_id: int, model: str, query: PlannedQuery, tenant: str, admitted: bool) -> None:
+    def _run_planned(self, worker: _Worker, call_id: int, args: tuple[Any, ...]) -> None:
         """A worker's planned request into the engine; its reply is sent when it is answered (no task
         a request: see PlannedRun)."""
 
@@ -256,6 +256,7 @@ class EngineServer:
             worker.send(_reply(call_id, "run_planned", outcome))
 
         try:
+            model, query, tenant, admitted = args
             run = self.engine.start_planned(model, query, tenant, answered, admitted)
         except Exception as error:
             worker.send(_reply(call_id, "run_planned", error))
