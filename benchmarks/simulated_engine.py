@@ -1,7 +1,7 @@
 """How busy the engine alone keeps a simulated device: the engine process's own part of serving
 (admission, the fair queue, batching, prepare, the device pass, decode) driven in a closed loop
 from inside its process, without an HTTP front. Requests arrive as an HTTP worker sends them to the
-engine (planned: sub-word units, `Engine.run_planned`), one sentence each (or `--per-request N`),
+engine (planned: sub-word units, `LocalEngine.start_planned`), one sentence each (or `--per-request N`),
 from CONCURRENCY coroutines; the device's busy seconds are read before and after each level.
 
 This separates the two costs `simulated_device.py` measures together: what the engine needs per

@@ -7,7 +7,6 @@ vLLM makes between its API server and its engine core and TEI between its router
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,11 +18,11 @@ from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import (
     Extraction,
     ExtractionQuery,
+    OnDone,
     PlannedQuery,
     PlannedRun,
     UnitAnswers,
     extract,
-    settled,
     start_planned,
 )
 from nerserve.service.api.state import ServiceState
@@ -108,7 +107,7 @@ class LocalEngine:
         model: str,
         query: PlannedQuery,
         tenant: str,
-        on_done: Callable[[UnitAnswers | BaseException], None],
+        on_done: OnDone,
         admitted: bool = True,
     ) -> PlannedRun:
         """A request an HTTP worker planned: its units into the model's batcher, `on_done` called
@@ -132,12 +131,6 @@ class LocalEngine:
         except BaseException:
             self.edge.release()
             raise
-
-    async def run_planned(
-        self, model: str, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any], admitted: bool = True
-    ) -> UnitAnswers:
-        """`start_planned`, awaited."""
-        return await settled(lambda on_done: self.start_planned(model, query, tenant, on_done, admitted), gone)
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
         return await self.edge.admit(model, tenant, body_bytes)

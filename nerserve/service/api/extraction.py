@@ -2,7 +2,7 @@
 planning, the batcher, assembly. Shared by POST /extract and the KServe v2 infer route.
 
 Planning (sentences, windows, sub-words) and assembly (character offsets) happen where the request
-was received; only `run_planned` needs the engine. With HTTP worker processes the workers plan and
+was received; only `start_planned` needs the engine. With HTTP worker processes the workers plan and
 assemble, and the engine process receives sub-word units and answers entity sets: its time is
 what caps a server's sentences a second, whatever the number of workers."""
 
@@ -156,6 +156,10 @@ class UnitAnswers:
     inference_seconds: float
 
 
+# what a planned request's run calls once: with its answers, or with the error that ended it
+OnDone = Callable[[UnitAnswers | BaseException], None]
+
+
 class PlannedRun:
     """A planned request's sentences in a model's queue, followed by callbacks rather than awaited:
     the engine answers thousands of requests a second, and a task, two coroutines and two futures a
@@ -167,7 +171,7 @@ class PlannedRun:
         self,
         futures: list[asyncio.Future[ItemResult]],
         wanted: set[str] | None,
-        on_done: Callable[[UnitAnswers | BaseException], None],
+        on_done: OnDone,
     ) -> None:
         self.futures = futures
         self.wanted = wanted
@@ -240,7 +244,7 @@ def start_planned(
     model: ServedModel,
     query: PlannedQuery,
     tenant: str,
-    on_done: Callable[[UnitAnswers | BaseException], None],
+    on_done: OnDone,
 ) -> PlannedRun:
     """In the engine's process: the request's checks that need the model or the engine's counts
     (ApiErrors raised here), then its units into the model's batcher; `on_done` follows (see
@@ -273,9 +277,7 @@ def start_planned(
     return PlannedRun(futures, wanted, on_done)
 
 
-def _counting_key_sentences(
-    state: ServiceState, tenant: str, sentences: int, on_done: Callable[[UnitAnswers | BaseException], None]
-) -> Callable[[UnitAnswers | BaseException], None]:
+def _counting_key_sentences(state: ServiceState, tenant: str, sentences: int, on_done: OnDone) -> OnDone:
     def counted(outcome: UnitAnswers | BaseException) -> None:
         if isinstance(outcome, UnitAnswers):
             state.metrics.key_sentences.labels(tenant).inc(sentences)
@@ -284,9 +286,7 @@ def _counting_key_sentences(
     return counted
 
 
-async def settled(
-    start: Callable[[Callable[[UnitAnswers | BaseException], None]], PlannedRun], gone: asyncio.Future[Any]
-) -> UnitAnswers:
+async def settled(start: Callable[[OnDone], PlannedRun], gone: asyncio.Future[Any]) -> UnitAnswers:
     """A planned request started by `start(on_done)`, awaited: its answers, or its error raised; if
     the client goes away first (`gone` done), or the awaiting task is cancelled, its sentences
     leave the queue."""
@@ -310,13 +310,6 @@ async def settled(
     return result
 
 
-async def run_planned(
-    state: ServiceState, model: ServedModel, query: PlannedQuery, tenant: str, gone: asyncio.Future[Any]
-) -> UnitAnswers:
-    """`start_planned`, awaited (see `settled`)."""
-    return await settled(lambda on_done: start_planned(state, model, query, tenant, on_done), gone)
-
-
 def answer(query: ExtractionQuery, planned: list[PlannedText], answers: UnitAnswers) -> Extraction:
     """The units' entity sets → each text's entities with character offsets, where the request was
     planned."""
@@ -334,4 +327,6 @@ async def extract(
 ) -> Extraction:
     """A request planned, run and assembled in the engine's own process (one HTTP front)."""
     planned = await plan_query(model.planner, query)
-    return answer(query, planned, await run_planned(state, model, PlannedQuery.of(query, planned), tenant, gone))
+    planned_query = PlannedQuery.of(query, planned)
+    answers = await settled(lambda on_done: start_planned(state, model, planned_query, tenant, on_done), gone)
+    return answer(query, planned, answers)
