@@ -121,6 +121,37 @@ def test_a_lone_request_on_an_idle_device_does_not_wait_for_company() -> None:
     assert asyncio.run(scenario()) < 0.5
 
 
+def test_a_request_runs_at_once_while_the_last_batch_is_still_decoded() -> None:
+    """The device is idle once a batch leaves the graphs: a request that arrives while that batch is
+    decoded (here for a second) runs at once, not max_wait later, nor after the decoding."""
+    ran: list[float] = []
+
+    def run(prepared: list[str]) -> list[str]:
+        ran.append(time.perf_counter())
+        return list(prepared)
+
+    def finish(prepared: list[str], outputs: list[str]) -> list[str]:
+        if prepared == ["first"]:
+            time.sleep(1.0)
+        return outputs
+
+    async def scenario() -> float:
+        limits = BatchLimits(max_wait_ms=2_000, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, finish=finish, limits=limits)
+        scheduler.start()
+        first = scheduler.submit([("first", 3)])
+        while not ran:  # the first batch is on the graphs, then in its decoding
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        sent = time.perf_counter()
+        await asyncio.gather(*scheduler.submit([("second", 3)]))
+        await asyncio.gather(*first)
+        await scheduler.stop()
+        return ran[1] - sent
+
+    assert asyncio.run(scenario()) < 0.5
+
+
 @pytest.mark.parametrize("answer_per_turn", [True, False])
 def test_a_batchs_answers_go_out_one_a_turn_of_the_loop_where_the_front_shares_it(answer_per_turn: bool) -> None:
     """Work that arrives while a batch's answers are handed out (here: a callback scheduled when the

@@ -360,8 +360,10 @@ class Scheduler:
             # when full, and is prepared while the graphs still run the current batch, so the graph
             # thread never idles through a prepare. With `close_when_idle` and nothing prepared or
             # running (an idle device) it closes at once: waiting for company would only delay a
-            # lone request, and under load company gathers while the graphs run.
-            idle = limits.close_when_idle and self._taken_tokens == 0
+            # lone request, and under load company gathers while the graphs run. Batches still
+            # being decoded do not hold the device: a batch's answers, travelling back while the
+            # device idles, are the company a waiting batch would wait for in vain.
+            idle = limits.close_when_idle and self._device_idle()
             if full or idle:
                 break
             if remaining <= 0 and self._handoff.empty():
@@ -382,6 +384,10 @@ class Scheduler:
         self._queue.take(batch)
         self._taken_tokens += sum(item.cost for item in batch)
         return batch
+
+    def _device_idle(self) -> bool:
+        """No batch on the graphs and none prepared for them (the collector wakes as a lane frees)."""
+        return not self._lane_ends and self._handoff.empty()
 
     def _gathering_time(self) -> float:
         """How long the next batch may still gather and be prepared by the time the first running
@@ -454,6 +460,7 @@ class Scheduler:
         finally:
             self._lane_ends.pop(lane, None)
             self._lane_freed.set()
+            self._arrived.set()  # a batch gathering may close now that the device is free
             self._free_lanes.put_nowait(lane)
         finished = self.clock()
         self._batches += 1
