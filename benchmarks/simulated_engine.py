@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import resource
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +42,22 @@ def cpu_seconds() -> float:
     """This process's user + system CPU time so far (every thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far by thread role, read from /proc (Linux; empty elsewhere): the event loop
+    (the main thread) and the batcher's prepare, graphs and decode threads (by their name's prefix)."""
+    roles = {thread.native_id: thread.name.split("_")[0] for thread in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds: dict[str, float] = {}
+    for tid, role in roles.items():
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        role = "loop" if role == "MainThread" else role
+        seconds[role] = seconds.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
 
 
 async def closed_loop(
@@ -113,11 +130,11 @@ async def measure(
         device = {key: report[key] for key in ("card", "source")}
         rows = []
         for concurrency in levels:
-            before, cpu_before = await engine.device_report(), cpu_seconds()
+            before, cpu_before, threads_before = await engine.device_report(), cpu_seconds(), thread_cpu_seconds()
             started = time.perf_counter()
             answered, latencies = await closed_loop(engine, model, queries, concurrency, seconds)
             elapsed = time.perf_counter() - started
-            after, cpu_after = await engine.device_report(), cpu_seconds()
+            after, cpu_after, threads_after = await engine.device_report(), cpu_seconds(), thread_cpu_seconds()
             assert before is not None and after is not None
             passes = after["passes"] - before["passes"]
             rows.append(
@@ -130,6 +147,12 @@ async def measure(
                     "p50_ms": round(1000 * percentile(latencies, 50), 2),
                     "p99_ms": round(1000 * percentile(latencies, 99), 2),
                     "cpu_ms_per_request": round(1000 * (cpu_after - cpu_before) / max(answered, 1), 4),
+                    # where it went: the loop (admission, queue, answers, this benchmark's callers)
+                    # and the prepare, graphs and decode threads
+                    "cpu_ms_per_request_by_thread": {
+                        role: round(1000 * (spent - threads_before.get(role, 0.0)) / max(answered, 1), 4)
+                        for role, spent in sorted(threads_after.items())
+                    },
                 }
             )
             print(json.dumps(rows[-1]), flush=True)

@@ -86,8 +86,10 @@ class LocalEngine:
         least loaded model when the name is in the body (the scheduler then decides for the one it
         names)."""
         models = self.state.models
-        served = models if model is None else {model: models[model]} if model in models else {}
-        return min((m.scheduler.edge_wait(pending, tenant).others for m in served.values()), default=None)
+        if model is not None:
+            named = models.get(model)
+            return None if named is None else named.scheduler.edge_wait(pending, tenant).others
+        return min((m.scheduler.edge_wait(pending, tenant).others for m in models.values()), default=None)
 
     def _open_requests(self) -> int:
         return sum(model.scheduler.open_requests for model in self.state.models.values())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -46,8 +47,9 @@ class TenantFlow(Generic[T]):
     tokens: int = 0  # sub-words queued
 
 
-def _tag(item: Queued) -> int:
-    return item.tag
+# a sentence's round, read in C by the bisections (a Python function here is called ~log2(n) times
+# for every request the engine admits)
+_tag = operator.attrgetter("tag")
 
 
 class FairQueue(Generic[T]):

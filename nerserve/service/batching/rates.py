@@ -17,6 +17,9 @@ class BatchRates:
     def __init__(self, max_batch_tokens: int) -> None:
         self.max_batch_tokens = max_batch_tokens
         self._by_size: dict[int, float] = {}  # bucket (bit length of the batch's sub-words) → sub-words/s
+        # `at` by bucket until the next observation: admission asks it for every request, a batch
+        # changes it once
+        self._answers: dict[int, float] = {}
 
     def __bool__(self) -> bool:
         return bool(self._by_size)
@@ -27,6 +30,7 @@ class BatchRates:
     def observe(self, tokens: int, rate: float) -> None:
         """A back-to-back batch of `tokens` sub-words ran at `rate` sub-words/s."""
         bucket = self._bucket(tokens)
+        self._answers.clear()
         last = self._by_size.get(bucket)
         self._by_size[bucket] = rate if last is None else (1 - SMOOTHING) * last + SMOOTHING * rate
 
@@ -37,5 +41,8 @@ class BatchRates:
         if not self._by_size:
             return 0.0
         bucket = self._bucket(queued)
-        within = [size for size in self._by_size if size <= bucket]
-        return self._by_size[max(within) if within else min(self._by_size)]
+        rate = self._answers.get(bucket)
+        if rate is None:
+            within = [size for size in self._by_size if size <= bucket]
+            rate = self._answers[bucket] = self._by_size[max(within) if within else min(self._by_size)]
+        return rate
