@@ -460,7 +460,8 @@ class Scheduler:
         finally:
             self._lane_ends.pop(lane, None)
             self._lane_freed.set()
-            self._arrived.set()  # a batch gathering may close now that the device is free
+            if self.limits.close_when_idle:  # a batch gathering closes now that the device is free
+                self._arrived.set()
             self._free_lanes.put_nowait(lane)
         finished = self.clock()
         self._batches += 1
