@@ -372,6 +372,52 @@ def test_the_wait_is_counted_in_sub_words() -> None:
     assert ten_sentences == pytest.approx((3800 + 20) / 1900)
 
 
+@pytest.mark.parametrize("quantum", [1, 4])
+def test_equal_requests_finish_a_batch_apart_with_a_quantum_of_their_size(quantum: int) -> None:
+    """Two requests of four sentences, sent together, batches of four: with a sentence of each a
+    round, each batch holds half of both, so both are answered only after the second; with four of
+    each a round, the first batch holds all of the first request."""
+    batches: list[list[str]] = []
+
+    def run(prepared: list[str]) -> list[str]:
+        batches.append(list(prepared))
+        return prepared
+
+    async def scenario() -> None:
+        limits = BatchLimits(max_batch_size=4, max_wait_ms=0)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits, fair_quantum=quantum)
+        requests = [scheduler.submit([(f"{name}{i}", 3) for i in range(4)]) for name in "ab"]
+        scheduler.start()
+        await asyncio.gather(*requests[0], *requests[1])
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+    if quantum == 1:
+        assert batches == [["a0", "b0", "a1", "b1"], ["a2", "b2", "a3", "b3"]]
+    else:
+        assert batches == [["a0", "a1", "a2", "a3"], ["b0", "b1", "b2", "b3"]]
+
+
+def test_a_newcomer_waits_behind_a_quantum_of_each_request_of_its_round() -> None:
+    """The estimate follows the order: with four sentences of a request a round, a one-sentence
+    request behind a request of ten windows waits on four of them (one with a quantum of 1)."""
+
+    def wait(quantum: int) -> float:
+        async def scenario() -> float:
+            scheduler = Scheduler(
+                prepare=lambda p: p, run=lambda p: p, limits=BatchLimits(max_queue=10_000), fair_quantum=quantum
+            )
+            scheduler.rates.observe(512, 1900.0)
+            scheduler.rates.observe(16, 1900.0)
+            scheduler.submit([("window", 380)] * 10)
+            return scheduler.wait([20]).others
+
+        return asyncio.run(scenario())
+
+    assert wait(1) == pytest.approx(380 / 1900)
+    assert wait(4) == pytest.approx(4 * 380 / 1900)
+
+
 def test_an_overdue_request_goes_first_a_sentence_a_batch() -> None:
     """No admitted request left behind: once its promised time has passed, a request's next
     sentence goes before newer requests' (one a batch, so they still wait a sentence of it, not

@@ -128,6 +128,14 @@ class Settings(Locations):
         "256 on CPU (a batch is hardly cheaper a sub-word there, and a large request's long batches would hold up "
         "everyone else) and none on CUDA",
     )
+    fair_quantum: int = Field(
+        1,
+        ge=1,
+        description="sentences of one request a round of the fair order. With 1, a one-sentence request goes in the "
+        "next batch, and equal requests that arrive together all finish after their last batch; more lets the first "
+        "of them finish sooner, while a newcomer waits behind up to this many sentences of each request of its "
+        "round (docs/decisions/admission.md)",
+    )
     max_texts: int = Field(256, ge=1, description="texts (or token lists) per request")
     max_request_sentences: int = Field(
         1024,

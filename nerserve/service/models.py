@@ -209,6 +209,7 @@ def load_served_model(
         on_idle=release_freed_memory,
         padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
         tenant_weight=tenant_weight,
+        fair_quantum=settings.fair_quantum,
         answer_per_turn=settings.front_workers == 1,
         lanes=settings.lanes,
         lane_setup=_lane_stream(settings),

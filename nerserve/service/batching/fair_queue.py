@@ -1,11 +1,15 @@
 """The queue's order: fair across tenants by weight, then across requests within a tenant, with no
 admitted request left behind. A pure data structure (no clocks of its own, no threads).
 
-Two levels of fair queueing, a sentence the unit:
-- **requests within a tenant** (start-time fair queueing): a request's i-th sentence is tagged with
-  the tenant's round when it arrived plus i, and a tenant's sentences go by tag, then by arrival. A
-  request of 500 sentences takes one a round beside the others instead of holding the graphs for
-  its whole length.
+Two levels of fair queueing:
+- **requests within a tenant** (start-time fair queueing, `quantum` sentences of a request a round):
+  a request's i-th sentence is tagged with the tenant's round when it arrived plus i // quantum, and
+  a tenant's sentences go by tag, then by arrival. A request of 500 sentences takes `quantum` a
+  round beside the others instead of holding the graphs for its whole length. With a quantum of 1,
+  equal requests that arrive together finish together, after their last batch; with a larger one
+  the first of them finish a batch sooner, and the device runs the next batch while their answers
+  travel, at the cost of a newcomer waiting behind up to `quantum` sentences of each request of
+  its round (docs/decisions/admission.md).
 - **tenants** (weighted fair queueing over the tenants that wait): each tenant's virtual time
   advances by 1 ÷ its weight for every sentence of it that runs, and the next sentence comes from
   the tenant with the least virtual time; a tenant that starts waiting starts at the system's
@@ -53,8 +57,9 @@ _tag = operator.attrgetter("tag")
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, weight: Callable[[str], float] = lambda tenant: 1.0) -> None:
+    def __init__(self, weight: Callable[[str], float] = lambda tenant: 1.0, quantum: int = 1) -> None:
         self.weight = weight
+        self.quantum = quantum  # sentences of a request a round
         self._flows: dict[str, TenantFlow[T]] = {}
         self._virtual = 0.0  # where the last batch's sentences started, in virtual time
         self._count = 0
@@ -80,6 +85,10 @@ class FairQueue(Generic[T]):
         flow = self._flows.get(tenant)
         return flow.round if flow is not None else 0
 
+    def tag(self, first: int, index: int) -> int:
+        """The tag of a request's INDEX-th sentence, its first tagged FIRST."""
+        return first + index // self.quantum
+
     def push(self, items: Iterable[T]) -> None:
         for item in items:
             flow = self._flow(item.tenant)
@@ -90,14 +99,14 @@ class FairQueue(Generic[T]):
 
     def ahead_of(self, tenant: str, sentences: int) -> int:
         """Sub-words that run before the last of a newcomer's `sentences` (its own excluded): its
-        tenant's sentences tagged before its last one, and what the other tenants run meanwhile
-        in proportion to their weights."""
+        tenant's sentences tagged before its last one or with it, and what the other tenants run
+        meanwhile in proportion to their weights."""
         flow = self._flows.get(tenant)
         weight = flow.weight if flow is not None else self.weight(tenant)
         if flow is None or not flow.items:
             own_ahead, own_tokens, start = 0, 0, self._virtual
         else:
-            own_ahead = bisect.bisect_right(flow.items, flow.round + max(sentences, 1) - 1, key=_tag)
+            own_ahead = bisect.bisect_right(flow.items, self.tag(flow.round, max(sentences, 1) - 1), key=_tag)
             whole = own_ahead == len(flow.items)
             own_tokens = flow.tokens if whole else sum(item.cost for item in flow.items[:own_ahead])
             start = flow.virtual

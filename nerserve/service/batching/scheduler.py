@@ -157,6 +157,8 @@ class Scheduler:
     padded_tokens: Callable[[Any], int] | None = None
     # a tenant's weight in the fair order (the API key's share; 1 without keys)
     tenant_weight: Callable[[str], float] = field(default=lambda tenant: 1.0)
+    # sentences of a request a round of the fair order (service.batching.fair_queue)
+    fair_quantum: int = 1
     # A batch's answers one a turn of the event loop, where the HTTP front shares that loop: what
     # arrived meanwhile (a 401, a refusal, a new request) then waits for one answer to be written,
     # not for the batch's. An engine serving HTTP workers sends a turn's answers in one message.
@@ -173,7 +175,7 @@ class Scheduler:
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
 
     def __post_init__(self) -> None:
-        self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight)
+        self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight, self.fair_quantum)
         self._arrived = asyncio.Event()
         # a prepared batch, its prepared form and its sub-words
         self._handoff: asyncio.Queue[tuple[list[WorkItem], Any, int]] = asyncio.Queue(maxsize=1)
@@ -244,7 +246,17 @@ class Scheduler:
         self._requests += 1
         first = self._queue.next_tag(tenant)
         items = [
-            WorkItem(payload, cost, now, deadline, loop.create_future(), first + index, self._requests, due=due, tenant=tenant)
+            WorkItem(
+                payload,
+                cost,
+                now,
+                deadline,
+                loop.create_future(),
+                self._queue.tag(first, index),
+                self._requests,
+                due=due,
+                tenant=tenant,
+            )
             for index, (payload, cost) in enumerate(payloads)
         ]
         self._queue.push(items)
