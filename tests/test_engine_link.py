@@ -101,20 +101,21 @@ def test_the_engine_answers_a_workers_run_from_its_callback_and_cancels_it_on_re
     """A run_planned starts as it is read and is answered when its run settles: its answers, a
     refusal raised at once, a malformed call, or client_gone once the worker cancels it."""
     from nerserve.service.api.errors import ApiError
-    from nerserve.service.api.extraction import PlannedRun, UnitAnswers
+    from nerserve.service.api.extraction import PlannedRun, SentenceAnswer, UnitAnswers
     from nerserve.service.batching.scheduler import ItemResult
     from nerserve.service.engine_link import EngineServer, _Worker
 
     async def scenario() -> list[Any]:
-        loop = asyncio.get_running_loop()
-        sentences: dict[str, list[asyncio.Future[ItemResult]]] = {}
+        runs: dict[str, PlannedRun] = {}
+        answers: dict[str, list[SentenceAnswer]] = {}
 
         class Engine:
             def start_planned(self, model: str, query: str, tenant: str, on_done: Any, admitted: bool) -> PlannedRun:
                 if query == "refused":
                     raise ApiError("queue_full", "overloaded")
-                sentences[query] = [loop.create_future()]
-                return PlannedRun(sentences[query], None, on_done)
+                runs[query] = PlannedRun(1, None, on_done)
+                answers[query] = runs[query].answers()
+                return runs[query]
 
         out = CapturedWrites()
         worker = _Worker(FrameWriter(out))  # type: ignore[arg-type]
@@ -124,10 +125,10 @@ def test_the_engine_answers_a_workers_run_from_its_callback_and_cancels_it_on_re
         server._dispatch(worker, "run_planned", 3, ("m", "left", "", True))
         server._dispatch(worker, "run_planned", 4, ("m",))  # malformed: an error, the link goes on
         assert set(worker.watching) == {1, 3}
-        sentences["answered"][0].set_result(ItemResult("entities", 0.01, 0.02, 1))
+        answers["answered"][0].set_result(ItemResult("entities", 0.01, 0.02, 1))
         server._dispatch(worker, "cancel", None, (3,))
         await asyncio.sleep(0)
-        assert worker.watching == {} and sentences["left"][0].cancelled()
+        assert worker.watching == {} and answers["left"][0].done()  # the batcher drops it
         await asyncio.sleep(0)
         return await read_back(bytes(out.data))
 

@@ -86,13 +86,21 @@ class EdgeCounter:
         self.open_requests = open_requests  # requests the schedulers hold (queued or running)
         self.in_flight = 0  # requests let through here and not yet answered
 
+    @property
+    def pending(self) -> int:
+        """Requests let through and not yet queued (being read, parsed, planned)."""
+        return max(self.in_flight - self.open_requests(), 0)
+
     def decide(self, model: str | None, tenant: str) -> Refusal | None:
-        pending = max(self.in_flight - self.open_requests(), 0)
-        waited = self.wait(model, pending, tenant)
+        waited = self.wait(model, self.pending, tenant)
         if waited is not None and waited > self.bound:
             return Refusal(waited, self.in_flight, self.bound)
-        self.in_flight += 1
+        self.let_through()
         return None
+
+    def let_through(self) -> None:
+        """Count a request as let through (until `release`), its wait weighed elsewhere."""
+        self.in_flight += 1
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
         return self.decide(model, tenant)

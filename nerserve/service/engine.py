@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from prometheus_client import generate_latest
 
 from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
-from nerserve.service.admission import EdgeCounter, Refusal, refusal_message, refusal_retry_after
+from nerserve.service.admission import EdgeCounter, Refusal
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extraction import (
     Extraction,
@@ -115,23 +115,23 @@ class LocalEngine:
         """A request an HTTP worker planned: its units into the model's batcher, `on_done` called
         with its answers or its error (refusals and bad input are raised here, as ApiErrors).
         `admitted`: let through the edge already; if not (a small body, which a worker sends with
-        its run rather than ask first), it is admitted here by the edge's rule and counted until
-        it is answered."""
+        its run rather than ask first), it is weighed once, whole, at its model's queue with the
+        requests let through ahead of it (what the edge would count), and counted until it is
+        answered."""
         if admitted:
             return start_planned(self.state, self.served(model), query, tenant, on_done)
-        refusal = self.edge.decide(model, tenant)
-        if refusal is not None:
-            retry = {"Retry-After": refusal_retry_after(refusal)}
-            raise ApiError("queue_full", refusal_message(refusal), headers=retry)
+        edge = self.edge
+        pending = edge.pending  # before this request counts as let through
+        edge.let_through()
 
         def released(outcome: UnitAnswers | BaseException) -> None:
-            self.edge.release()
+            edge.release()
             on_done(outcome)
 
         try:
-            return start_planned(self.state, self.served(model), query, tenant, released)
+            return start_planned(self.state, self.served(model), query, tenant, released, pending)
         except BaseException:
-            self.edge.release()
+            edge.release()
             raise
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:

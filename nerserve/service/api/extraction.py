@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, Item
 from nerserve.service.models import ServedModel
 from nerserve.service.pipeline import PlannedText, Planner, assemble, flatten, keep_labels
 from nerserve.service.tenants import retry_after
+
+log = logging.getLogger("nerserve")
 
 
 @dataclass
@@ -160,62 +163,86 @@ class UnitAnswers:
 OnDone = Callable[[UnitAnswers | BaseException], None]
 
 
+class SentenceAnswer:
+    """One sentence's slot in its request's run (scheduler.Answer): the batcher answers it, and
+    the run hears of it at once, with no future and no turn of the event loop between."""
+
+    __slots__ = ("answered", "index", "run")
+
+    def __init__(self, run: PlannedRun, index: int) -> None:
+        self.run = run
+        self.index = index
+        self.answered = False
+
+    def done(self) -> bool:
+        return self.answered or self.run.cancelled
+
+    def set_result(self, result: ItemResult, /) -> None:
+        self.answered = True
+        self.run._answered(self.index, result)
+
+    def set_exception(self, error: BaseException, /) -> None:
+        self.answered = True
+        self.run._failed(error)
+
+
 class PlannedRun:
     """A planned request's sentences in a model's queue, followed by callbacks rather than awaited:
-    the engine answers thousands of requests a second, and a task, two coroutines and two futures a
+    the engine answers thousands of requests a second, and a task, coroutines and futures a
     request cost its loop more than the request's own bookkeeping. `on_done` gets the request's
     UnitAnswers, or the exception of the first sentence that failed (or the client_gone ApiError once
-    `cancel` is called), exactly once; the sentences' futures are cancelled when the client goes."""
+    `cancel` is called), exactly once; once cancelled, its sentences still queued are dropped."""
 
-    def __init__(
-        self,
-        futures: list[asyncio.Future[ItemResult]],
-        wanted: set[str] | None,
-        on_done: OnDone,
-    ) -> None:
-        self.futures = futures
+    def __init__(self, sentences: int, wanted: set[str] | None, on_done: OnDone) -> None:
         self.wanted = wanted
         self.on_done = on_done
         self.settled = False
-        self._remaining = len(futures)
-        if not futures:
+        self.cancelled = False
+        self._results: list[ItemResult | None] = [None] * sentences
+        self._remaining = sentences
+        if not sentences:
             self._settle(UnitAnswers([], wanted, 0.0, 0.0))
-        for future in futures:
-            future.add_done_callback(self._one_done)
 
-    def _one_done(self, future: asyncio.Future[ItemResult]) -> None:
-        if future.cancelled():
-            return
-        error = future.exception()  # retrieved even once settled, so never logged as lost
-        if self.settled:
-            return
-        if error is not None:
-            self._settle(_api_error(error))
-            return
+    def answers(self) -> list[SentenceAnswer]:
+        """Each sentence's slot, for the batcher. Not kept here: a slot refers to its run and not
+        the reverse, so that an answered request is freed at once rather than by the cycle
+        collector, whose full passes, with thousands of requests a second, came as pauses."""
+        return [SentenceAnswer(self, index) for index in range(len(self._results))]
+
+    def _answered(self, index: int, result: ItemResult) -> None:
+        self._results[index] = result
         self._remaining -= 1
-        if self._remaining == 0:
-            results = [f.result() for f in self.futures]
-            self._settle(
-                UnitAnswers(
-                    [r.value for r in results],
-                    self.wanted,
-                    queue_seconds=max(r.queue_seconds for r in results),
-                    inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once
-                )
+        if self._remaining or self.settled:
+            return
+        results = [r for r in self._results if r is not None]
+        self._settle(
+            UnitAnswers(
+                [r.value for r in results],
+                self.wanted,
+                queue_seconds=max(r.queue_seconds for r in results),
+                inference_seconds=sum({r.batch_id: r.run_seconds for r in results}.values()),  # each batch once
             )
+        )
+
+    def _failed(self, error: BaseException) -> None:
+        if not self.settled:
+            self._settle(_api_error(error))
 
     def cancel(self, _: object = None) -> None:
-        """The client went away: its sentences leave the queue (the batcher drops cancelled ones)."""
+        """The client went away: its sentences leave the queue (the batcher drops those whose
+        answer is done)."""
         if self.settled:
             return
-        for future in self.futures:
-            future.cancel()
+        self.cancelled = True
         # answered to nobody, but counted in /metrics under its own status rather than as a failure
         self._settle(ApiError("client_gone", "the client closed the connection before the answer"))
 
     def _settle(self, outcome: UnitAnswers | BaseException) -> None:
         self.settled = True
-        self.on_done(outcome)
+        try:
+            self.on_done(outcome)
+        except Exception:  # called from the batcher's own loop: one caller's fault must not stop it
+            log.exception("a request's answer could not be delivered")
 
 
 def _api_error(error: BaseException) -> BaseException:
@@ -224,11 +251,16 @@ def _api_error(error: BaseException) -> BaseException:
     return error
 
 
-def _submit(
-    model: ServedModel, payloads: list[tuple[Any, int]], deadline: float | None, tenant: str
-) -> list[asyncio.Future[ItemResult]]:
+def _enqueue(
+    model: ServedModel,
+    payloads: list[tuple[Any, int]],
+    run: PlannedRun,
+    deadline: float | None,
+    tenant: str,
+    pending: int | None,
+) -> None:
     try:
-        return model.scheduler.submit(payloads, deadline, tenant)
+        model.scheduler.enqueue(payloads, run.answers(), deadline, tenant, pending)
     except QueueFull as full:
         raise ApiError(
             "queue_full",
@@ -245,10 +277,12 @@ def start_planned(
     query: PlannedQuery,
     tenant: str,
     on_done: OnDone,
+    pending: int | None = None,
 ) -> PlannedRun:
     """In the engine's process: the request's checks that need the model or the engine's counts
     (ApiErrors raised here), then its units into the model's batcher; `on_done` follows (see
-    PlannedRun). `tenant`, the API key's name ("" without keys)."""
+    PlannedRun). `tenant`, the API key's name ("" without keys); `pending`, for a request not
+    weighed at the edge, the requests let through there and not yet queued (Scheduler.submit)."""
     wanted = _label_filter(model, query.labels)
     try:
         options = model.resolve_options(query.options, query.labels if wanted is None else None)
@@ -273,8 +307,10 @@ def start_planned(
         )
     if units and state.tenants.enabled:
         on_done = _counting_key_sentences(state, tenant, len(units), on_done)
-    futures = _submit(model, [((sentence, options), cost) for sentence, cost in units], deadline, tenant) if units else []
-    return PlannedRun(futures, wanted, on_done)
+    run = PlannedRun(len(units), wanted, on_done)
+    if units:
+        _enqueue(model, [((sentence, options), cost) for sentence, cost in units], run, deadline, tenant, pending)
+    return run
 
 
 def _counting_key_sentences(state: ServiceState, tenant: str, sentences: int, on_done: OnDone) -> OnDone:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from nerserve.service.batching.fair_queue import FairQueue
 from nerserve.service.batching.packing import BatchLimits, select_batch
@@ -77,8 +77,7 @@ class Draining(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class ItemResult:
+class ItemResult(NamedTuple):
     """What one queued sentence gets back: its result and where its time went."""
 
     value: Any
@@ -87,13 +86,26 @@ class ItemResult:
     batch_id: int  # sentences of one batch share it (a request counts each batch's time once)
 
 
+class Answer(Protocol):
+    """Where a queued sentence's outcome goes, once: an asyncio future (`submit`), or a caller's
+    own (`enqueue`: service.api.extraction gathers a request's answers without a future and a
+    turn of the event loop a sentence). Done once answered, or once its caller gave up on it
+    (the batcher then drops it)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: ItemResult, /) -> None: ...
+
+    def set_exception(self, error: BaseException, /) -> None: ...
+
+
 @dataclass
 class WorkItem:
     payload: Any
     cost: int  # sub-words
     enqueued: float
     deadline: float | None
-    future: asyncio.Future[Any]
+    future: Answer
     tag: int = 0  # fair-queueing round within its tenant (service.batching.fair_queue)
     request: int = 0  # which submit() it came from (a batch takes at most max_request_tokens of one)
     started: float | None = None
@@ -101,8 +113,7 @@ class WorkItem:
     tenant: str = ""  # the API key's name ("" without keys)
 
 
-@dataclass(frozen=True)
-class Wait:
+class Wait(NamedTuple):
     """What a newcomer would wait, in seconds: on others' work ahead of its last sentence in fair
     order (what admission bounds), and until its last sentence is done (what a deadline bounds)."""
 
@@ -224,9 +235,31 @@ class Scheduler:
         self._tasks = [asyncio.create_task(self._collect_loop()), asyncio.create_task(self._run_loop())]
 
     def submit(
-        self, payloads: list[tuple[Any, int]], deadline: float | None = None, tenant: str = ""
+        self,
+        payloads: list[tuple[Any, int]],
+        deadline: float | None = None,
+        tenant: str = "",
+        pending: int | None = None,
     ) -> list[asyncio.Future[ItemResult]]:
-        """Queue sentences (payload, sub-words) as one unit: all accepted, or QueueFull for all."""
+        """Queue sentences (payload, sub-words) as one unit: all accepted, or QueueFull for all;
+        a future for each (see `enqueue`)."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[ItemResult]] = [loop.create_future() for _ in payloads]
+        self.enqueue(payloads, futures, deadline, tenant, pending)
+        return futures
+
+    def enqueue(
+        self,
+        payloads: list[tuple[Any, int]],
+        answers: Sequence[Answer],
+        deadline: float | None = None,
+        tenant: str = "",
+        pending: int | None = None,
+    ) -> None:
+        """Queue sentences (payload, sub-words) as one unit, each answered through ANSWERS (one a
+        sentence): all accepted, or QueueFull for all. `pending`: for a request not weighed at the
+        edge (sent with its run), the requests let through there and not yet queued; it is then
+        weighed once, here, by the edge's rule too."""
         if not self._accepting:
             raise Draining("server is draining")
         if self.depth + len(payloads) > self.limits.max_queue:
@@ -234,37 +267,27 @@ class Scheduler:
             raise QueueFull(self.depth, retry_after=max(1.0, self._queue.tokens / rate))
         now = self.clock()
         costs = [cost for _, cost in payloads]
-        wait = self.wait(costs, tenant=tenant)
-        self._admit(wait, None if deadline is None else deadline - now)
+        wait = self.wait(costs, pending or 0, tenant)
+        self._admit(wait, None if deadline is None else deadline - now, at_edge=pending is not None)
         if costs:  # a request of empty texts queues nothing
             self._sentence_sizes.add(round(sum(costs) / len(costs)))
             self._typical_sentence = round(self._sentence_sizes.median)
         # the age bound: promised its wait, at least the admission bound (an estimate is not exact);
         # nothing promised before a rate is measured
         due = now + max(wait.total, self.limits.max_queue_seconds) if self.rates else math.inf
-        loop = asyncio.get_running_loop()
         self._requests += 1
         first = self._queue.next_tag(tenant)
         items = [
             WorkItem(
-                payload,
-                cost,
-                now,
-                deadline,
-                loop.create_future(),
-                self._queue.tag(first, index),
-                self._requests,
-                due=due,
-                tenant=tenant,
+                payload, cost, now, deadline, answer, self._queue.tag(first, index), self._requests, due=due, tenant=tenant
             )
-            for index, (payload, cost) in enumerate(payloads)
+            for index, ((payload, cost), answer) in enumerate(zip(payloads, answers, strict=True))
         ]
         self._queue.push(items)
         if payloads:
             self._open[self._requests] = len(payloads)
         self._in_flight += len(payloads)
         self._arrived.set()
-        return [item.future for item in items]
 
     def wait(self, costs: Sequence[int], pending: int = 0, tenant: str = "") -> Wait:
         """The estimate admission uses, for a newcomer of `costs` (sub-words per sentence). Under
@@ -288,16 +311,18 @@ class Scheduler:
         sentences is weighed again, whole, at submit)."""
         return self.wait([self._typical_sentence], pending, tenant)
 
-    def _admit(self, wait: Wait, time_left: float | None) -> None:
+    def _admit(self, wait: Wait, time_left: float | None, at_edge: bool = False) -> None:
         """Refuse at the door what could not be answered in time: within the request's deadline
         (its whole wait, its own sentences included), and within max_queue_seconds (the work of
         others it would wait on: a request whose own sentences take longer than that would get
         a 429 that no retry could ever turn into a 200; it is taken, and served a sentence a
-        round beside the others). A request to an empty queue is always taken."""
-        if self.depth == 0:
+        round beside the others). A request to an empty queue is taken, unless it is weighed for
+        the edge too (`at_edge`), whose rule refuses it behind others' work running or let through."""
+        bound = self.limits.max_queue_seconds
+        if self.depth == 0 and not (at_edge and wait.others > bound):
             return
-        if wait.others > self.limits.max_queue_seconds or (time_left is not None and wait.total > time_left):
-            raise QueueFull(self.depth, retry_after=max(1.0, wait.others - self.limits.max_queue_seconds))
+        if wait.others > bound or (time_left is not None and wait.total > time_left):
+            raise QueueFull(self.depth, retry_after=max(1.0, wait.others - bound))
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, then wait until everything accepted has been answered."""
