@@ -5,7 +5,6 @@ handlers, body-size limit, the API-key door and the edge admission around it. Pr
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -34,6 +33,7 @@ from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
 from nerserve.service.auth import Door, KeyAuth, key_name
+from nerserve.service.collector import settle_collector
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineAddress, RemoteEngine
@@ -106,9 +106,7 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
     state.models[model.name] = model
     state.views[model.name] = model.view()
     state.model_states[name] = "ready"
-    # What loading made (graphs, tokenizers, configs) lives as long as the process: kept out of
-    # the collector's full passes, which otherwise walk it all (long gen-2 pauses under load).
-    gc.freeze()
+    settle_collector()  # what loading made lives as long as the process
     state.ready = True  # readiness: at least one model (the default first) answers
     log.info("ready: %s", name)
 
@@ -227,7 +225,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if isinstance(state.engine, RemoteEngine):
             await state.engine.connect()
-            gc.freeze()  # the worker's start-up objects likewise, kept out of full collections
+            settle_collector()  # the worker's start-up objects likewise
             yield
             state.draining = True
             await state.engine.close()
