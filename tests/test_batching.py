@@ -285,6 +285,36 @@ def test_next_batch_is_prepared_while_the_graphs_run() -> None:
     assert events.index("prepare b") < events.index("done a")
 
 
+def test_a_lane_takes_the_next_prepared_batch_itself_while_the_loop_is_busy() -> None:
+    """As a pass ends, its graph thread starts the batch prepared behind it at once: the device does
+    not wait for the event loop, busy here for 0.4 s (as with the answers of a large batch), to
+    hand it over."""
+    started: dict[str, float] = {}
+
+    def run(prepared: list[str]) -> list[str]:
+        started[",".join(prepared)] = time.monotonic()
+        if prepared == ["a"]:
+            time.sleep(0.2)
+        return prepared
+
+    async def scenario() -> tuple[float, float]:
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=BatchLimits(max_wait_ms=1))
+        scheduler.start()
+        first = scheduler.submit([("a", 1)])
+        while "a" not in started:
+            await asyncio.sleep(0.001)
+        second = scheduler.submit([("b", 1)])
+        await asyncio.sleep(0.05)  # b is prepared and handed over while a runs
+        time.sleep(0.4)  # the loop busy past a's end
+        loop_free = time.monotonic()
+        await asyncio.gather(*first, *second)
+        await scheduler.stop()
+        return started["b"] - started["a"], loop_free - started["a"]
+
+    b_after_a, loop_free_after_a = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert 0.2 <= b_after_a < loop_free_after_a - 0.1
+
+
 @pytest.mark.parametrize("close_as_device_frees", [True, False])
 def test_on_a_gpu_the_next_batch_gathers_until_the_running_one_is_about_to_end(close_as_device_frees: bool) -> None:
     """A GPU's batch costs little more for more sentences: while one runs (300 ms), the next keeps

@@ -11,9 +11,11 @@ sub-words per second measured for back-to-back batches.
 
 Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item),
 drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
-pad) in a thread. Stage B runs the graphs in lanes, each a worker thread of its own (one by
+pad) in a thread. Stage B runs the graphs in lanes, each a graph thread of its own (one by
 default; two on a CPU, where two batches at once beat one batch on two cores). A one-slot hand-off
-between them lets the next batch be prepared while the current ones run.
+between them lets the next batch be prepared while the current ones run. A lane takes the prepared
+batch from that slot itself, the moment its last pass ends, and reports to the event loop after:
+the device's next pass never waits for the loop to work through the answers of the last one.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import math
 import os
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -108,7 +112,6 @@ class WorkItem:
     future: Answer
     tag: int = 0  # fair-queueing round within its tenant (service.batching.fair_queue)
     request: int = 0  # which submit() it came from (a batch takes at most max_request_tokens of one)
-    started: float | None = None
     due: float = math.inf  # when its request was promised an answer: past it, it goes first
     tenant: str = ""  # the API key's name ("" without keys)
 
@@ -119,6 +122,27 @@ class Wait(NamedTuple):
 
     others: float
     total: float
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch out of the queue and prepared, for the next free lane."""
+
+    items: list[WorkItem]
+    prepared: Any
+    tokens: int  # sub-words
+
+    def wanted(self) -> bool:
+        """Whether any of its sentences is still waited for (read in the lane, just before its pass)."""
+        return not all(item.future.done() for item in self.items)
+
+
+@dataclass(frozen=True)
+class LaneCall:
+    """Other work for a graph thread: a failed batch's sentences one by one, idle housekeeping."""
+
+    call: Callable[[], Any]
+    outcome: Future[Any]
 
 
 @dataclass
@@ -188,13 +212,12 @@ class Scheduler:
     def __post_init__(self) -> None:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight, self.fair_quantum)
         self._arrived = asyncio.Event()
-        # a prepared batch, its prepared form and its sub-words
-        self._handoff: asyncio.Queue[tuple[list[WorkItem], Any, int]] = asyncio.Queue(maxsize=1)
-        self._runner = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="graphs", initializer=self._start_lane)
-        self._free_lanes: asyncio.Queue[int] = asyncio.Queue()
-        for lane in range(self.lanes):
-            self._free_lanes.put_nowait(lane)
-        self._running: set[asyncio.Task[None]] = set()
+        # What the lanes take, in order: prepared batches (one at most waits: the hand-off slot,
+        # counted by the loop in _handed until a lane reports it taken), other calls, and None to stop.
+        self._lane_work: queue.SimpleQueue[PreparedBatch | LaneCall | None] = queue.SimpleQueue()
+        self._handed = 0
+        self._slot_freed = asyncio.Event()
+        self._lane_threads: list[threading.Thread] = []
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=_lower_worker_priority)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode", initializer=_lower_worker_priority)
         self._finishing: set[asyncio.Task[None]] = set()
@@ -232,7 +255,14 @@ class Scheduler:
         return len(self._open)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._collect_loop()), asyncio.create_task(self._run_loop())]
+        loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self._collect_loop())]
+        self._lane_threads = [
+            threading.Thread(target=self._lane_main, args=(lane, loop), name=f"graphs_{lane}", daemon=True)
+            for lane in range(self.lanes)
+        ]
+        for thread in self._lane_threads:
+            thread.start()
 
     def submit(
         self,
@@ -336,13 +366,22 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for task in [*self._running, *self._finishing]:
+        for task in self._finishing:
             task.cancel()
-        await asyncio.gather(*self._running, *self._finishing, return_exceptions=True)
-        for item in self._queue.clear():
+        await asyncio.gather(*self._finishing, return_exceptions=True)
+        left = list(self._queue.clear())
+        with contextlib.suppress(queue.Empty):
+            while True:  # work no lane took
+                work = self._lane_work.get_nowait()
+                if isinstance(work, PreparedBatch):
+                    left.extend(work.items)
+                elif isinstance(work, LaneCall):
+                    work.outcome.cancel()
+        for item in left:
             if not item.future.done():
                 item.future.set_exception(Draining("server stopped"))
-        self._runner.shutdown(wait=False, cancel_futures=True)
+        for _ in self._lane_threads:
+            self._lane_work.put(None)
         self._preparer.shutdown(wait=False, cancel_futures=True)
         self._finisher.shutdown(wait=False, cancel_futures=True)
 
@@ -403,7 +442,7 @@ class Scheduler:
             idle = limits.close_when_idle and self._device_idle()
             if full or idle:
                 break
-            if remaining <= 0 and self._handoff.empty():
+            if remaining <= 0 and not self._handed:
                 gather = self._gathering_time() if limits.close_as_device_frees else 0.0
                 if gather <= 0:
                     break
@@ -424,7 +463,7 @@ class Scheduler:
 
     def _device_idle(self) -> bool:
         """No batch on the graphs and none prepared for them (the collector wakes as a lane frees)."""
-        return not self._lane_ends and self._handoff.empty()
+        return not self._lane_ends and not self._handed
 
     def _gathering_time(self) -> float:
         """How long the next batch may still gather and be prepared by the time the first running
@@ -436,16 +475,10 @@ class Scheduler:
         prepare = 2 * tokens / self.prepare_rates.at(tokens)  # twice: a prepare shares the cores
         return min(self._lane_ends.values()) - self.clock() - prepare - HAND_OFF_SECONDS
 
-    def _expect_end(self, lane: int, tokens: int) -> None:
-        """When LANE's batch of TOKENS sub-words, starting now, should end, at the run time measured
-        for its size."""
-        self._lane_ends[lane] = self.clock() + (tokens / self.run_rates.at(tokens) if self.run_rates else 0.0)
-
     def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
         """With lanes free, what is queued is shared among them: two half batches on one core each
         finish sooner than one whole batch that leaves a lane idle."""
-        waiting_for_a_lane = 0 if self._handoff.empty() else 1
-        free = self.lanes - len(self._running) - waiting_for_a_lane
+        free = self.lanes - len(self._lane_ends) - self._handed
         if free <= 1:
             return limits
         share = math.ceil(len(self._queue) / free)
@@ -464,51 +497,91 @@ class Scheduler:
                 await self._isolate(batch, error)
                 continue
             self.prepare_rates.observe(tokens, tokens / max(self.clock() - started, 1e-6))
-            await self._handoff.put((batch, prepared, tokens))
+            while self._handed:  # the slot holds a batch no lane has taken yet: this one waits
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+            self._handed += 1
+            self._lane_work.put(PreparedBatch(batch, prepared, tokens))
 
-    async def _run_loop(self) -> None:
+    def _lane_main(self, lane: int, loop: asyncio.AbstractEventLoop) -> None:
+        """A graph thread: each prepared batch as soon as it is handed over and the lane's last pass
+        has ended (a lane first, then the batch: while every lane is busy the slot stays full, so the
+        collector keeps growing the next batch instead of closing another). What the loop must know
+        it is told after, in order."""
+        self._start_lane()
         while True:
-            # a lane first, then the prepared batch: while every lane is busy the hand-off slot stays
-            # full, so the collector keeps growing the next batch instead of closing another
-            lane = await self._free_lanes.get()
-            handed = await self._handoff.get()
-            self._expect_end(lane, handed[2])  # before the collector, woken next, looks
-            self._arrived.set()  # the hand-off slot is free: wake the collector to close the next batch
-            task = asyncio.create_task(self._run_batch(lane, *handed))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-
-    async def _run_batch(self, lane: int, batch: list[WorkItem], prepared: Any, tokens: int) -> None:
-        """One batch through the graphs in a lane, then its decoding handed to the decode thread."""
-        try:
-            live = [item for item in batch if not item.future.done()]
-            if not live:
-                self._finish(batch)
-                self.observer.dropped("client_gone", len(batch))
+            work = self._lane_work.get()
+            if work is None:
                 return
+            if isinstance(work, LaneCall):
+                if work.outcome.set_running_or_notify_cancel():
+                    try:
+                        work.outcome.set_result(work.call())
+                    except BaseException as raised:  # the caller, on the loop, decides
+                        work.outcome.set_exception(raised)
+                continue
             started = self.clock()
-            for item in batch:
-                item.started = started
-            try:
-                outputs = await asyncio.get_running_loop().run_in_executor(self._runner, self.run, prepared)
-            except Exception as error:
-                await self._isolate(batch, error)
-                return
-        finally:
-            self._lane_ends.pop(lane, None)
-            self._lane_freed.set()
-            if self.limits.close_when_idle:  # a batch gathering closes now that the device is free
-                self._arrived.set()
-            self._free_lanes.put_nowait(lane)
-        finished = self.clock()
+            loop.call_soon_threadsafe(self._lane_took, lane, work.tokens, started)
+            outputs: Any = None
+            error: Exception | None = None
+            wanted = work.wanted()
+            if wanted:
+                try:
+                    outputs = self.run(work.prepared)
+                except Exception as failure:
+                    error = failure
+            loop.call_soon_threadsafe(self._lane_ran, lane, work, wanted, outputs, error, started, self.clock())
+
+    def _lane_took(self, lane: int, tokens: int, started: float) -> None:
+        """LANE took the handed batch of TOKENS sub-words at STARTED: the slot is free (the collector
+        may close the next batch), and the lane is expected to end at the run time measured for
+        that size."""
+        self._handed -= 1
+        self._slot_freed.set()
+        self._lane_ends[lane] = started + (tokens / self.run_rates.at(tokens) if self.run_rates else 0.0)
+        self._arrived.set()
+
+    def _lane_ran(
+        self,
+        lane: int,
+        work: PreparedBatch,
+        wanted: bool,
+        outputs: Any,
+        error: Exception | None,
+        started: float,
+        finished: float,
+    ) -> None:
+        """A lane's pass ended: its lane is free, and the batch's decoding is handed to the decode
+        thread (or its failure isolated, or, if nobody waited for it any more, it is dropped)."""
+        self._lane_ends.pop(lane, None)
+        self._lane_freed.set()
+        if self.limits.close_when_idle:  # a batch gathering closes now that the device is free
+            self._arrived.set()
+        batch, tokens = work.items, work.tokens
+        if not wanted:
+            self._finish(batch)
+            self.observer.dropped("client_gone", len(batch))
+            return
+        if error is not None:
+            self._spawn(self._isolate(batch, error))
+            return
         self._batches += 1
         self.run_rates.observe(tokens, tokens / max(finished - started, 1e-6))
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
             self.rates.observe(tokens, rate)
-        task = asyncio.create_task(self._decode(batch, prepared, outputs, started, finished, self._batches))
+        self._spawn(self._decode(batch, work.prepared, outputs, started, finished, self._batches))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
+
+    async def _on_a_lane(self, call: Callable[[], Any]) -> Any:
+        """CALL run by a graph thread, after what the lanes hold already."""
+        outcome: Future[Any] = Future()
+        self._lane_work.put(LaneCall(call, outcome))
+        return await asyncio.wrap_future(outcome)
 
     async def _decode(
         self, batch: list[WorkItem], prepared: Any, outputs: Any, started: float, ran: float, number: int
@@ -539,11 +612,12 @@ class Scheduler:
         await self._when_idle(self.clock())
 
     async def _when_idle(self, now: float) -> None:
-        if self.on_idle is None or self._queue or not self._handoff.empty() or now - self._last_idle < self.idle_every:
+        on_idle = self.on_idle
+        if on_idle is None or self._queue or self._handed or now - self._last_idle < self.idle_every:
             return
         self._last_idle = now
         with contextlib.suppress(Exception):  # housekeeping: never a reason to fail a request
-            await asyncio.get_running_loop().run_in_executor(self._runner, self.on_idle)
+            await self._on_a_lane(on_idle)
 
     def _cycle_rate(self, lane: int, batch: list[WorkItem], finished: float, run_seconds: float) -> float | None:
         """Sub-words per second over a batch's whole cycle in its lane, from the previous batch's end
@@ -566,13 +640,12 @@ class Scheduler:
         if len(batch) == 1:
             self._fail(batch, error)
             return
-        loop = asyncio.get_running_loop()
         for item in batch:
             if item.future.done():
                 self._finish([item])
                 continue
             try:
-                results = await loop.run_in_executor(self._runner, self._run_one, item.payload)
+                results = await self._on_a_lane(functools.partial(self._run_one, item.payload))
             except Exception as alone:
                 self._fail([item], alone)
                 continue

@@ -1,0 +1,42 @@
+"""The interpreter, set for a server that answers thousands of requests a second: its cycle
+collector, and how soon a thread waiting for the interpreter lock gets it
+(docs/decisions/gpu-engine.md, "One estimate, answer slots, a quieter collector" and "A lane takes
+its next batch itself").
+
+A request in flight holds a dozen tracked objects (work items, answer slots, its run, closures)
+that reference counting frees once it is answered: the request path makes no cycle. At the
+collector's default young threshold (700 net allocations) every wave of a few hundred requests in
+flight set off a young pass that found them alive and moved them on, which brought on full
+passes, each a pause of the event loop. A threshold above what a full engine holds in flight
+leaves passes for real garbage. What start-up made lives as long as the process and is frozen out
+of every pass.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+# net tracked allocations between young passes: above the objects of a few thousand requests in flight
+YOUNG_THRESHOLD = 10_000
+
+# Where the graphs run on a device (CUDA, the simulated device), a graph thread whose pass has ended
+# needs the interpreter lock for a moment to start the next, while the event loop holds it for
+# milliseconds on end answering the last batch: at the default 5 ms, a pass of a few milliseconds
+# could wait its own length. Not on a CPU, whose graph threads compute and would only be
+# interrupted more often.
+DEVICE_SWITCH_SECONDS = 0.0005
+
+
+def settle_collector() -> None:
+    """Freeze what exists now (start-up: graphs, tokenizers, configs) and collect young objects
+    only when more than YOUNG_THRESHOLD have accumulated. Called once start-up is done, again as
+    each model loads."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
+def hand_over_quickly() -> None:
+    """A thread waiting for the interpreter lock asks for it after DEVICE_SWITCH_SECONDS."""
+    sys.setswitchinterval(DEVICE_SWITCH_SECONDS)
