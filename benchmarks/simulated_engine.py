@@ -34,6 +34,7 @@ from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
+from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import create_app
 
 app = typer.Typer(add_completion=False)
@@ -174,6 +175,7 @@ def main(
     out: Path | None = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
+    hand_over_quickly()  # as the server's processes run
     result = asyncio.run(measure(model, read_sentences(data), levels, seconds, per_request, costs))
     result |= {
         "simulated": True,

@@ -20,12 +20,11 @@ import sys
 # net tracked allocations between young passes: above the objects of a few thousand requests in flight
 YOUNG_THRESHOLD = 10_000
 
-# Where the graphs run on a device (CUDA, the simulated device), a graph thread whose pass has ended
-# needs the interpreter lock for a moment to start the next, while the event loop holds it for
-# milliseconds on end answering the last batch: at the default 5 ms, a pass of a few milliseconds
-# could wait its own length. Not on a CPU, whose graph threads compute and would only be
-# interrupted more often.
-DEVICE_SWITCH_SECONDS = 0.0005
+# How soon a thread waiting for the interpreter lock asks for it. The event loop shares the lock
+# with the prepare, graph and decode threads: at Python's default 5 ms a refusal or a finished
+# response waited that long per hand-off under load, and a graph thread whose pass had ended
+# waited as long to start the next (on a device, as long as a pass). 0.5 ms measured no better.
+SWITCH_SECONDS = 0.001
 
 
 def settle_collector() -> None:
@@ -38,5 +37,6 @@ def settle_collector() -> None:
 
 
 def hand_over_quickly() -> None:
-    """A thread waiting for the interpreter lock asks for it after DEVICE_SWITCH_SECONDS."""
-    sys.setswitchinterval(DEVICE_SWITCH_SECONDS)
+    """Every process of the server, and the benchmarks that stand for one: a thread waiting for the
+    interpreter lock asks for it after SWITCH_SECONDS."""
+    sys.setswitchinterval(SWITCH_SECONDS)

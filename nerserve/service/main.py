@@ -36,7 +36,7 @@ from nerserve.service.auth import Door, KeyAuth, key_name
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineAddress, RemoteEngine
-from nerserve.service.interpreter import hand_over_quickly, settle_collector
+from nerserve.service.interpreter import settle_collector
 from nerserve.service.metrics import ResponseRecorder
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
 from nerserve.service.start_up_exports import Exporter
@@ -217,8 +217,6 @@ def create_app(
     if engine is None:
         state = new_state(settings, exporter)
         state.engine = LocalEngine(state)
-        if settings.batches_as_gpu:  # graph threads that launch a device's passes, not compute them
-            hand_over_quickly()
     else:
         state = ServiceState(settings, tenants=api_keys(settings))
         state.engine = RemoteEngine(engine, state)

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from multiprocessing.process import BaseProcess
@@ -34,14 +33,12 @@ from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineAddress, EngineServer
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
+from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import _load_models, create_app, door, new_state, shut_down, with_admission
 from nerserve.service.start_up_exports import Exporter
 
 log = logging.getLogger("nerserve")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# The event loop shares the GIL with the graph thread's numpy decoding: at Python's default 5 ms
-# switch interval a refusal or a finished response can wait that long per hand-off under load.
-GIL_SWITCH_SECONDS = 0.001
 BACKLOG = 2048  # uvicorn's default
 SUPERVISE_SECONDS = 0.5  # how often the engine looks for a worker that died
 
@@ -66,7 +63,7 @@ class DrainingServer(uvicorn.Server):
 
 def run(settings: Settings, exporter: Exporter | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    hand_over_quickly()
     try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
         device = resolve_device(settings.device, settings.runtime.value)
     except DeviceUnavailable as error:
@@ -143,7 +140,7 @@ def worker_socket(host: str, port: int) -> socket.socket:
 def http_worker(settings: Settings, engine: EngineAddress, index: int) -> None:
     """An HTTP worker process's life: the app in front of the engine at `engine`."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    hand_over_quickly()
     _serve(create_app(settings, engine=engine), settings, [worker_socket(settings.host, settings.port)])
 
 
