@@ -282,7 +282,7 @@ def start_planned(
     """In the engine's process: the request's checks that need the model or the engine's counts
     (ApiErrors raised here), then its units into the model's batcher; `on_done` follows (see
     PlannedRun). `tenant`, the API key's name ("" without keys); `pending`, for a request not
-    weighed at the edge, the requests let through there and not yet queued (Scheduler.submit)."""
+    weighed at the edge, the requests let through there and not yet queued (Scheduler.enqueue)."""
     wanted = _label_filter(model, query.labels)
     try:
         options = model.resolve_options(query.options, query.labels if wanted is None else None)

@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
@@ -338,7 +338,7 @@ class Scheduler:
     def edge_wait(self, pending: int, tenant: str = "") -> Wait:
         """`wait` for a request whose body is not read yet, as one sentence of the median size: the
         least it can wait, so the edge never refuses what the queue would take (a request of many
-        sentences is weighed again, whole, at submit)."""
+        sentences is weighed again, whole, at its queue: `enqueue`)."""
         return self.wait([self._typical_sentence], pending, tenant)
 
     def _admit(self, wait: Wait, time_left: float | None, at_edge: bool = False) -> None:
@@ -572,7 +572,7 @@ class Scheduler:
             self.rates.observe(tokens, rate)
         self._spawn(self._decode(batch, work.prepared, outputs, started, finished, self._batches))
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
