@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
@@ -741,6 +742,58 @@ def test_rates_are_kept_by_batch_size() -> None:
     assert rates.at(32) == 140.0 and rates.at(500) == 140.0  # beyond the largest batch: full batches
     rates.observe(40, 100.0)  # counted as a full batch
     assert rates.at(64) == pytest.approx((1 - SMOOTHING) * 140.0 + SMOOTHING * 100.0)
+
+
+def test_pass_times_run_along_the_line_between_measured_sizes() -> None:
+    """A size not run yet is estimated between its measured neighbours; below the smallest, at the
+    smallest's time; beyond the largest, along the line through the two largest."""
+    from nerserve.service.batching.rates import PassTimes
+
+    times = PassTimes()
+    assert not times and times.seconds(10) == 0.0 and not times.has_run(1)
+    times.observe(20, 0.013)
+    assert times.seconds(5) == 0.013 and times.seconds(40) == pytest.approx(0.026)  # one size: by sub-words
+    times.observe(4800, 0.029)
+    assert times.seconds(2410) == pytest.approx(0.021)
+    assert times.seconds(9580) == pytest.approx(0.045)
+    assert times.has_run(4000) and times.has_run(8191 // 2) and not times.has_run(8192)
+
+
+@pytest.mark.parametrize("fixed_ms, split", [(20.0, True), (60.0, False)])
+def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little_more(fixed_ms: float, split: bool) -> None:
+    """Sixteen clients that each send again once answered travel as one batch at first (after a
+    request alone, whose pass tells the scheduler what a small pass costs). Where a pass
+    costs mostly by its sentences (20 ms fixed, 80 ms for 16), they go on in two halves of 8 that
+    alternate, one on the device while the host turns the other around; where its fixed part
+    dominates (60 of 80 ms: two halves would cost 1.7 times the whole) they stay one batch."""
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice("card", "test", np.array([1.0, 16.0]), np.array([fixed_ms, 80.0]))
+    passes: list[int] = []
+
+    def run(prepared: list[str]) -> list[str]:
+        passes.append(len(prepared))
+        device.run(len(prepared))
+        return prepared
+
+    async def client(scheduler: Scheduler, name: str, until: float) -> None:
+        while time.monotonic() < until:
+            await asyncio.gather(*scheduler.submit([(name, 1)]))
+
+    async def scenario() -> None:
+        limits = BatchLimits(max_wait_ms=5, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(
+            prepare=lambda p: p, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
+        )
+        scheduler.start()
+        await asyncio.gather(*scheduler.submit([("first", 1)]))  # a pass of one sentence: the device's fixed part
+        until = time.monotonic() + 1.6
+        await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(16)))
+        await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    settled = passes[len(passes) // 2 :]
+    assert settled and set(settled) == ({8} if split else {16})
 
 
 def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,13 +75,14 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
     assert (cpu.lanes, cpu.graph_threads) == (2, 4)  # the cores shared between the lanes
     assert Settings(device="cpu", threads=3).graph_threads == 3
     assert Settings(device="cpu", graph_lanes=1).graph_threads is None  # the runtime's own: every core
-    one_lane = [{"device": "cuda"}, {"device": "simulated"}, {"runtime": "eager"}, {"graph_process": True}]
-    assert [Settings(**where).lanes for where in one_lane] == [1, 1, 1, 1]
+    assert [Settings(runtime="eager").lanes, Settings(graph_process=True).lanes] == [1, 1]
     monkeypatch.setattr(config, "usable_cores", lambda: 1)
     assert Settings(device="cpu").lanes == 1
-    for one_pipe in ({"graph_process": True}, {"device": "simulated"}):
-        with pytest.raises(ValueError, match="graph_lanes"):
-            Settings(graph_lanes=2, **one_pipe)
+    # a device's next pass is launched while one runs, whatever the cores
+    assert [Settings(device="cuda").lanes, Settings(device="simulated").lanes] == [2, 2]
+    assert Settings(device="cuda", graph_process=True).lanes == 1
+    with pytest.raises(ValueError, match="graph_lanes"):
+        Settings(graph_lanes=2, graph_process=True)
 
 
 def test_http_workers_default_to_one_on_the_cpu_and_to_the_cores_but_two_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,9 +117,9 @@ def test_eager_lanes_on_cuda_launch_on_streams_of_their_own() -> None:
     from nerserve.service.config import Settings
     from nerserve.service.models import _lane_stream
 
-    on_streams = _lane_stream(Settings(device="cuda", runtime="eager", graph_lanes=2))
+    on_streams = _lane_stream(Settings(device="cuda", runtime="eager"))  # two lanes by default
     assert on_streams is not None and on_streams.args == ("cuda",)
-    for one_stream in ({"device": "cuda", "runtime": "eager"}, {"device": "cuda", "graph_lanes": 2}, {"graph_lanes": 2}):
+    for one_stream in ({"device": "cuda", "runtime": "eager", "graph_lanes": 1}, {"device": "cuda"}, {"graph_lanes": 2}):
         assert _lane_stream(Settings(**one_stream)) is None  # one lane, ONNX Runtime's own streams, or the CPU
 
 
@@ -144,6 +146,24 @@ def test_the_simulated_device_waits_its_table_and_counts_it() -> None:
     device.run(9613)
     assert time.perf_counter() - started >= 0.0121
     assert device.passes == 1 and device.busy_seconds == pytest.approx(0.012190)
+
+
+def test_a_pass_launched_while_another_runs_is_queued_behind_it() -> None:
+    """As on a GPU, two passes launched at once run one after the other: the second ends a pass
+    after the first, and the device is busy for both."""
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice("card", "test", np.array([1.0, 100.0]), np.array([100.0, 100.0]))
+    ended: list[float] = []
+    started = time.perf_counter()
+    lanes = [threading.Thread(target=lambda: (device.run(10), ended.append(time.perf_counter()))) for _ in range(2)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    first, second = sorted(end - started for end in ended)
+    assert 0.1 <= first < 0.15 and 0.2 <= second < 0.25
+    assert device.passes == 2 and device.busy_seconds == pytest.approx(0.2)
 
 
 def test_a_bundled_cost_table_is_named_by_its_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 # ONNX Runtime on the CPU runs two batches on one core each faster than one batch on two cores
 # (docs/decisions/graph-lanes.md): by default two lanes where there are two cores.
 CPU_GRAPH_LANES = 2
+DEVICE_GRAPH_LANES = 2
 # A fast device is fed by several HTTP processes: one front process answers 1,200-1,600 one-sentence
 # requests a second a core, a fraction of what a GPU computes (docs/gpu.md). By default, on CUDA,
 # every usable core but the engine's two (its event loop, prepare and decode), at most 8.
@@ -103,8 +104,8 @@ class Settings(Locations):
         le=8,
         description="batches of one model the graphs run at once, each from a thread of its own on one shared "
         "session, the cores split among them; default 2 for ONNX graphs on a CPU of two or more cores (ONNX "
-        "Runtime gains less from a second core within one batch than from a second batch), else 1 "
-        "(docs/decisions/graph-lanes.md)",
+        "Runtime gains less from a second core within one batch than from a second batch) and 2 on a GPU or the "
+        "simulated device (the next pass launched while one runs), else 1 (docs/decisions/graph-lanes.md)",
     )
     max_batch_size: int | None = Field(
         None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"
@@ -210,10 +211,9 @@ class Settings(Locations):
 
     @model_validator(mode="after")
     def one_lane_for_one_pipe(self) -> Settings:
-        if (self.graph_lanes or 1) > 1 and (self.graph_process or self.device == "simulated"):
+        if (self.graph_lanes or 1) > 1 and self.graph_process:
             raise ValueError(
-                "graph_lanes above 1 with graph_process or the simulated device: the graph process takes one batch "
-                "at a time over its pipe, and the simulated device cannot tell how a card overlaps two batches"
+                "graph_lanes above 1 with graph_process: the graph process takes one batch at a time over its pipe"
             )
         return self
 
@@ -228,9 +228,12 @@ class Settings(Locations):
 
     @property
     def lanes(self) -> int:
-        """`graph_lanes`, or its default for where the graphs run."""
+        """`graph_lanes`, or its default for where the graphs run: on a device, two, so that the next
+        pass is launched while one runs and the device takes it the moment that one ends."""
         if self.graph_lanes is not None:
             return self.graph_lanes
+        if self.batches_as_gpu and not self.graph_process:
+            return DEVICE_GRAPH_LANES
         cpu_graphs = self.device == "cpu" and self.runtime == Runtime.onnx and not self.graph_process
         return CPU_GRAPH_LANES if cpu_graphs and usable_cores() >= CPU_GRAPH_LANES else 1
 

@@ -213,6 +213,7 @@ def load_served_model(
         answer_per_turn=settings.front_workers == 1,
         lanes=settings.lanes,
         lane_setup=_lane_stream(settings),
+        lanes_drive_a_device=settings.batches_as_gpu,
     )
     served = ServedModel(
         folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs

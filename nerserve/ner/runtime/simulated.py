@@ -43,6 +43,7 @@ class SimulatedDevice:
     milliseconds: np.ndarray  # what a batch of that size cost
     busy_seconds: float = 0.0
     passes: int = 0
+    _free_at: float = 0.0  # when the last pass launched ends (perf_counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -69,11 +70,16 @@ class SimulatedDevice:
         return float(self.milliseconds[-1] + slope * (subwords - self.subwords[-1])) / 1000
 
     def run(self, subwords: int) -> None:
+        """A pass of SUBWORDS positions, returning when it ends. A pass launched while another runs
+        is queued behind it, as a GPU runs the work launched on it in order: it starts the moment
+        the last one ends, without waiting for the thread that launched it."""
         seconds = self.batch_seconds(subwords)
-        time.sleep(seconds)
         with self._lock:
+            start = max(time.perf_counter(), self._free_at)
+            self._free_at = start + seconds
             self.busy_seconds += seconds
             self.passes += 1
+        time.sleep(max(0.0, start + seconds - time.perf_counter()))
 
     def report(self) -> dict[str, Any]:
         return {"card": self.card, "source": self.source, "busy_seconds": round(self.busy_seconds, 6), "passes": self.passes}

@@ -10,6 +10,9 @@ rate in sentences learnt from one kind is wrong for the other by that much.
 
 from __future__ import annotations
 
+import bisect
+import math
+
 SMOOTHING = 0.2  # weight of a new back-to-back sample in its size's moving average
 
 
@@ -46,3 +49,54 @@ class BatchRates:
             within = [size for size in self._by_size if size <= bucket]
             rate = self._answers[bucket] = self._by_size[max(within) if within else min(self._by_size)]
         return rate
+
+
+class PassTimes:
+    """What one stage (a device pass, a prepare) takes for a batch of so many sub-words, learnt from
+    the batches it ran: a moving average of the sub-words and the seconds per power-of-two size,
+    and between measured sizes a straight line. A GPU pass costs a fixed part (launches, the
+    weights' reads) and a part by sub-words, so a size not run yet, such as half of the batches
+    that ran, is estimated from its neighbours rather than at the rate of the next smaller size.
+    Below the smallest measured size: that size's time (a pass costs at least that); beyond the
+    largest: along the line through the two largest (the largest's time a sub-word while it is the
+    only one)."""
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, tuple[float, float]] = {}  # bucket → (sub-words, seconds), smoothed
+        self._points: list[tuple[float, float]] = []  # the same, by sub-words, rebuilt as one changes
+
+    def __bool__(self) -> bool:
+        return bool(self._by_size)
+
+    def has_run(self, tokens: float) -> bool:
+        """Whether batches of this power-of-two size, or larger, have run."""
+        return bool(self._by_size) and int(max(tokens, 1)).bit_length() <= max(self._by_size)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        bucket = max(tokens, 1).bit_length()
+        last = self._by_size.get(bucket)
+        if last is None:
+            self._by_size[bucket] = (float(tokens), seconds)
+        else:
+            self._by_size[bucket] = (
+                (1 - SMOOTHING) * last[0] + SMOOTHING * tokens,
+                (1 - SMOOTHING) * last[1] + SMOOTHING * seconds,
+            )
+        self._points = sorted(self._by_size.values())
+
+    def seconds(self, tokens: float) -> float:
+        """The time for a batch of TOKENS sub-words (0 until one has been measured)."""
+        points = self._points
+        if not points:
+            return 0.0
+        if tokens <= points[0][0]:
+            return points[0][1]
+        if tokens >= points[-1][0]:
+            if len(points) == 1:
+                return points[-1][1] * tokens / points[-1][0]
+            (low_tokens, low_seconds), (high_tokens, high_seconds) = points[-2], points[-1]
+            slope = max(0.0, (high_seconds - low_seconds) / (high_tokens - low_tokens))
+            return high_seconds + slope * (tokens - high_tokens)
+        index = bisect.bisect_left(points, (tokens, -math.inf))
+        (low_tokens, low_seconds), (high_tokens, high_seconds) = points[index - 1], points[index]
+        return low_seconds + (high_seconds - low_seconds) * (tokens - low_tokens) / (high_tokens - low_tokens)

@@ -37,12 +37,16 @@ from typing import Any, NamedTuple, Protocol
 
 from nerserve.service.batching.fair_queue import FairQueue
 from nerserve.service.batching.packing import BatchLimits, select_batch
-from nerserve.service.batching.rates import BatchRates
+from nerserve.service.batching.rates import BatchRates, PassTimes
 
 REQUEST_SIZE_WINDOW = 101
 # close_as_device_frees: what a prepared batch needs beyond its prepare to start as the running one
 # ends (the hand-off, the run loop's turn, the graph thread's wake-up)
 HAND_OFF_SECONDS = 0.003
+# _pipelined_limits: halves cost a device at most this times the whole batch. A pass costs a fixed
+# part (launches, reading the weights) and a part by sub-words: at 1.5 the latter is at least the
+# former, and halves pay that fixed part once more to overlap the host's work with the device's.
+PIPELINE_COST_RATIO = 1.5
 
 
 class SlidingMedian:
@@ -205,9 +209,15 @@ class Scheduler:
     lanes: int = 1
     # run once in each graph thread as it starts (a CUDA stream of its own per lane)
     lane_setup: Callable[[], None] | None = None
+    # Graph threads that launch a device's passes and wait for them (CUDA, the simulated device)
+    # keep the event loop's OS priority: the device's next pass waits for its thread to get the
+    # interpreter back, which at a lower priority on a busy core it did only once the loop had
+    # answered the last batch. Graph threads that compute on the CPU run below the loop.
+    lanes_drive_a_device: bool = False
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
+    _device_free_at: float = 0.0  # when a device's last pass ended (lanes_drive_a_device)
 
     def __post_init__(self) -> None:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight, self.fair_quantum)
@@ -234,10 +244,11 @@ class Scheduler:
         self._batches = 0
         self._last_idle = 0.0
         self._requests = 0  # submit() calls so far: each one's items carry its number
-        # close_as_device_frees: the graphs' own run time and the prepare stage's, by batch size,
-        # when each running lane's batch is expected to end, and a wake-up as a lane frees
-        self.run_rates = BatchRates(self.limits.max_batch_tokens)
-        self.prepare_rates = BatchRates(self.limits.max_batch_tokens)
+        # close_as_device_frees and the halves of _pipelined_limits: the graphs' own run time and the
+        # prepare stage's, by batch size, when each running lane's batch is expected to end, and a
+        # wake-up as a lane frees
+        self.run_times = PassTimes()
+        self.prepare_times = PassTimes()
         self._lane_ends: dict[int, float] = {}
         self._lane_freed = asyncio.Event()
 
@@ -454,7 +465,7 @@ class Scheduler:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
-        limits = self._lane_limits(limits)
+        limits = self._pipelined_limits(self._lane_limits(limits))
         window = self._queue.order(limits.max_batch_size * limits.lookahead, self.clock())
         batch = [window[i] for i in sorted(select_batch(window, limits))]
         self._queue.take(batch)
@@ -466,23 +477,48 @@ class Scheduler:
         return not self._lane_ends and not self._handed
 
     def _gathering_time(self) -> float:
-        """How long the next batch may still gather and be prepared by the time the first running
-        batch ends, at the run and prepare times measured for batches of those sizes; 0 when
+        """How long the next batch may still gather and be prepared by the time the device, or the
+        first CPU lane, frees, at the run and prepare times measured for batches of those sizes; 0 when
         nothing runs or neither is measured yet."""
-        if not self._lane_ends or not self.run_rates or not self.prepare_rates:
+        if not self._lane_ends or not self.run_times or not self.prepare_times:
             return 0.0
-        tokens = self._queue.tokens
-        prepare = 2 * tokens / self.prepare_rates.at(tokens)  # twice: a prepare shares the cores
-        return min(self._lane_ends.values()) - self.clock() - prepare - HAND_OFF_SECONDS
+        prepare = 2 * self.prepare_times.seconds(self._queue.tokens)  # twice: a prepare shares the cores
+        # a device takes the next batch once its last queued pass ends; CPU lanes, as the first frees
+        frees = max(self._lane_ends.values()) if self.lanes_drive_a_device else min(self._lane_ends.values())
+        return frees - self.clock() - prepare - HAND_OFF_SECONDS
 
     def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
         """With lanes free, what is queued is shared among them: two half batches on one core each
         finish sooner than one whole batch that leaves a lane idle."""
         free = self.lanes - len(self._lane_ends) - self._handed
-        if free <= 1:
+        if free <= 1 or self.lanes_drive_a_device:  # a device's lanes queue their passes on it: _pipelined_limits
             return limits
         share = math.ceil(len(self._queue) / free)
         return replace(limits, max_batch_size=max(1, min(limits.max_batch_size, share)))
+
+    def _pipelined_limits(self, limits: BatchLimits) -> BatchLimits:
+        """On a device left idle with many sentences queued, half of them first where that keeps it
+        busier. Clients that send their next request as soon as they are answered otherwise travel
+        as one batch: the device runs it while the host waits, then waits while the host answers,
+        takes back and prepares all of it. Two halves alternate instead, one on the device while
+        the host turns the other around, where two half passes cost the device at most
+        PIPELINE_COST_RATIO times the whole one and the second half can be prepared while the
+        first runs: both from the pass and prepare times measured, and only for a size that has
+        run whole (else it runs whole, and is measured)."""
+        if not limits.close_as_device_frees or not self._device_idle() or not self.run_times or not self.prepare_times:
+            return limits
+        count = min(len(self._queue), limits.max_batch_size)
+        if count < 2:
+            return limits
+        whole = min(self._queue.tokens, limits.max_batch_tokens)
+        if not self.run_times.has_run(whole):
+            return limits
+        half_run = self.run_times.seconds(whole / 2)
+        if 2 * half_run > PIPELINE_COST_RATIO * self.run_times.seconds(whole):
+            return limits
+        if 2 * self.prepare_times.seconds(whole / 2) + HAND_OFF_SECONDS > half_run:  # twice, as in _gathering_time
+            return limits
+        return replace(limits, max_batch_size=math.ceil(count / 2))
 
     async def _collect_loop(self) -> None:
         while True:
@@ -496,7 +532,7 @@ class Scheduler:
             except Exception as error:  # a batch that cannot be prepared fails its own items only
                 await self._isolate(batch, error)
                 continue
-            self.prepare_rates.observe(tokens, tokens / max(self.clock() - started, 1e-6))
+            self.prepare_times.observe(tokens, self.clock() - started)
             while self._handed:  # the slot holds a batch no lane has taken yet: this one waits
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -538,7 +574,9 @@ class Scheduler:
         that size."""
         self._handed -= 1
         self._slot_freed.set()
-        self._lane_ends[lane] = started + (tokens / self.run_rates.at(tokens) if self.run_rates else 0.0)
+        if self.lanes_drive_a_device:  # queued on the device behind the passes launched before it
+            started = max([started, *self._lane_ends.values()])
+        self._lane_ends[lane] = started + self.run_times.seconds(tokens)
         self._arrived.set()
 
     def _lane_ran(
@@ -566,7 +604,9 @@ class Scheduler:
             self._spawn(self._isolate(batch, error))
             return
         self._batches += 1
-        self.run_rates.observe(tokens, tokens / max(finished - started, 1e-6))
+        if self.lanes_drive_a_device:  # its own pass: from when the one queued before it ended
+            started, self._device_free_at = max(started, self._device_free_at), finished
+        self.run_times.observe(tokens, finished - started)
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
             self.rates.observe(tokens, rate)
@@ -627,12 +667,17 @@ class Scheduler:
         cores with it, so waits promised from run times alone come out too short. A batch after an
         idle spell says how busy the service was, not how fast it is (such samples refuse bursts it
         could serve): none is taken from it, except the first estimate from its run time
-        (docs/decisions/admission.md)."""
+        (docs/decisions/admission.md). A device's lanes take turns on one device: its cycle is from
+        the last pass's end on any of them."""
+        if self.lanes_drive_a_device:
+            lane, parallel = 0, 1
+        else:
+            parallel = self.lanes
         previous, self._last_finished[lane] = self._last_finished[lane], finished
         tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:
-            return self.lanes * tokens / max(finished - previous, 1e-6)
-        return None if self.rates else self.lanes * tokens / max(run_seconds, 1e-6)
+            return parallel * tokens / max(finished - previous, 1e-6)
+        return None if self.rates else parallel * tokens / max(run_seconds, 1e-6)
 
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
@@ -654,7 +699,8 @@ class Scheduler:
             self._finish([item])
 
     def _start_lane(self) -> None:
-        _lower_worker_priority()
+        if not self.lanes_drive_a_device:
+            _lower_worker_priority()
         if self.lane_setup is not None:
             self.lane_setup()
 
