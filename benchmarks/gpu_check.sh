@@ -6,8 +6,8 @@
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, the same with the graphs in their own process (--graph-process), the same again
-#      with HTTP worker processes in front of the engine process (--http-workers), with two graph
-#      lanes on CUDA streams of their own (--graph-lanes 2), then the batch-1
+#      with HTTP worker processes in front of the engine process (--http-workers), with one graph
+#      lane instead of the device's default two (--graph-lanes 1), then the batch-1
 #      server at c = 64; setgen- and bartner-conll03 served at c = 64;
 #      the load client in its own processes on its own cores, with its ceiling (served_check.py);
 #   4. half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
@@ -106,9 +106,8 @@ onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this on
   step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
     --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
   if serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
-  # two batches in flight: ONNX Runtime runs without the interpreter lock, so one lane's host side
-  # overlaps the other's device work
-  if serve span-onnx-lanes span-conll03 onnx --graph-lanes 2; then served span-onnx-lanes span-conll03 "$LEVELS" 1; stop; fi
+  # one lane against the device's default two (the next pass launched while one runs)
+  if serve span-onnx-one-lane span-conll03 onnx --graph-lanes 1; then served span-onnx-one-lane span-conll03 "$LEVELS" 1; stop; fi
   if serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
     served span-onnx-split span-conll03 "$LEVELS" 1
     stop
@@ -134,9 +133,9 @@ if serve span-graph-process span-conll03 eager --graph-process; then
   served span-graph-process span-conll03 "$LEVELS" 1
   stop
 fi
-# two graph lanes, each launching on a CUDA stream of its own (one process: lanes and a graph process exclude each other)
-if serve span-lanes span-conll03 eager --graph-lanes 2; then
-  served span-lanes span-conll03 "$LEVELS" 1
+# one graph lane against the device's default two, each launching on a CUDA stream of its own
+if serve span-one-lane span-conll03 eager --graph-lanes 1; then
+  served span-one-lane span-conll03 "$LEVELS" 1
   stop
 fi
 # several HTTP worker processes in front of the engine process, the graphs in their own process

@@ -86,7 +86,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-1",
                 "span-32",
                 "span-graph-process",
-                "span-lanes",
+                "span-one-lane",
                 "span-split-1",
                 "span-split-32",
                 "span-batch1",
@@ -94,7 +94,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 "bartner-conll03",
                 "span-half",
                 "span-onnx",
-                "span-onnx-lanes",
+                "span-onnx-one-lane",
                 "span-onnx-split",
             )
         },

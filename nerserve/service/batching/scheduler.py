@@ -11,8 +11,9 @@ sub-words per second measured for back-to-back batches.
 
 Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item),
 drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
-pad) in a thread. Stage B runs the graphs in lanes, each a graph thread of its own (one by
-default; two on a CPU, where two batches at once beat one batch on two cores). A one-slot hand-off
+pad) in a thread. Stage B runs the graphs in lanes, each a graph thread of its own (two on a
+CPU, where two batches at once beat one batch on two cores, and on a device, where the second
+launches the next pass while one runs, queued on the device behind it; else one). A one-slot hand-off
 between them lets the next batch be prepared while the current ones run. A lane takes the prepared
 batch from that slot itself, the moment its last pass ends, and reports to the event loop after:
 the device's next pass never waits for the loop to work through the answers of the last one.
