@@ -759,6 +759,34 @@ def test_pass_times_run_along_the_line_between_measured_sizes() -> None:
     assert times.has_run(4000) and times.has_run(8191 // 2) and not times.has_run(8192)
 
 
+def test_a_devices_second_lane_queues_its_pass_behind_the_first_and_times_only_its_own() -> None:
+    """On a device the second lane launches the next batch while the first runs: queued behind it,
+    it ends a pass later, and the pass time learnt from it is its own (100 ms), not its wait too."""
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice("card", "test", np.array([1.0, 100.0]), np.array([100.0, 100.0]))
+    ended: dict[str, float] = {}
+
+    def run(prepared: list[str]) -> list[str]:
+        device.run(len(prepared))
+        ended[prepared[0]] = time.monotonic()
+        return prepared
+
+    async def scenario() -> Scheduler:
+        limits = BatchLimits(max_wait_ms=1, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits, lanes=2, lanes_drive_a_device=True)
+        scheduler.start()
+        first = scheduler.submit([("a", 1)])
+        await asyncio.sleep(0.02)  # a runs; b gathers, is prepared and launched behind it
+        await asyncio.gather(*first, *scheduler.submit([("b", 1)]))
+        await scheduler.stop()
+        return scheduler
+
+    scheduler = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert 0.09 <= ended["b"] - ended["a"] < 0.15  # b ran right after a, not after a and a turn of the loop
+    assert scheduler.run_times.seconds(1) == pytest.approx(0.1, abs=0.01)
+
+
 @pytest.mark.parametrize("fixed_ms, split", [(20.0, True), (60.0, False)])
 def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little_more(fixed_ms: float, split: bool) -> None:
     """Sixteen clients that each send again once answered travel as one batch at first (after a
@@ -793,7 +821,8 @@ def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=20))
     settled = passes[len(passes) // 2 :]
-    assert settled and set(settled) == ({8} if split else {16})
+    # halves: 8 and 8, or a late host's uneven parts (each split again as the device idles), never 16
+    assert settled and (max(settled) < 16 if split else set(settled) == {16})
 
 
 def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
