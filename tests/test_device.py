@@ -76,11 +76,13 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
     assert Settings(device="cpu", threads=3).graph_threads == 3
     assert Settings(device="cpu", graph_lanes=1).graph_threads is None  # the runtime's own: every core
     assert [Settings(runtime="eager").lanes, Settings(graph_process=True).lanes] == [1, 1]
-    monkeypatch.setattr(config, "usable_cores", lambda: 1)
-    assert Settings(device="cpu").lanes == 1
-    # a device's next pass is launched while one runs, whatever the cores
+    # a device behind HTTP workers launches its next pass while one runs
     assert [Settings(device="cuda").lanes, Settings(device="simulated").lanes] == [2, 2]
     assert Settings(device="cuda", graph_process=True).lanes == 1
+    monkeypatch.setattr(config, "usable_cores", lambda: 1)
+    assert Settings(device="cpu").lanes == 1
+    assert Settings(device="cuda").lanes == 1  # one core: the front shares the engine's loop
+    assert Settings(device="cuda", http_workers=2).lanes == 2
     with pytest.raises(ValueError, match="graph_lanes"):
         Settings(graph_lanes=2, graph_process=True)
 
@@ -117,7 +119,7 @@ def test_eager_lanes_on_cuda_launch_on_streams_of_their_own() -> None:
     from nerserve.service.config import Settings
     from nerserve.service.models import _lane_stream
 
-    on_streams = _lane_stream(Settings(device="cuda", runtime="eager"))  # two lanes by default
+    on_streams = _lane_stream(Settings(device="cuda", runtime="eager", http_workers=2))  # two lanes by default
     assert on_streams is not None and on_streams.args == ("cuda",)
     for one_stream in ({"device": "cuda", "runtime": "eager", "graph_lanes": 1}, {"device": "cuda"}, {"graph_lanes": 2}):
         assert _lane_stream(Settings(**one_stream)) is None  # one lane, ONNX Runtime's own streams, or the CPU

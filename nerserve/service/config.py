@@ -105,7 +105,8 @@ class Settings(Locations):
         description="batches of one model the graphs run at once, each from a thread of its own on one shared "
         "session, the cores split among them; default 2 for ONNX graphs on a CPU of two or more cores (ONNX "
         "Runtime gains less from a second core within one batch than from a second batch) and 2 on a GPU or the "
-        "simulated device (the next pass launched while one runs), else 1 (docs/decisions/graph-lanes.md)",
+        "simulated device behind HTTP worker processes (the next pass launched while one runs), else 1 "
+        "(docs/decisions/graph-lanes.md)",
     )
     max_batch_size: int | None = Field(
         None, ge=1, description="most sentences in one batch of the graphs; default 32 on CPU, 256 on CUDA"
@@ -228,12 +229,14 @@ class Settings(Locations):
 
     @property
     def lanes(self) -> int:
-        """`graph_lanes`, or its default for where the graphs run: on a device, two, so that the next
-        pass is launched while one runs and the device takes it the moment that one ends."""
+        """`graph_lanes`, or its default for where the graphs run. On a device with the HTTP front in
+        worker processes, two: the next pass is launched while one runs, and the device takes it the
+        moment that one ends. With the front in the engine's own loop, one: there the loop is the
+        limit, and a second lane's launches only cut the batches smaller (docs/decisions/graph-lanes.md)."""
         if self.graph_lanes is not None:
             return self.graph_lanes
         if self.batches_as_gpu and not self.graph_process:
-            return DEVICE_GRAPH_LANES
+            return DEVICE_GRAPH_LANES if self.front_workers > 1 else 1
         cpu_graphs = self.device == "cpu" and self.runtime == Runtime.onnx and not self.graph_process
         return CPU_GRAPH_LANES if cpu_graphs and usable_cores() >= CPU_GRAPH_LANES else 1
 
