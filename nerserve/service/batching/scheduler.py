@@ -12,8 +12,8 @@ sub-words per second measured for back-to-back batches.
 Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item),
 drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
 pad) in a thread. Stage B runs the graphs in lanes, each a graph thread of its own (two on a
-CPU, where two batches at once beat one batch on two cores, and on a device, where the second
-launches the next pass while one runs, queued on the device behind it; else one). A one-slot hand-off
+CPU, where two batches at once beat one batch on two cores, and on a device behind HTTP workers,
+where the second launches the next pass while one runs, queued on the device behind it; else one). A one-slot hand-off
 between them lets the next batch be prepared while the current ones run. A lane takes the prepared
 batch from that slot itself, the moment its last pass ends, and reports to the event loop after:
 the device's next pass never waits for the loop to work through the answers of the last one.
@@ -210,10 +210,12 @@ class Scheduler:
     lanes: int = 1
     # run once in each graph thread as it starts (a CUDA stream of its own per lane)
     lane_setup: Callable[[], None] | None = None
-    # Graph threads that launch a device's passes and wait for them (CUDA, the simulated device)
-    # keep the event loop's OS priority: the device's next pass waits for its thread to get the
-    # interpreter back, which at a lower priority on a busy core it did only once the loop had
-    # answered the last batch. Graph threads that compute on the CPU run below the loop.
+    # Lanes that launch a device's passes and wait for them (CUDA, the simulated device) are one
+    # device: its passes run one after another, so a lane's pass ends after those queued before
+    # it, a queue is not shared among free lanes, and admission's cycle is the device's. Their
+    # threads keep the event loop's OS priority: the device's next pass waits for its thread to
+    # get the interpreter back, which at a lower priority on a busy core it did only once the loop
+    # had answered the last batch. Graph threads that compute on the CPU run below the loop.
     lanes_drive_a_device: bool = False
     _in_flight: int = 0
     _accepting: bool = True
