@@ -485,10 +485,14 @@ class Scheduler:
         nothing runs or neither is measured yet."""
         if not self._lane_ends or not self.run_times or not self.prepare_times:
             return 0.0
-        prepare = 2 * self.prepare_times.seconds(self._queue.tokens)  # twice: a prepare shares the cores
         # a device takes the next batch once its last queued pass ends; CPU lanes, as the first frees
         frees = max(self._lane_ends.values()) if self.lanes_drive_a_device else min(self._lane_ends.values())
-        return frees - self.clock() - prepare - HAND_OFF_SECONDS
+        return frees - self.clock() - self._time_to_start(self._queue.tokens)
+
+    def _time_to_start(self, tokens: float) -> float:
+        """From a batch of TOKENS closing to its pass starting: twice its measured prepare (a prepare
+        shares the cores) and the hand-off."""
+        return 2 * self.prepare_times.seconds(tokens) + HAND_OFF_SECONDS
 
     def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
         """With lanes free, what is queued is shared among them: two half batches on one core each
@@ -519,7 +523,7 @@ class Scheduler:
         half_run = self.run_times.seconds(whole / 2)
         if 2 * half_run > PIPELINE_COST_RATIO * self.run_times.seconds(whole):
             return limits
-        if 2 * self.prepare_times.seconds(whole / 2) + HAND_OFF_SECONDS > half_run:  # twice, as in _gathering_time
+        if self._time_to_start(whole / 2) > half_run:
             return limits
         return replace(limits, max_batch_size=math.ceil(count / 2))
 
@@ -672,11 +676,8 @@ class Scheduler:
         could serve): none is taken from it, except the first estimate from its run time
         (docs/decisions/admission.md). A device's lanes take turns on one device: its cycle is from
         the last pass's end on any of them."""
-        if self.lanes_drive_a_device:
-            lane, parallel = 0, 1
-        else:
-            parallel = self.lanes
-        previous, self._last_finished[lane] = self._last_finished[lane], finished
+        slot, parallel = (0, 1) if self.lanes_drive_a_device else (lane, self.lanes)
+        previous, self._last_finished[slot] = self._last_finished[slot], finished
         tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:
             return parallel * tokens / max(finished - previous, 1e-6)
