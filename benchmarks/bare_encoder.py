@@ -1,12 +1,15 @@
 """The most a model's sentences/s can reach on a device: the backbone alone (transformers AutoModel,
 no LoRA, no heads, no decoding), on sentences tokenised beforehand and sorted by length, so that
 every batch is as short as the data allows. A served or offline figure is judged as a share of this.
+Precisions: fp32; fp16 or bf16, the weights converted once (as `--precision` serves); and
+fp16-autocast or bf16-autocast, the fp32 weights under autocast, for comparison.
 
     python benchmarks/bare_encoder.py --device cuda --data ../shared/data/conll03 --sizes 1,32,128,512
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ from transformers import AutoTokenizer
 from nerserve.ner.backbone import DEFAULT_BACKBONE, resolve_backbone
 from nerserve.ner.data import read_split
 from nerserve.ner.encoder import load_backbone
-from nerserve.ner.torch_graph import AUTOCAST_DTYPES
+from nerserve.ner.torch_graph import HALF_DTYPES
 
 app = typer.Typer(add_completion=False)
 
@@ -39,9 +42,19 @@ def _batches(encoded: list[list[int]], size: int, device: torch.device) -> list[
     return batches
 
 
+def in_precision(model: Any, precision: str) -> tuple[Any, torch.dtype | None]:
+    """The model to time for PRECISION and the dtype to autocast to (None: no autocast)."""
+    name, _, mode = precision.partition("-")
+    if name == "fp32":
+        return model, None
+    if mode == "autocast":
+        return model, HALF_DTYPES[name]
+    return copy.deepcopy(model).to(HALF_DTYPES[name]), None
+
+
 def sentences_per_second(model: Any, encoded: list[list[int]], size: int, device: torch.device, precision: str) -> float:
     batches = _batches(encoded, size, device)
-    dtype = AUTOCAST_DTYPES.get(precision)
+    model, dtype = in_precision(model, precision)
     with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         model(input_ids=batches[0][0], attention_mask=batches[0][1])  # warm-up (kernels, allocator)
         if device.type == "cuda":
@@ -60,7 +73,9 @@ def main(
     backbone: Annotated[str, typer.Option(help="package name or local HF folder")] = DEFAULT_BACKBONE,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cuda",
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,32,128,512",
-    precisions: Annotated[str, typer.Option(help="fp32, fp16, bf16 (comma-separated)")] = "fp32,fp16",
+    precisions: Annotated[
+        str, typer.Option(help="fp32, fp16, bf16, fp16-autocast, bf16-autocast (comma-separated)")
+    ] = "fp32,fp16,fp16-autocast",
     limit: Annotated[int, typer.Option(min=32, help="test sentences (batch 1 runs at most 512 of them)")] = 3453,
 ) -> None:
     info = resolve_backbone(backbone)

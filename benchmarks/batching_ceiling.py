@@ -63,7 +63,7 @@ def main(
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,2,4,8,16,32",
     limit: Annotated[int, typer.Option(min=32)] = 1000,
     threads: Annotated[int | None, typer.Option(min=1)] = None,
-    precision: Annotated[str, typer.Option(help="eager runtime: fp32, or fp16/bf16 under autocast")] = "fp32",
+    precision: Annotated[str, typer.Option(help="eager runtime: fp32, or fp16/bf16 (weights converted at load)")] = "fp32",
     options: Annotated[str, typer.Option(help="decoding options over the manifest's, as JSON: '{\"steps\": 1}'")] = "",
     int8: Annotated[bool, typer.Option("--int8", help="the ONNX export with INT8 weights (`nerserve export --int8`)")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,

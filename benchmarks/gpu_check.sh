@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures (docs/gpu.md) in one run, on one device, most important first, so that a run cut
 # short still holds the headline ratios:
-#   1. the bare-encoder limit: the backbone alone, fp32 and fp16, batch 1/32/128/512, length-sorted;
+#   1. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted; autocast beside
+#      it), batch 1/32/128/512, length-sorted;
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
@@ -10,7 +11,8 @@
 #      lane instead of the device's default two (--graph-lanes 1), then the batch-1
 #      server at c = 64; setgen- and bartner-conll03 served at c = 64;
 #      the load client in its own processes on its own cores, with its ceiling (served_check.py);
-#   4. half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
+#   4. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
+#      and setgen-conll03, and span served in it (the split layout, as 3);
 #   5. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
 #   6. nag, setgen, bartner and diffusion (1 step) offline, as 2; span-conll03 TorchScript offline;
@@ -46,13 +48,13 @@ if [ "$CORES" -ge 8 ]; then SERVER_CORES="0-$((CORES - 5))"; CLIENT_CORES="$((CO
 SERVER_CORE_COUNT=$([ "$CORES" -ge 8 ] && echo $((CORES - 4)) || echo "$CORES")
 HTTP_WORKERS=$(( SERVER_CORE_COUNT - 2 > 8 ? 8 : (SERVER_CORE_COUNT - 2 < 2 ? 2 : SERVER_CORE_COUNT - 2) ))
 if [ "$QUICK" = 1 ]; then
-  SIZES=1,32; LIMIT=64; OTHER_LIMIT=64; BATCH1_LIMIT=32; SECONDS_PER_LEVEL=2; LEVELS=1,16; HALF_LEVELS=16
+  SIZES=1,32; LIMIT=64; OTHER_LIMIT=64; BATCH1_LIMIT=32; SECONDS_PER_LEVEL=2; LEVELS=1,16
   HALF_LIMIT=64; SERVED_MODELS="setgen-conll03"
 else
   SIZES=32,128,256,512; LIMIT=2048; OTHER_LIMIT=512; BATCH1_LIMIT=256; SECONDS_PER_LEVEL=5; LEVELS=1,16,64,256
-  HALF_LEVELS=64,256; HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"
+  HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"
 fi
-HALF=$([ "$DEVICE" = cpu ] && echo bf16 || echo fp16)  # CPU autocast: bf16 (a dry run of the step)
+HALF=$([ "$DEVICE" = cpu ] && echo bf16 || echo fp16)  # on the CPU bf16 (a dry run of the steps)
 mkdir -p "$OUT"
 # ONNX Runtime's CUDA provider loads CUDA and cuDNN by name: where they came as pip packages (a
 # CUDA torch's nvidia-* wheels), their folders go on the loader's path
@@ -117,7 +119,7 @@ onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this on
 if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
 if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
-  --sizes "1,$SIZES" --precisions "fp32,$HALF" --limit "$LIMIT"
+  --sizes "1,$SIZES" --precisions "fp32,$HALF,$HALF-autocast" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
 step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "1,${SIZES##*,}"
@@ -150,8 +152,10 @@ for model in $SERVED_MODELS; do
 done
 step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
   --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
-if [ "$DEVICE" != cpu ] && serve span-half span-conll03 eager --precision "$HALF"; then
-  served span-half span-conll03 "$HALF_LEVELS" 1
+# half precision served as the split layout above serves fp32 (the CPU serves fp32 only)
+if [ "$DEVICE" != cpu ] && serve span-half span-conll03 eager --precision "$HALF" --graph-process --http-workers "$HTTP_WORKERS"; then
+  served span-half span-conll03 "$LEVELS" 1
+  served span-half-32 span-conll03 16 32
   stop
 fi
 onnx_steps

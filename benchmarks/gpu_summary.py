@@ -93,6 +93,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 "setgen-conll03",
                 "bartner-conll03",
                 "span-half",
+                "span-half-32",
                 "span-onnx",
                 "span-onnx-one-lane",
                 "span-onnx-split",
@@ -103,11 +104,15 @@ def summary(folder: Path) -> dict[str, Any]:
             "offline_over_bare_encoder": _bar(_ratio(span_best, bare_best), 1 / 3),
             "setgen_over_bartner_c64": _bar(_ratio(_rate(setgen), _rate(bartner)), 2),
         },
-        # the served bars for each way of serving: one process, and HTTP workers in front of an
-        # engine process with the graphs in a process of their own
+        # the served bars for each way of serving: one process; HTTP workers in front of an engine
+        # process with the graphs in a process of their own; the same in half precision
         "served_bars": {
             layout: _served_bars(folder, one, many, span_best)
-            for layout, one, many in (("one-process", "span-1", "span-32"), ("split", "span-split-1", "span-split-32"))
+            for layout, one, many in (
+                ("one-process", "span-1", "span-32"),
+                ("split", "span-split-1", "span-split-32"),
+                ("split-half", "span-half", "span-half-32"),
+            )
         },
     }
 

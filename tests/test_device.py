@@ -273,8 +273,31 @@ def test_half_precision_outputs_reach_decoding_as_float32() -> None:
 
     from nerserve.ner.torch_graph import EagerGraph
 
-    graph = EagerGraph(torch.nn.Linear(4, 3), ("x",), ("y",), precision="bf16")  # CPU autocast takes bf16
-    outputs = graph.run({"x": torch.randn(2, 4).numpy()})
+    graph = EagerGraph(torch.nn.Linear(4, 3).to(torch.bfloat16), ("x",), ("y",), precision="bf16")
+    outputs = graph.run({"x": torch.randn(2, 4).numpy()})  # a float32 feed, cast to the weights' bf16
     assert outputs["y"].dtype == np.float32 and outputs["y"].shape == (2, 3)
     with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
         EagerGraph(torch.nn.Linear(4, 3), ("x",), ("y",), precision="int4")
+
+
+@pytest.mark.parametrize("model", ["span-conll03", "diffusion-conll03"])
+def test_a_model_loaded_in_half_precision_has_half_weights_and_finds_what_fp32_finds(model: str, data_root: Path) -> None:
+    """--precision converts the weights once at load (no autocast): every floating-point weight is
+    half, the graphs take their float feeds in it (diffusion's sinusoids included), and the entity
+    sets of CoNLL-2003 test sentences are fp32's nearly everywhere. (fp16 runs on the CPU too,
+    slowly: the same graphs a GPU runs.)"""
+    import torch
+
+    from nerserve.ner.data import read_split
+    from nerserve.ner.loading import load_model
+    from nerserve.ner.model_store import Locations
+
+    folder = Locations().model_dir(model)
+    full = load_model(folder, "cpu", merged=True)
+    half = load_model(folder, "cpu", precision="fp16", merged=True)
+    weights = [p for p in half.network.parameters() if p.is_floating_point()]
+    assert weights and all(p.dtype == torch.float16 for p in weights)
+    sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 32)]
+    expected, found = full.program.predict(sentences), half.program.predict(sentences)
+    assert sum(len(entities) for entities in found) >= 0.9 * sum(len(entities) for entities in expected) > 0
+    assert sum(a == b for a, b in zip(expected, found, strict=True)) >= 0.9 * len(sentences)

@@ -13,11 +13,11 @@ from torch import nn
 from nerserve.ner.archs.base import ArchitectureSpec
 from nerserve.ner.archs.registry import architecture
 from nerserve.ner.backbone import BackboneInfo, resolve_backbone
-from nerserve.ner.encoder import load_backbone
+from nerserve.ner.encoder import load_backbone, pack_lstm_directions
 from nerserve.ner.lora import LoraSettings, add_lora, load_weights, merge_adapters
 from nerserve.ner.model_store import WEIGHTS, Manifest, ModelStoreError, read_manifest
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
-from nerserve.ner.torch_graph import EagerGraph
+from nerserve.ner.torch_graph import EagerGraph, half_dtype
 
 
 def device_name(requested: str | None = None) -> str:
@@ -43,8 +43,8 @@ def eager_program(
     spec: ArchitectureSpec[Any, Any], network: Any, backbone: BackboneInfo, device: str, precision: str = "fp32"
 ) -> Any:
     """The architecture's program over the network's own modules (training-time evaluation, the
-    reference side of export parity, and the eager runtime, whose matrix products may run in half
-    precision on CUDA)."""
+    reference side of export parity, and the eager runtime). `precision` fp16 or bf16: the
+    network's weights are in it already (`load_model`); its graphs cast their feeds to match."""
     signatures = spec.signatures(network.config)
     graphs = {
         name: EagerGraph(module, signatures[name].inputs, signatures[name].outputs, device=device, precision=precision)
@@ -70,10 +70,11 @@ def load_model(
     precision: str = "fp32",
     merged: bool = False,
 ) -> LoadedModel:
-    """The trained model in FOLDER (a model store's entry) as eager torch; `precision` fp16 or bf16
-    runs its matrix products under autocast. `merged`: LoRA folded into the backbone's weights, for
-    inference only (it cannot train on): a third fewer kernels a layer, which on a GPU is most of a
-    small batch's time."""
+    """The trained model in FOLDER (a model store's entry) as eager torch; `precision` fp16 or bf16:
+    its weights converted to that type once, here. `merged`: loaded for inference, LoRA folded into
+    the backbone's weights (a third fewer kernels a layer, which on a GPU is most of a small
+    batch's time) and the BiLSTM's directions run as one packed call. Neither can be trained on
+    or exported."""
     manifest = read_manifest(folder)
     try:
         spec = architecture(manifest.architecture)
@@ -89,6 +90,7 @@ def load_model(
     load_weights(network, folder / WEIGHTS)
     if merged:
         network = merge_adapters(network)
+        pack_lstm_directions(network)
     chosen = device_name(device)
-    network.to(chosen).eval()
+    network.to(chosen, half_dtype(precision)).eval()
     return LoadedModel(folder, manifest, spec, backbone, network, eager_program(spec, network, backbone, chosen, precision))

@@ -12,10 +12,10 @@ from torch import nn
 from nerserve.ner.graph import Value
 
 
-def to_tensor(value: Value, device: torch.device) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    return torch.from_numpy(np.ascontiguousarray(value)).to(device)
+def to_tensor(value: Value, device: torch.device, floats: torch.dtype | None = None) -> torch.Tensor:
+    """A feed on the device; with FLOATS (a half-precision graph's), a floating-point feed in it."""
+    tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+    return tensor.to(device, floats) if floats is not None and tensor.is_floating_point() else tensor.to(device)
 
 
 def from_tensors(
@@ -53,9 +53,19 @@ def _host_array(out: torch.Tensor) -> np.ndarray:
     return (host.float() if host.is_floating_point() and host.dtype != torch.float32 else host).numpy()
 
 
-# The matrix products' precision under autocast: weights stay fp32 and autocast keeps the
-# reductions that need it (softmax, layer norm) in fp32, so the graphs need no half-precision build.
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# Half precision is the network's weights converted once, at load (`loading.load_model`), and its
+# floating-point feeds cast to match. Autocast, which casts the weights again at every call and
+# wraps every product in casts, ran slower than fp32 on a GPU (docs/gpu.md).
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def half_dtype(precision: str) -> torch.dtype | None:
+    """fp16 / bf16 → its dtype; fp32 → None (the weights as trained)."""
+    if precision == "fp32":
+        return None
+    if precision not in HALF_DTYPES:
+        raise ValueError(f"precision {precision!r}: fp32, fp16 or bf16")
+    return HALF_DTYPES[precision]
 
 
 class EagerGraph:
@@ -67,27 +77,22 @@ class EagerGraph:
         device: str = "cpu",
         precision: str = "fp32",
     ) -> None:
-        if precision != "fp32" and precision not in AUTOCAST_DTYPES:
-            raise ValueError(f"precision {precision!r}: fp32, fp16 or bf16")
         self.module = module
         self.precision = precision
+        self.floats = half_dtype(precision)  # the module's weights are in it already (load_model)
         self.input_names = input_names
         self.output_names = output_names
         self.device = torch.device(device)
         self.device_resident = self.device.type != "cpu"
-        self.execution_provider = f"torch eager on {self.device}" + ("" if precision == "fp32" else f" ({precision} autocast)")
+        self.execution_provider = f"torch eager on {self.device}" + ("" if precision == "fp32" else f" ({precision} weights)")
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        tensors = [to_tensor(inputs[name], self.device) for name in self.input_names]
+        tensors = [to_tensor(inputs[name], self.device, self.floats) for name in self.input_names]
         was_training = self.module.training
         self.module.eval()
         try:
-            with torch.inference_mode(), self._autocast():
+            with torch.inference_mode():
                 outputs = self.module(*tensors)
         finally:
             self.module.train(was_training)
         return from_tensors(self.output_names, outputs, keep_on_device, self.device)
-
-    def _autocast(self) -> torch.autocast:
-        dtype = AUTOCAST_DTYPES.get(self.precision)
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)

@@ -80,8 +80,8 @@ class Settings(Locations):
     )
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32",
-        description="fp16 or bf16: the matrix products under autocast (eager runtime on CUDA only; docs/gpu.md "
-        "has the entity-set agreement and F1 each reached against fp32)",
+        description="fp16 or bf16: the model's weights converted to it once at load, and its graphs run in it "
+        "(eager runtime on CUDA only; docs/gpu.md has the entity-set agreement and F1 each reached against fp32)",
     )
     graph_process: bool = Field(
         False,

@@ -21,12 +21,14 @@ from nerserve.ner.encoder import gather_positions
 MASKED = -1e4  # fp16-safe "minus infinity" for boundary logits of padding words
 
 
-def sinusoid(values: torch.Tensor, dim: int) -> torch.Tensor:
-    """[...] → [..., dim] sinusoidal embedding (timesteps, span indices)."""
+def sinusoid(values: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """[...] → [..., dim] sinusoidal embedding (timesteps, span indices), in DTYPE: the angles are
+    taken in fp32 whatever the network's precision (a half-precision angle of a late timestep
+    would be off by more than its sine's period)."""
     half = dim // 2
     frequencies = torch.exp(torch.arange(half, device=values.device, dtype=torch.float32) * (-math.log(10000.0) / (half - 1)))
     angles = values.to(torch.float32).unsqueeze(-1) * frequencies
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
 
 
 class SpanAttentionLayer(nn.Module):
@@ -127,10 +129,10 @@ class DenoiserGraph(nn.Module):
         left, right = self.span_words(noisy_spans, word_mask)
         spans = self.represent(word_states, left, right)
         proposals = torch.arange(noisy_spans.shape[1], device=noisy_spans.device)
-        position = self.position(sinusoid(proposals, self.dim)).unsqueeze(0)
+        position = self.position(sinusoid(proposals, self.dim, word_states.dtype)).unsqueeze(0)
         for layer in self.layers:
             spans = layer(spans, position, word_states, padding)
-        spans = spans + self.time(sinusoid(timestep, self.dim)).unsqueeze(1)
+        spans = spans + self.time(sinusoid(timestep, self.dim, word_states.dtype)).unsqueeze(1)
         return self.classifier(spans), self.left(word_states, spans, padding), self.right(word_states, spans, padding)
 
     def forward(
