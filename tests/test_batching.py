@@ -253,6 +253,38 @@ def test_drain_answers_accepted_work_then_refuses() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("host_ms, on_loop", [(0.0, True), (5.0, False)])
+def test_quick_host_work_runs_on_the_loop_and_slow_host_work_in_its_threads(host_ms: float, on_loop: bool) -> None:
+    """A batch's prepare and decode measured at INLINE_HOST_SECONDS or less run on the event loop
+    (a hand-off to their threads and back costs a lone sentence more than the work); slower ones,
+    and the first of each size (not yet measured), in their threads."""
+    threads: dict[str, list[str]] = {"prepare": [], "decode": []}
+
+    def work(stage: str) -> None:
+        threads[stage].append(threading.current_thread().name)
+        time.sleep(host_ms / 1000)
+
+    def prepare(payloads: list[str]) -> list[str]:
+        work("prepare")
+        return payloads
+
+    def finish(prepared: list[str], outputs: list[str]) -> list[str]:
+        work("decode")
+        return outputs
+
+    async def scenario() -> None:
+        scheduler = Scheduler(prepare=prepare, run=lambda prepared: prepared, finish=finish, limits=BatchLimits())
+        scheduler.start()
+        for _ in range(4):
+            await asyncio.gather(*scheduler.submit([("a", 3)]))
+        await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    for names in threads.values():
+        assert names[0] != "MainThread"  # not yet measured
+        assert all((name == "MainThread") == on_loop for name in names[1:]), names
+
+
 def test_next_batch_is_prepared_while_the_graphs_run() -> None:
     """Double buffering: a batch closed while the graphs are busy is prepared before they finish."""
     events: list[str] = []

@@ -48,6 +48,11 @@ HAND_OFF_SECONDS = 0.003
 # part (launches, reading the weights) and a part by sub-words: at 1.5 the latter is at least the
 # former, and halves pay that fixed part once more to overlap the host's work with the device's.
 PIPELINE_COST_RATIO = 1.5
+# A batch's prepare or decode expected to take at most this long runs on the event loop itself. Each
+# hand-off to its thread and back (a wake-up of the thread, then of the loop through its pipe, each
+# waiting for the interpreter lock) costs a lone sentence more than its own host work; past this
+# the work would hold the loop's next requests longer than the hand-off saves.
+INLINE_HOST_SECONDS = 0.001
 
 
 class SlidingMedian:
@@ -252,6 +257,7 @@ class Scheduler:
         # wake-up as a lane frees
         self.run_times = PassTimes()
         self.prepare_times = PassTimes()
+        self.decode_times = PassTimes()  # for _inline only
         self._lane_ends: dict[int, float] = {}
         self._lane_freed = asyncio.Event()
 
@@ -475,6 +481,12 @@ class Scheduler:
         self._taken_tokens += sum(item.cost for item in batch)
         return batch
 
+    @staticmethod
+    def _inline(times: PassTimes, tokens: int) -> bool:
+        """Whether a batch's prepare or decode is quick enough to run on the loop (INLINE_HOST_SECONDS),
+        by the times measured for its size; never before its size, or a larger one, has been timed."""
+        return times.has_run(tokens) and times.seconds(tokens) <= INLINE_HOST_SECONDS
+
     def _device_idle(self) -> bool:
         """No batch on the graphs and none prepared for them (the collector wakes as a lane frees)."""
         return not self._lane_ends and not self._handed
@@ -535,7 +547,10 @@ class Scheduler:
             tokens, started = sum(item.cost for item in batch), self.clock()
             try:
                 payloads = [item.payload for item in batch]
-                prepared = await asyncio.get_running_loop().run_in_executor(self._preparer, self.prepare, payloads)
+                if self._inline(self.prepare_times, tokens):
+                    prepared = self.prepare(payloads)
+                else:
+                    prepared = await asyncio.get_running_loop().run_in_executor(self._preparer, self.prepare, payloads)
             except Exception as error:  # a batch that cannot be prepared fails its own items only
                 await self._isolate(batch, error)
                 continue
@@ -633,13 +648,19 @@ class Scheduler:
     async def _decode(
         self, batch: list[WorkItem], prepared: Any, outputs: Any, started: float, ran: float, number: int
     ) -> None:
-        """Outputs → results in the decode thread, then the batch's answers and its record."""
+        """Outputs → results in the decode thread (on the loop where that is quick), then the
+        batch's answers and its record."""
+        seconds, tokens = ran - started, sum(item.cost for item in batch)
+        decoding = self.clock()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self._finisher, self.finish, prepared, outputs)
+            if self._inline(self.decode_times, tokens):
+                results = self.finish(prepared, outputs)
+            else:
+                results = await asyncio.get_running_loop().run_in_executor(self._finisher, self.finish, prepared, outputs)
         except Exception as error:
             await self._isolate(batch, error)
             return
-        seconds, tokens = ran - started, sum(item.cost for item in batch)
+        self.decode_times.observe(tokens, self.clock() - decoding)
         for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(ItemResult(result, started - item.enqueued, seconds, number))
