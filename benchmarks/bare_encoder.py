@@ -52,9 +52,11 @@ def in_precision(model: Any, precision: str) -> tuple[Any, torch.dtype | None]:
     return copy.deepcopy(model).to(HALF_DTYPES[name]), None
 
 
-def sentences_per_second(model: Any, encoded: list[list[int]], size: int, device: torch.device, precision: str) -> float:
+def sentences_per_second(
+    model: Any, encoded: list[list[int]], size: int, device: torch.device, dtype: torch.dtype | None
+) -> float:
+    """MODEL's rate at batch SIZE, under autocast to DTYPE where it is given."""
     batches = _batches(encoded, size, device)
-    model, dtype = in_precision(model, precision)
     with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         model(input_ids=batches[0][0], attention_mask=batches[0][1])  # warm-up (kernels, allocator)
         if device.type == "cuda":
@@ -87,9 +89,10 @@ def main(
     encoded = sorted(tokenizer(words, is_split_into_words=True, truncation=True, max_length=512)["input_ids"], key=len)
     rows: list[dict[str, Any]] = []
     for precision in precisions.split(","):
+        timed, dtype = in_precision(model, precision)  # converted once for all its batch sizes
         for size in (int(n) for n in sizes.split(",")):
             subset = encoded[:: max(1, len(encoded) // 512)] if size == 1 else encoded
-            rate = sentences_per_second(model, subset, size, torch_device, precision)
+            rate = sentences_per_second(timed, subset, size, torch_device, dtype)
             rows.append({"precision": precision, "batch_size": size, "sentences_per_second": round(rate, 1)})
             typer.echo(json.dumps(rows[-1]), err=True)
     result = {

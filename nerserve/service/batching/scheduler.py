@@ -632,7 +632,7 @@ class Scheduler:
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
             self.rates.observe(tokens, rate)
-        self._spawn(self._decode(batch, work.prepared, outputs, started, finished, self._batches))
+        self._spawn(self._decode(batch, tokens, work.prepared, outputs, started, finished, self._batches))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -646,12 +646,11 @@ class Scheduler:
         return await asyncio.wrap_future(outcome)
 
     async def _decode(
-        self, batch: list[WorkItem], prepared: Any, outputs: Any, started: float, ran: float, number: int
+        self, batch: list[WorkItem], tokens: int, prepared: Any, outputs: Any, started: float, ran: float, number: int
     ) -> None:
         """Outputs → results in the decode thread (on the loop where that is quick), then the
-        batch's answers and its record."""
-        seconds, tokens = ran - started, sum(item.cost for item in batch)
-        decoding = self.clock()
+        batch's answers and its record. TOKENS: the batch's sub-words, counted as it closed."""
+        seconds, decoding = ran - started, self.clock()
         try:
             if self._inline(self.decode_times, tokens):
                 results = self.finish(prepared, outputs)
