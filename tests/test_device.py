@@ -280,6 +280,27 @@ def test_half_precision_outputs_reach_decoding_as_float32() -> None:
         EagerGraph(torch.nn.Linear(4, 3), ("x",), ("y",), precision="int4")
 
 
+def test_an_eager_graph_evaluates_a_training_module_and_leaves_a_served_one_alone() -> None:
+    """A module lent mid-training runs with dropout off and goes back to training; a module in
+    eval mode (as every served one is loaded) is run as it is, its submodules never revisited."""
+    import torch
+
+    from nerserve.ner.torch_graph import EagerGraph
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.9))
+    graph = EagerGraph(module, ("x",), ("y",))
+    feed = {"x": np.ones((8, 4), dtype=np.float32)}
+    first, second = graph.run(feed)["y"], graph.run(feed)["y"]
+    np.testing.assert_array_equal(first, second)  # dropout was off
+    assert all(m.training for m in module.modules())
+
+    visits: list[bool] = []
+    module.eval()
+    module.train = lambda mode=True: visits.append(mode) or module  # type: ignore[method-assign]
+    np.testing.assert_array_equal(graph.run(feed)["y"], first)
+    assert visits == []
+
+
 @pytest.mark.parametrize("model", ["span-conll03", "diffusion-conll03"])
 def test_a_model_loaded_in_half_precision_has_half_weights_and_finds_what_fp32_finds(model: str, data_root: Path) -> None:
     """--precision converts the weights once at load (no autocast): every floating-point weight is

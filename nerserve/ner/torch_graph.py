@@ -88,11 +88,17 @@ class EagerGraph:
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
         tensors = [to_tensor(inputs[name], self.device, self.floats) for name in self.input_names]
-        was_training = self.module.training
+        with torch.inference_mode():
+            outputs = self._run_in_eval_mode(tensors) if self.module.training else self.module(*tensors)
+        return from_tensors(self.output_names, outputs, keep_on_device, self.device)
+
+    def _run_in_eval_mode(self, tensors: list[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """A module lent mid-training (evaluation between epochs) runs in eval mode and is handed
+        back in train mode. Only then: `eval()` and `train()` each visit every submodule (over a
+        hundred in the backbone), host work under the interpreter lock that a served module, loaded
+        in eval mode, would pay at every call, and a decoder's step loop at every step."""
         self.module.eval()
         try:
-            with torch.inference_mode():
-                outputs = self.module(*tensors)
+            return self.module(*tensors)
         finally:
-            self.module.train(was_training)
-        return from_tensors(self.output_names, outputs, keep_on_device, self.device)
+            self.module.train()
