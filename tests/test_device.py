@@ -280,6 +280,36 @@ def test_half_precision_outputs_reach_decoding_as_float32() -> None:
         EagerGraph(torch.nn.Linear(4, 3), ("x",), ("y",), precision="int4")
 
 
+def test_a_graph_traced_on_the_cpu_makes_its_tensors_on_the_device_it_is_loaded_for(tmp_path: Path) -> None:
+    """A trace keeps `device=x.device` as the tracing device, in the module and in its submodules;
+    retargeted at load, the tensors the graph makes are made on the serving device ("meta" stands
+    in for a GPU here: the CPU can make tensors on it)."""
+    import torch
+
+    from nerserve.ner.runtime.torchscript import retarget_device_constants
+
+    class Zeros(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(x.shape[0], device=x.device)
+
+    class Made(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.zeros = Zeros()
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.arange(x.shape[0], device=x.device), self.zeros(x)
+
+    torch.jit.save(torch.jit.trace(Made(), (torch.ones(3, 2),)), str(tmp_path / "made.pt"))
+    on_meta = torch.ones(5, 2, device="meta")
+    as_traced = torch.jit.load(str(tmp_path / "made.pt"), map_location="meta")
+    assert {t.device.type for t in as_traced(on_meta)} == {"cpu"}  # what a GPU would have met
+    retargeted = torch.jit.load(str(tmp_path / "made.pt"), map_location="meta")
+    retarget_device_constants(retargeted, torch.device("meta"))
+    made = retargeted(on_meta)
+    assert {t.device.type for t in made} == {"meta"} and made[0].shape == (5,)
+
+
 def test_an_eager_graph_evaluates_a_training_module_and_leaves_a_served_one_alone() -> None:
     """A module lent mid-training runs with dropout off and goes back to training; a module in
     eval mode (as every served one is loaded) is run as it is, its submodules never revisited."""

@@ -35,6 +35,7 @@ from nerserve.ner.lora import LoraSettings, save_weights
 from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_manifest
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.runtime.onnx import OPTIMIZATION_LEVELS
+from nerserve.ner.runtime.torchscript import retarget_device_constants, traced_graphs
 from nerserve.ner.types import EntitySet
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
@@ -171,6 +172,8 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     if fmt == GraphFormat.onnx:
         check_session_levels(folder, info)
         check_device_resident_path(folder, sentences, [e.keys() for e in expected], info["architecture"])
+    else:
+        check_device_constants_follow_the_device(folder, info)
 
     graph = folder / info["graphs"]["encoder"]["file"]
     graph.write_bytes(b"not a graph")
@@ -179,6 +182,27 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     graph.unlink()
     with pytest.raises(GraphError, match=f"{graph}: graph file missing"):
         load_graph_set(folder)
+
+
+def _device_constants(module: torch.jit.ScriptModule) -> set[str]:
+    return {
+        node.s("value")
+        for graph in traced_graphs(module)
+        for node in graph.findAllNodes("prim::Constant")
+        if node.output().type().kind() == "DeviceObjType"
+    }
+
+
+def check_device_constants_follow_the_device(folder: Path, info: dict[str, Any]) -> None:
+    """Traced on the CPU, the architecture's graphs name the CPU where they make tensors; loaded
+    for another device, they name that device alone."""
+    named = set()
+    for graph_info in info["graphs"].values():
+        module = torch.jit.load(str(folder / graph_info["file"]))
+        named |= _device_constants(module)
+        retarget_device_constants(module, torch.device("meta"))
+        assert _device_constants(module) <= {"meta"}
+    assert named == {"cpu"}
 
 
 def _greedy(program: Any) -> Any:
