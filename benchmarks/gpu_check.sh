@@ -15,13 +15,16 @@
 #      and setgen-conll03, and span served in it (the split layout, as 3);
 #   5. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
-#   6. nag, setgen, bartner and diffusion (1 step) offline, as 2; span-conll03 TorchScript offline;
-#   7. summary.json: the ratios the engine issue asks for.
+#   6. span-conll03 through TorchScript on the device, offline and served (the split layout);
+#   7. nag, setgen, bartner and diffusion (1 step) offline, as 2;
+#   8. summary.json: the ratios the engine issue asks for.
 # Graphs are built here from model_store (a few MB a model), never carried. Every step writes JSON
 # under $OUT and a failed step is recorded, not fatal.
 #
 #   OUT=build/gpu-check DATA=../shared/data bash benchmarks/gpu_check.sh --device cuda
 #   OUT=build/gpu-check bash benchmarks/gpu_check.sh --device cpu --quick   # a dry run of every step
+#   RESUME=1 OUT=… bash benchmarks/gpu_check.sh --device cuda   # a run cut short, continued: the
+#   steps whose JSON is there already are kept (and their servers not started again)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=cuda
@@ -31,13 +34,14 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    --onnx-only) ONNX_ONLY=1; shift ;;  # step 6 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
+    --onnx-only) ONNX_ONLY=1; shift ;;  # step 5 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
     *) echo "usage: gpu_check.sh [--device cuda|cpu] [--quick] [--onnx-only]" >&2; exit 2 ;;
   esac
 done
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data}
 OUT=${OUT:-build/gpu-check}
+RESUME=${RESUME:-0}
 PORT=${PORT:-8013}
 URL="http://127.0.0.1:$PORT"
 CORES=$(nproc)
@@ -61,8 +65,15 @@ mkdir -p "$OUT"
 NVIDIA_LIBS=$($PY -c 'import nvidia, pathlib; print(":".join(str(p) for d in nvidia.__path__ for p in pathlib.Path(d).glob("*/lib")))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${NVIDIA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/progress.log" >&2; }
+have() {  # have NAME...: with RESUME=1, every step NAME wrote its JSON already
+  [ "$RESUME" = 1 ] || return 1
+  local name
+  for name in "$@"; do grep -qs '^{' "$OUT/$name.json" || return 1; done
+}
+todo() { ! have "$@"; }  # todo NAME...: some step NAME is still to run
 step() {  # step NAME TIMEOUT_SECONDS COMMAND...: stdout to $OUT/NAME.json, stderr to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
+  if have "$name"; then log "kept $name"; return; fi
   log "start $name"
   timeout "$limit" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log" || log "FAILED $name (exit $?)"
   log "end $name"
@@ -107,10 +118,13 @@ onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this on
   step export-onnx 600 $PY -m nerserve export span-conll03 --format onnx --parity-sentences 32
   step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
     --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
-  if serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
+  if todo served-span-onnx && serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
   # one lane against the device's default two (the next pass launched while one runs)
-  if serve span-onnx-one-lane span-conll03 onnx --graph-lanes 1; then served span-onnx-one-lane span-conll03 "$LEVELS" 1; stop; fi
-  if serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
+  if todo served-span-onnx-one-lane && serve span-onnx-one-lane span-conll03 onnx --graph-lanes 1; then
+    served span-onnx-one-lane span-conll03 "$LEVELS" 1
+    stop
+  fi
+  if todo served-span-onnx-split && serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
     served span-onnx-split span-conll03 "$LEVELS" 1
     stop
   fi
@@ -124,47 +138,57 @@ offline span-conll03 "$LIMIT"
 step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "1,${SIZES##*,}"
 
-if serve span span-conll03 eager; then
+if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
   served span-1 span-conll03 "$LEVELS" 1
   served span-32 span-conll03 16 32
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
   stop
 fi
 # the graphs in a process of their own: their Python launches no longer share the HTTP front's lock
-if serve span-graph-process span-conll03 eager --graph-process; then
+if todo served-span-graph-process && serve span-graph-process span-conll03 eager --graph-process; then
   served span-graph-process span-conll03 "$LEVELS" 1
   stop
 fi
 # one graph lane against the device's default two, each launching on a CUDA stream of its own
-if serve span-one-lane span-conll03 eager --graph-lanes 1; then
+if todo served-span-one-lane && serve span-one-lane span-conll03 eager --graph-lanes 1; then
   served span-one-lane span-conll03 "$LEVELS" 1
   stop
 fi
 # several HTTP worker processes in front of the engine process, the graphs in their own process
-if serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
+if todo served-span-split-1 served-span-split-32 \
+  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
   served span-split-1 span-conll03 "$LEVELS" 1
   served span-split-32 span-conll03 16 32
   stop
 fi
-if serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
+if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
 for model in $SERVED_MODELS; do
-  if serve "$model" "$model" eager; then served "$model" "$model" 64 1; stop; fi
+  if todo "served-$model" && serve "$model" "$model" eager; then served "$model" "$model" 64 1; stop; fi
 done
 step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
   --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
 # half precision served as the split layout above serves fp32 (the CPU serves fp32 only)
-if [ "$DEVICE" != cpu ] && serve span-half span-conll03 eager --precision "$HALF" --graph-process --http-workers "$HTTP_WORKERS"; then
+if [ "$DEVICE" != cpu ] && todo served-span-half served-span-half-32 && serve span-half span-conll03 eager --precision "$HALF" --graph-process --http-workers "$HTTP_WORKERS"; then
   served span-half span-conll03 "$LEVELS" 1
   served span-half-32 span-conll03 16 32
   stop
 fi
 onnx_steps
-for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
-offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
-# the traced graphs on the device (traced on the CPU, loaded onto it)
+# the traced graphs on the device (traced on the CPU, their device constants retargeted at load):
+# operators dispatched from C++, not Python, so a lone sentence's pass is not bound by launches
+# from the interpreter; served in the split layout (no graph process: TorchScript runs without
+# the interpreter lock)
 step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript --parity-sentences 32
 step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
   --data "$DATA/conll03" --runtime torchscript --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+if todo served-span-torchscript-1 served-span-torchscript-32 \
+  && serve span-torchscript span-conll03 torchscript --http-workers "$HTTP_WORKERS"; then
+  served span-torchscript-1 span-conll03 "$LEVELS" 1
+  served span-torchscript-32 span-conll03 16 32
+  stop
+fi
+for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
+offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
 fi
 step bars 60 $PY benchmarks/gpu_summary.py --folder "$OUT"
 cat "$OUT/bars.json" 2>/dev/null

@@ -97,6 +97,8 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-onnx",
                 "span-onnx-one-lane",
                 "span-onnx-split",
+                "span-torchscript-1",
+                "span-torchscript-32",
             )
         },
         "half_precision": _lines(folder, "half-precision"),
@@ -105,13 +107,15 @@ def summary(folder: Path) -> dict[str, Any]:
             "setgen_over_bartner_c64": _bar(_ratio(_rate(setgen), _rate(bartner)), 2),
         },
         # the served bars for each way of serving: one process; HTTP workers in front of an engine
-        # process with the graphs in a process of their own; the same in half precision
+        # process with the graphs in a process of their own; the same in half precision; HTTP
+        # workers in front of TorchScript graphs
         "served_bars": {
             layout: _served_bars(folder, one, many, span_best)
             for layout, one, many in (
                 ("one-process", "span-1", "span-32"),
                 ("split", "span-split-1", "span-split-32"),
                 ("split-half", "span-half", "span-half-32"),
+                ("split-torchscript", "span-torchscript-1", "span-torchscript-32"),
             )
         },
     }

@@ -115,12 +115,13 @@ def test_usable_cores_follow_a_containers_cpu_limit(tmp_path: Path, monkeypatch:
     assert config.usable_cores() == cores
 
 
-def test_eager_lanes_on_cuda_launch_on_streams_of_their_own() -> None:
+def test_torch_lanes_on_cuda_launch_on_streams_of_their_own() -> None:
     from nerserve.service.config import Settings
     from nerserve.service.models import _lane_stream
 
-    on_streams = _lane_stream(Settings(device="cuda", runtime="eager", http_workers=2))  # two lanes by default
-    assert on_streams is not None and on_streams.args == ("cuda",)
+    for runtime in ("eager", "torchscript"):
+        on_streams = _lane_stream(Settings(device="cuda", runtime=runtime, http_workers=2))  # two lanes by default
+        assert on_streams is not None and on_streams.args == ("cuda",)
     for one_stream in ({"device": "cuda", "runtime": "eager", "graph_lanes": 1}, {"device": "cuda"}, {"graph_lanes": 2}):
         assert _lane_stream(Settings(**one_stream)) is None  # one lane, ONNX Runtime's own streams, or the CPU
 

@@ -224,10 +224,12 @@ def load_served_model(
 
 
 def _lane_stream(settings: Settings) -> Callable[[], None] | None:
-    """Eager torch on CUDA with several lanes: each lane's thread launches on a stream of its own."""
-    if settings.runtime != Runtime.eager or not settings.device.startswith("cuda") or settings.lanes == 1:
+    """Torch (eager or TorchScript) on CUDA with several lanes: each lane's thread launches on a
+    stream of its own."""
+    torch_runtime = settings.runtime in (Runtime.eager, Runtime.torchscript)
+    if not torch_runtime or not settings.device.startswith("cuda") or settings.lanes == 1:
         return None
-    from nerserve.ner.torch_graph import own_cuda_stream  # torch only here: the eager runtime
+    from nerserve.ner.torch_graph import own_cuda_stream  # torch only here: its runtimes
 
     return partial(own_cuda_stream, settings.device)
 
