@@ -60,7 +60,9 @@ def test_a_model_that_cannot_load_is_an_error_at_start() -> None:
 def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call", "."]]
     plain = Server(models='["span-conll03"]', threads=1)
-    split = Server(models='["span-conll03"]', threads=1, graph_process="true")
+    # its warm-up passes (one sentence, then a batch at the limits) go through the graph process
+    limits = {"max_batch_size": 4, "max_batch_tokens": 256, "warm_up_at_batch_limits": "true"}
+    split = Server(models='["span-conll03"]', threads=1, graph_process="true", **limits)
     try:
         plain.wait_ready()
         split.wait_ready()
@@ -70,6 +72,11 @@ def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
         providers = httpx.get(f"{split.url}/info").json()["execution_providers"]["span-conll03"]
         assert providers == {"encoder": "CPUExecutionProvider", "span_proposal": "CPUExecutionProvider"}  # the child's
         assert any(result["entities"] for result in got)
+        warmed = {m["name"]: m["warm_up"] for m in httpx.get(f"{split.url}/models").json()["models"]}
+        full = warmed["span-conll03"]["full_batch"]
+        assert (full["sentences"], full["sentence_subwords"]) == (4, 64) and full["ms"] > 0
+        plain_models = httpx.get(f"{plain.url}/models").json()["models"]
+        assert plain_models[0]["warm_up"]["one_sentence_last_ms"] > 0 and plain_models[0]["warm_up"]["full_batch"] is None
     finally:
         plain.stop()
         split.stop()

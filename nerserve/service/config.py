@@ -157,6 +157,12 @@ class Settings(Locations):
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a request whose line and headers take longer to arrive gets a 408 and is closed"
     )
+    warm_up_at_batch_limits: bool | None = Field(
+        None,
+        description="before a model reports ready, run a full batch at the batch limits through its graphs, after the "
+        "one sentence every model runs first, so that limits the device's memory cannot hold stop the start-up, "
+        "naming them, instead of failing batches under load; default: on CUDA",
+    )
     export_missing: bool = Field(True, description="export graphs missing at start-up (in child processes)")
     load_before_serving: bool = Field(
         False,
@@ -257,6 +263,12 @@ class Settings(Locations):
         if self.threads is not None or self.lanes == 1:
             return self.threads
         return max(1, usable_cores() // self.lanes)
+
+    @property
+    def warms_up_at_batch_limits(self) -> bool:
+        if self.warm_up_at_batch_limits is not None:
+            return self.warm_up_at_batch_limits
+        return self.device.startswith("cuda")
 
     @property
     def batches_as_gpu(self) -> bool:

@@ -43,7 +43,6 @@ from nerserve.service.start_up_exports import Exporter
 from nerserve.service.tenants import Tenants, read_api_keys
 
 log = logging.getLogger("nerserve")
-WARMUP = [["Warm", "up", "sentence", "for", "the", "graphs", "."]]
 
 
 def loading_order(state: ServiceState) -> list[str]:
@@ -93,7 +92,6 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
         model = await asyncio.to_thread(
             load_served_model, name, state.settings, state.metrics, state.exports, background, state.tenants.weight
         )
-        await asyncio.to_thread(model.program.predict, WARMUP)
         model.scheduler.start()
     except Exception as error:
         state.model_states[name] = "failed"

@@ -31,11 +31,14 @@ from nerserve.service.memory import release_freed_memory
 from nerserve.service.metrics import Metrics, ModelObserver
 from nerserve.service.pipeline import Planner, PlanningRule
 from nerserve.service.start_up_exports import ModelLoadError, StartUpExports
+from nerserve.service.warm_up import FullBatch, WarmUp, warm_up
 
 log = logging.getLogger("nerserve")
 
 # What the batcher carries per sentence: the tokenised sentence (or window) and its options.
 Payload = tuple[Tokenized, Any]
+# an open-label model's labels for its warm-up passes, where its manifest names none
+WARM_UP_LABELS = ("person", "organization", "location")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class ServedModel:
     observer: ModelObserver
     runtime: str
     graphs: GraphProcess | None = None  # the process running the graphs, with --graph-process
+    warmed_up: WarmUp | None = None
 
     @property
     def execution_providers(self) -> dict[str, str]:
@@ -106,6 +110,7 @@ class ServedModel:
             "options": self.spec.option_defaults(self.defaults),
             "runtime": self.runtime,
             "execution_providers": self.execution_providers,
+            "warm_up": self.warmed_up.as_dict() if self.warmed_up else None,
             "scores": {k: v for k, v in manifest.scores.items() if k in ("dev", "test")},
         }
 
@@ -218,9 +223,29 @@ def load_served_model(
     served = ServedModel(
         folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs
     )
+
+    def passes(payloads: list[Payload]) -> list[EntitySet]:
+        prepared = prepare(payloads)
+        return decode(prepared, run(prepared))
+
+    full_batch = FullBatch(settings.batch_size_bound, settings.batch_tokens_bound, window)
+    served.warmed_up = warm_up(
+        served.name,
+        passes,
+        program.subwords,
+        _warm_up_options(served),
+        full_batch if settings.warms_up_at_batch_limits else None,
+    )
+    log.info("%s: warmed up %s", served.name, served.warmed_up.as_dict())
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)
     return served
+
+
+def _warm_up_options(served: ServedModel) -> Any:
+    """The model's default options; for an open-label model, its manifest's labels (or three common ones)."""
+    labels = list(served.manifest.labels) or list(WARM_UP_LABELS)
+    return served.resolve_options({}, labels if served.spec.capabilities.open_labels else None)
 
 
 def _lane_stream(settings: Settings) -> Callable[[], None] | None:

@@ -103,6 +103,22 @@ class ExtractResponse(BaseModel):
     results: list[ResultOut]
 
 
+class FullBatchWarmUp(BaseModel):
+    sentences: int
+    sentence_subwords: int = Field(description="each sentence's sub-words, specials included")
+    ms: float
+
+
+class WarmUpInfo(BaseModel):
+    """The passes a model ran before it reported ready, through the path requests take."""
+
+    one_sentence_first_ms: float = Field(description="a lone sentence's first pass, where first-call costs show")
+    one_sentence_last_ms: float = Field(description="the same sentence's last pass, once warm")
+    full_batch: FullBatchWarmUp | None = Field(
+        None, description="a batch at the batch limits (on CUDA by default: the device's memory holds them)"
+    )
+
+
 class ModelInfo(BaseModel):
     """A served model; while it loads or after it failed, only its name, state and error."""
 
@@ -116,6 +132,7 @@ class ModelInfo(BaseModel):
     options: dict[str, Any] | None = Field(None, description="per-request options with their defaults")
     runtime: str | None = None
     execution_providers: dict[str, str] | None = Field(None, description="what each graph actually runs on")
+    warm_up: WarmUpInfo | None = None
     scores: dict[str, Any] | None = None
 
 
