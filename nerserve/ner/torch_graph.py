@@ -13,9 +13,17 @@ from nerserve.ner.graph import Value
 
 
 def to_tensor(value: Value, device: torch.device, floats: torch.dtype | None = None) -> torch.Tensor:
-    """A feed on the device; with FLOATS (a half-precision graph's), a floating-point feed in it."""
+    """A feed on the device; with FLOATS (a half-precision graph's), a floating-point feed in it.
+
+    A host feed goes to a GPU from pinned memory without blocking: torch's blocking copy waits for
+    every kernel queued on the stream before it, so the feeds of a batch's second graph (span's
+    seeds, after its encoder was launched) would hold the host until the encoder had run, and the
+    device would then idle while the second graph's kernels were launched."""
     tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
-    return tensor.to(device, floats) if floats is not None and tensor.is_floating_point() else tensor.to(device)
+    dtype = floats if floats is not None and tensor.is_floating_point() else tensor.dtype
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, dtype, non_blocking=True)
+    return tensor.to(device, dtype)
 
 
 def from_tensors(
