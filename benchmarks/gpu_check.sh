@@ -80,7 +80,7 @@ step() {  # step NAME TIMEOUT_SECONDS COMMAND...: stdout to $OUT/NAME.json, stde
 }
 
 log "device $DEVICE, $CORES cores (server $SERVER_CORES, client ${CLIENT_CORES:-shared}), quick=$QUICK"
-log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: about $([ "$QUICK" = 1 ] && echo 7 || echo 11) minutes (cut short: RESUME=1 continues)"
+log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: $([ "$QUICK" = 1 ] && echo "about 7 minutes" || echo "over 10 minutes (the H100's first run was cut at its call's 10)"); cut short, RESUME=1 continues"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $PY -c 'import torch, onnxruntime as o; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available()); print("onnxruntime", o.__version__, o.get_available_providers())'
