@@ -4,7 +4,7 @@
 #   1. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted; autocast beside
 #      it), batch 1/32/128/512, length-sorted;
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
-#      length-sorted and in arrival order;
+#      length-sorted and in arrival order; again at 128/256/512 with two batches in flight;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, the same with the graphs in their own process (--graph-process), the same again
 #      with HTTP worker processes in front of the engine process (--http-workers), with one graph
@@ -135,6 +135,9 @@ if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
   --sizes "1,$SIZES" --precisions "fp32,$HALF,$HALF-autocast" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
+# two batches in flight, each from a thread (and CUDA stream) of its own: host work beside the device's
+step offline-span-conll03-lanes2 300 $PY benchmarks/batching_ceiling.py --model span-conll03 --data "$DATA/conll03" \
+  --runtime eager --device "$DEVICE" --sizes "${SIZES#*,}" --limit "$LIMIT" --lanes 2 --json
 step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "1,${SIZES##*,}"
 
@@ -190,6 +193,7 @@ fi
 for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
 offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
 fi
+rm -f "$OUT/bars.json"  # the summary is of every step there now, kept or not
 step bars 60 $PY benchmarks/gpu_summary.py --folder "$OUT"
 cat "$OUT/bars.json" 2>/dev/null
 log "done: $OUT"
