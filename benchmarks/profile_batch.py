@@ -3,18 +3,26 @@ self CPU time and by self device time, and how many host-device copies and synch
 batch makes, at each batch size. It says whether a batch's fixed cost is the device's work, the
 launches around it, or the host.
 
+Every device also gets the operators a batch dispatches (`operators_per_batch`: torch's dispatcher,
+views apart, since a view launches no kernel), by graph: on a GPU nearly each is a kernel launched
+from Python, so this count, taken on the CPU too, is what a change to a lone sentence's launch-bound
+pass can be measured by where there is no GPU.
+
     python benchmarks/profile_batch.py --model span-conll03 --device cuda --sizes 1,128
+    python benchmarks/profile_batch.py --model span-conll03 --device cpu --sizes 1
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nerserve.ner.data import read_split
 from nerserve.ner.loading import load_model
@@ -31,6 +39,42 @@ COPIES = (
 )
 
 app = typer.Typer(add_completion=False)
+
+
+class OperatorCount(TorchDispatchMode):
+    """The operators dispatched while it is on, views apart, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not func.is_view:
+            self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operators_per_batch(program: Any, batch: list[list[str]]) -> dict[str, Any]:
+    """One batch's dispatched operators (views apart): in all, by graph, and the most frequent."""
+    by_graph: dict[str, int] = {}
+    every: Counter[str] = Counter()
+    for name, graph in program.graphs.items():
+        run = graph.run
+
+        def counted(inputs: Any, keep_on_device: Any = (), run: Any = run, name: str = name) -> Any:
+            with OperatorCount() as count:
+                outputs = run(inputs, keep_on_device)
+            by_graph[name] = by_graph.get(name, 0) + sum(count.counts.values())
+            every.update(count.counts)
+            return outputs
+
+        graph.run = counted
+    try:
+        program.predict(batch)
+    finally:
+        for graph in program.graphs.values():
+            del graph.run  # the class's own again
+    return {"total": sum(by_graph.values()), "by_graph": by_graph, "most_frequent": dict(every.most_common(12))}
 
 
 def _row(event: Any, device: bool) -> dict[str, Any]:
@@ -63,6 +107,7 @@ def profile_size(program: Any, sentences: list[list[str]], size: int, device: st
         )
         if on_device
         else None,
+        "operators_per_batch": operators_per_batch(program, batch),
         "kernel_launches_per_batch": sum(
             e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
         )
