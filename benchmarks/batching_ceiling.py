@@ -26,6 +26,7 @@ import typer
 
 from nerserve.ner.data import read_split
 from nerserve.ner.model_store import Locations
+from nerserve.ner.runtime import lane_stream
 from nerserve.ner.runtime.graph_set import load_graph_set
 
 # the folders `nerserve` finds when run where this is (NERSERVE_MODEL_STORE, NERSERVE_GRAPH_CACHE, …)
@@ -51,17 +52,6 @@ def gpu_memory_mib(device: str) -> float | None:
     import torch
 
     return torch.cuda.max_memory_allocated() / 2**20
-
-
-def lane_setup(runtime: str, device: str) -> Callable[[], None] | None:
-    """Torch on CUDA: each lane's thread launches on a stream of its own (as the service's lanes)."""
-    if runtime == "onnx" or not device.startswith("cuda"):
-        return None
-    from functools import partial
-
-    from nerserve.ner.torch_graph import own_cuda_stream
-
-    return partial(own_cuda_stream, device)
 
 
 def sentences_per_second(
@@ -109,7 +99,7 @@ def main(
     chosen = dataclasses.replace(program.config.decode, **json.loads(options)) if options else None
     arrival = [list(s.tokens) for s in read_split(data, "test", limit)]
     by_length = sorted(arrival, key=len)
-    setup = lane_setup(runtime, device)
+    setup = lane_stream(runtime, device)  # as the service's lanes
     rows = []
     for size in (int(n) for n in sizes.split(",")):
         rows.append(

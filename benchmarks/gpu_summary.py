@@ -28,10 +28,10 @@ def _lines(folder: Path, name: str) -> list[Any]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")] if path.is_file() else []
 
 
-def _offline_best(folder: Path, model: str, runtime: str = "", lanes: str = "") -> dict[str, Any] | None:
+def _offline_best(folder: Path, *steps: str) -> dict[str, Any] | None:
+    """The best length-sorted row over these offline steps' rows."""
     rows: list[dict[str, Any]] = []
-    names = (f"offline-{model}{lanes}",) if lanes else (f"offline-{runtime}{model}-batch1", f"offline-{runtime}{model}")
-    for name in names:
+    for name in steps:
         report = _read(folder, name)
         rows += report["rows"] if report else []
     if not rows:
@@ -42,6 +42,11 @@ def _offline_best(folder: Path, model: str, runtime: str = "", lanes: str = "") 
         "batch_size": best["batch_size"],
         "by_batch": {r["batch_size"]: [round(r["length_sorted"], 1), round(r["arrival_order"], 1)] for r in rows},
     }
+
+
+def _offline_steps(model: str) -> tuple[str, str]:
+    """gpu_check.sh's offline steps of a model: batch 1 on fewer sentences, then the larger batches."""
+    return f"offline-{model}-batch1", f"offline-{model}"
 
 
 def _level(folder: Path, name: str, concurrency: int) -> dict[str, Any] | None:
@@ -68,15 +73,15 @@ def _bar(value: float | None, bar: float, at_most: bool = False) -> dict[str, An
 def summary(folder: Path) -> dict[str, Any]:
     bare = _read(folder, "bare-encoder")
     bare_best = bare["best"].get("fp32") if bare else None
-    span = _offline_best(folder, "span-conll03")
+    span = _offline_best(folder, *_offline_steps("span-conll03"))
     span_best = span["sentences_per_second_sorted"] if span else None
-    two_lanes = _offline_best(folder, "span-conll03", lanes="-lanes2")
+    two_lanes = _offline_best(folder, "offline-span-conll03-lanes2")
     setgen, bartner = _level(folder, "setgen-conll03", 64), _level(folder, "bartner-conll03", 64)
     return {
         "environment": (folder / "environment.txt").read_text() if (folder / "environment.txt").is_file() else None,
         "bare_encoder": bare,
         "offline": {
-            model: _offline_best(folder, model)
+            model: _offline_best(folder, *_offline_steps(model))
             for model in ("span-conll03", "nag-conll03", "setgen-conll03", "bartner-conll03", "diffusion-conll03")
         },
         "offline_span_two_lanes": two_lanes,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.graph import execution_providers
 from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
+from nerserve.ner.runtime import lane_stream
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import Tokenized
 from nerserve.ner.types import EntitySet
@@ -249,14 +249,8 @@ def _warm_up_options(served: ServedModel) -> Any:
 
 
 def _lane_stream(settings: Settings) -> Callable[[], None] | None:
-    """Torch (eager or TorchScript) on CUDA with several lanes: each lane's thread launches on a
-    stream of its own."""
-    torch_runtime = settings.runtime in (Runtime.eager, Runtime.torchscript)
-    if not torch_runtime or not settings.device.startswith("cuda") or settings.lanes == 1:
-        return None
-    from nerserve.ner.torch_graph import own_cuda_stream  # torch only here: its runtimes
-
-    return partial(own_cuda_stream, settings.device)
+    """With several lanes, each lane's thread launches on a stream of its own where the runtime needs one."""
+    return None if settings.lanes == 1 else lane_stream(settings.runtime.value, settings.device)
 
 
 def decoder_loop_length(name: str, locations: Locations) -> int:

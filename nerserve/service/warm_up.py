@@ -11,7 +11,7 @@ that the generative decoders' loops stay short: it is the encoder's rows that fi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import cycle
 from typing import Any
@@ -56,14 +56,16 @@ class WarmUp:
 def filler_sentence(subwords: SubwordEncoder, most: int) -> Tokenized:
     """Words of FILLER, in turn, up to MOST sub-words with the specials (one word at least)."""
     budget = most - subwords.special_count
+    filler = subwords.tokenize([list(FILLER)])[0]
     words: list[str] = []
     pieces: list[tuple[int, ...]] = []
-    for word in cycle(FILLER):
-        piece = subwords.tokenize([[word]])[0].pieces[0]
-        if words and sum(map(len, pieces)) + len(piece) > budget:
+    used = 0
+    for word, piece in cycle(zip(filler.words, filler.pieces, strict=True)):
+        if words and used + len(piece) > budget:
             break
         words.append(word)
         pieces.append(piece)
+        used += len(piece)
     return Tokenized(tuple(words), tuple(pieces))
 
 
@@ -100,7 +102,7 @@ def warm_up(
     )
 
 
-def _timed(passes: Callable[[list[tuple[Tokenized, Any]]], Any], payloads: Sequence[tuple[Tokenized, Any]]) -> float:
+def _timed(passes: Callable[[list[tuple[Tokenized, Any]]], Any], payloads: list[tuple[Tokenized, Any]]) -> float:
     started = time.perf_counter()
-    passes(list(payloads))
+    passes(payloads)
     return round((time.perf_counter() - started) * 1000, 1)

@@ -4,10 +4,23 @@ runtime-neutral `ner.graph.Graph` interface. ONNX Runtime and TorchScript here; 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from nerserve.ner.graph import Graph, GraphError
 from nerserve.ner.graph_format import GraphFormat
+
+
+def lane_stream(runtime: str, device: str) -> Callable[[], None] | None:
+    """For a thread that runs batches beside others: torch's runtimes (eager, TorchScript) on CUDA
+    give it a stream of its own, so that the threads' kernels can overlap on the device; None where
+    the runtime has its own streams (ONNX Runtime) or there is no GPU."""
+    if runtime not in ("eager", "torchscript") or not device.startswith("cuda"):
+        return None
+    from nerserve.ner.torch_graph import own_cuda_stream  # torch only here: its runtimes
+
+    return partial(own_cuda_stream, device)
 
 
 class DeviceUnavailable(RuntimeError):
