@@ -20,7 +20,7 @@ def test_packed_directions_give_the_two_lstms_states_on_real_words_and_zeros_on_
     sizes = torch.tensor(lengths)
     with torch.inference_mode():
         expected = lstm(x, sizes)
-        lstm.pack_directions()
+        lstm.fuse_for_eager()
         got = lstm(x, sizes)
     real = torch.arange(words).unsqueeze(0) < sizes.unsqueeze(1)
     assert got.shape == expected.shape == (len(lengths), words, 16)

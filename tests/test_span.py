@@ -10,7 +10,7 @@ import torch
 from nerserve.ner.archs.span import SPEC
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch, soft_nms
-from nerserve.ner.archs.span.graphs import SpanProposalGraph, range_max, range_max_table
+from nerserve.ner.archs.span.graphs import SpanProposalGraph, levels_for, range_max, range_max_table
 from nerserve.ner.archs.span.program import enumerate_seeds
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.decoding.overlap import accept_best_first, best_per
@@ -101,6 +101,37 @@ def test_grouped_calls_give_the_whole_batchs_candidates(tiny_network) -> None:
     np.testing.assert_array_equal(grouped["candidates"], whole["candidates"])
     np.testing.assert_array_equal(grouped["spans"], whole["spans"])
     np.testing.assert_allclose(grouped["class_probs"], whole["class_probs"], atol=1e-5)
+
+
+def _proposal_inputs(words: int, batch: int = 2) -> tuple[torch.Tensor, ...]:
+    """Random word states and context, sentences of `words` words (the last one shorter), every
+    seed of up to 4 words, and a filter threshold every seed passes."""
+    states, context = torch.randn(batch, words, 16), torch.randn(batch, 8)
+    word_mask = torch.ones(batch, words)
+    word_mask[-1, words // 2 :] = 0
+    seeds = torch.tensor([enumerate_seeds(words, 4)] * batch)
+    seed_mask = torch.ones(seeds.shape[:2])
+    return states, context, word_mask, seeds, seed_mask, torch.zeros(batch)
+
+
+def test_a_fused_proposal_graph_gives_the_trained_forms_outputs_and_a_traced_one_keeps_every_level() -> None:
+    """fuse_for_eager: one product for the scorers' per-word layers, one for their per-sentence layers, one
+    range-max table. Eagerly it builds only the levels its sentences can use; a trace is made on one
+    example's length, so it must keep every level for the longer sentences it is run on later."""
+    torch.manual_seed(3)
+    graph = SpanProposalGraph(16, 8, n_classes=3, hidden=12, dropout=0.0, levels=6, max_width=4).eval()
+    short, long = _proposal_inputs(5), _proposal_inputs(29)
+    with torch.inference_mode():
+        expected = [graph(*inputs) for inputs in (short, long)]
+    graph.fuse_for_eager()
+    assert levels_for(5, 6) == 3 and levels_for(29, 6) == 5 and levels_for(200, 6) == 6
+    with torch.inference_mode():
+        traced = torch.jit.trace(graph, short, check_trace=False)
+        for inputs, (candidates, spans, probs) in zip((short, long), expected, strict=True):
+            for got in (graph(*inputs), traced(*inputs)):
+                torch.testing.assert_close(got[0], candidates)
+                torch.testing.assert_close(got[1], spans)
+                torch.testing.assert_close(got[2], probs, atol=1e-5, rtol=1e-5)
 
 
 def test_weights_roundtrip_fp16(tiny_network, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ length-safe BiLSTM.
 
 Every tensor operation here is export-friendly: no Python loops over the batch, no packed
 sequences (but in the BiLSTM of a model loaded for inference, which is never exported:
-`pack_directions`), no boolean-mask indexing. A position attends only within its own sentence (segment)
+`fuse_for_eager`), no boolean-mask indexing. A position attends only within its own sentence (segment)
 and takes its position within that sentence, so neither padding nor the sentences packed beside
 it influence a sentence's vectors: they do not depend on what it is batched with.
 """
@@ -116,9 +116,9 @@ class LengthSafeBiLSTM(nn.Module):
         super().__init__()
         self.forward_lstm = nn.LSTM(input_size, hidden, batch_first=True)
         self.backward_lstm = nn.LSTM(input_size, hidden, batch_first=True)
-        self.both_directions: nn.LSTM | None = None  # for inference only: pack_directions
+        self.both_directions: nn.LSTM | None = None  # for eager inference only: fuse_for_eager
 
-    def pack_directions(self) -> None:
+    def fuse_for_eager(self) -> None:
         """For inference in eager torch: both directions as one bidirectional LSTM over packed
         sequences, which runs them at once and skips the padding (one cuDNN call on a GPU, where
         the recurrence was a batch's largest cost; on the CPU the same time or less). Word states
@@ -155,13 +155,6 @@ class LengthSafeBiLSTM(nn.Module):
             return both(x)[0]
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         return pad_packed_sequence(both(packed)[0], batch_first=True, total_length=x.shape[1])[0]
-
-
-def pack_lstm_directions(network: nn.Module) -> None:
-    """Every BiLSTM of NETWORK runs its directions as one packed call (LengthSafeBiLSTM.pack_directions)."""
-    for module in network.modules():
-        if isinstance(module, LengthSafeBiLSTM):
-            module.pack_directions()
 
 
 def segment_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

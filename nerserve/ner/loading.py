@@ -13,7 +13,7 @@ from torch import nn
 from nerserve.ner.archs.base import ArchitectureSpec
 from nerserve.ner.archs.registry import architecture
 from nerserve.ner.backbone import BackboneInfo, resolve_backbone
-from nerserve.ner.encoder import load_backbone, pack_lstm_directions
+from nerserve.ner.encoder import load_backbone
 from nerserve.ner.lora import LoraSettings, add_lora, load_weights, merge_adapters
 from nerserve.ner.model_store import WEIGHTS, Manifest, ModelStoreError, read_manifest
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
@@ -53,6 +53,18 @@ def eager_program(
     return spec.build_program(graphs, network.config, SubwordEncoder(load_tokenizer(backbone.path)))
 
 
+def fuse_for_eager(network: nn.Module) -> None:
+    """Each part of NETWORK that has an inference-only form dispatching fewer operators takes it
+    (the BiLSTM's directions as one packed call, span's scorers' products as one): where Python
+    dispatches each operator, as the eager runtime does on a GPU, each one saved is a kernel launch
+    saved. Exported graphs keep the trained form: their runtime fuses on its own, and on the CPU
+    ONNX Runtime ran span's fused products slower (docs/gpu.md, "Nothing lost on the CPU")."""
+    for module in list(network.modules()):
+        fuse = getattr(module, "fuse_for_eager", None)
+        if callable(fuse):
+            fuse()
+
+
 @dataclass
 class LoadedModel:
     folder: Path
@@ -73,7 +85,7 @@ def load_model(
     """The trained model in FOLDER (a model store's entry) as eager torch; `precision` fp16 or bf16:
     its weights converted to that type once, here. `merged`: loaded for inference, LoRA folded into
     the backbone's weights (a third fewer kernels a layer, which on a GPU is most of a small
-    batch's time) and the BiLSTM's directions run as one packed call. Neither can be trained on
+    batch's time) and its parts in their fused forms (fuse_for_eager). Neither can be trained on
     or exported."""
     manifest = read_manifest(folder)
     try:
@@ -90,7 +102,7 @@ def load_model(
     load_weights(network, folder / WEIGHTS)
     if merged:
         network = merge_adapters(network)
-        pack_lstm_directions(network)
+        fuse_for_eager(network)
     chosen = device_name(device)
     network.to(chosen, half_dtype(precision)).eval()
     return LoadedModel(folder, manifest, spec, backbone, network, eager_program(spec, network, backbone, chosen, precision))

@@ -15,9 +15,17 @@ heads see ([max-pool of the span; left boundary word; right boundary word; conte
 - only the seeds the filter passes (a few percent) are adjusted and classified, and only they
   leave the graph, since decoding reads nothing else: the regressor's and classifier's span work
   shrinks by as much, and a device copies the host the candidates, not [B, K] tensors.
+
+Served eagerly, the graph is fused (`SpanProposalGraph.fuse_for_eager`): the three scorers' per-word
+layers are one matrix product, their per-sentence layers another, and their max-pools read one
+range-max table, built only up to the levels the batch's sentences can use. The values are the
+same with fewer operators, each of which Python dispatches and, on a GPU, launches as a kernel.
+Exported graphs keep the trained form (docs/decisions/gpu-engine.md).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -29,13 +37,23 @@ def range_max_table(states: torch.Tensor, word_mask: torch.Tensor, levels: int) 
     """[B, N, D] → [B, levels·N, D]: level j, position i = max of states[i : i + 2^j]."""
     level = states.masked_fill(word_mask.unsqueeze(-1) == 0, _PAD_VALUE)
     n = states.shape[1]
-    positions = torch.arange(n, device=states.device)
+    if levels == 1:
+        return level
+    steps = 2 ** torch.arange(levels - 1, device=states.device).unsqueeze(1)
+    shifted = torch.clamp(torch.arange(n, device=states.device) + steps, max=n - 1)  # [levels - 1, N]
     tables = [level]
     for j in range(levels - 1):
-        shifted = torch.clamp(positions + (1 << j), max=n - 1)
-        level = torch.maximum(level, level.index_select(1, shifted))
+        level = torch.maximum(level, level.index_select(1, shifted[j]))
         tables.append(level)
     return torch.cat(tables, dim=1)
+
+
+def levels_for(words: int, levels: int) -> int:
+    """The range-max levels spans of sentences padded to WORDS can use (⌊log2 words⌋ + 1), at most
+    LEVELS. A traced or exported graph keeps all LEVELS: its WORDS is one example's."""
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+        return levels
+    return min(levels, max(1, words.bit_length()))
 
 
 def range_max(
@@ -62,6 +80,18 @@ def every_span(spans: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sentence, spans.reshape(-1, 2)
 
 
+@dataclass(frozen=True)
+class WordLayers:
+    """A scorer's first layer applied per word, [B, *, hidden] each (views of a fused product may
+    be strided): the range-max table of its pooled part (`levels` levels), its left and right
+    boundary parts."""
+
+    table: torch.Tensor
+    levels: int
+    left: torch.Tensor
+    right: torch.Tensor
+
+
 class SpanScorer(nn.Module):
     """MLP([max-pool; left word; right word; context]) → outputs, factorised per word (see above).
     LEVELS: the range-max table's, enough for the longest span it is asked to pool."""
@@ -83,32 +113,35 @@ class SpanScorer(nn.Module):
         """Every span of every sentence, [B, K, 2] → [B, K, outputs]."""
         batch, k = spans.shape[:2]
         words = self._span_words(states, word_mask, *every_span(spans)).reshape(batch, k, -1)
-        return self.out(self.activation(words + self.context(context).unsqueeze(1)))
-
-    def score_rows(
-        self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor, sentence: torch.Tensor, spans: torch.Tensor
-    ) -> torch.Tensor:
-        """Chosen spans only: span m, [M, 2], of sentence `sentence[m]` → [M, outputs]."""
-        words = self._span_words(states, word_mask, sentence, spans)
-        return self.out(self.activation(words + self.context(context).index_select(0, sentence)))
+        return self.score(words + self.context(context).unsqueeze(1))
 
     def _span_words(
         self, states: torch.Tensor, word_mask: torch.Tensor, sentence: torch.Tensor, spans: torch.Tensor
     ) -> torch.Tensor:
         """The first layer's part from the span's words (pool, left, right): [M, hidden]."""
-        n = states.shape[1]
+        return self.span_words(self.word_layers(states, word_mask), sentence, spans)
+
+    def word_layers(self, states: torch.Tensor, word_mask: torch.Tensor) -> WordLayers:
+        table = range_max_table(self.pool(states), word_mask, self.levels)
+        return WordLayers(table, self.levels, self.left(states), self.right(states))
+
+    def span_words(self, layers: WordLayers, sentence: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+        """The first layer's part from spans' words, read from the per-word layers: [M, hidden]."""
+        n = layers.left.shape[1]
         starts, ends = spans[:, 0], spans[:, 1]
         if self.outer:
             left, right = torch.clamp(starts - 1, min=0), torch.clamp(ends, max=n - 1)
         else:
             left, right = starts, ends - 1
-        table = range_max_table(self.pool(states), word_mask, self.levels)
         base = sentence * n
         return (
-            range_max(table, n, sentence, starts, ends, self.levels)
-            + word_rows(self.left(states), base + left)
-            + word_rows(self.right(states), base + right)
+            range_max(layers.table, n, sentence, starts, ends, layers.levels)
+            + word_rows(layers.left, base + left)
+            + word_rows(layers.right, base + right)
         )
+
+    def score(self, first_layer: torch.Tensor) -> torch.Tensor:
+        return self.out(self.activation(first_layer))
 
 
 class SpanProposalGraph(nn.Module):
@@ -128,6 +161,50 @@ class SpanProposalGraph(nn.Module):
         # adjusted spans may be longer than any seed
         self.classifier = SpanScorer(word_size, context_size, hidden, n_classes + 1, levels, outer=False)  # 0 = none
         self.dropout = nn.Dropout(dropout)
+        self.hidden = hidden
+        # set by fuse_for_eager: the scorers' per-word layers [pools | lefts | rights] and per-sentence layers
+        self.fused_words: nn.Linear | None = None
+        self.fused_context: nn.Linear | None = None
+
+    @property
+    def scorers(self) -> tuple[SpanScorer, SpanScorer, SpanScorer]:
+        return self.filter, self.regressor, self.classifier
+
+    def fuse_for_eager(self) -> None:
+        """For eager inference only: the three scorers' per-word layers as one product, pools first
+        so that one range-max table holds the three, and their per-sentence layers as another."""
+        if self.fused_words is not None:
+            return
+        pools, lefts, rights = zip(*((s.pool, s.left, s.right) for s in self.scorers), strict=True)
+        weight = torch.cat([layer.weight for layer in (*pools, *lefts, *rights)])
+        bias = torch.cat([p.bias for p in pools if p.bias is not None] + [weight.new_zeros(6 * self.hidden)])
+        context_weight = torch.cat([s.context.weight for s in self.scorers])
+        self.fused_words = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
+        self.fused_context = nn.Linear(
+            context_weight.shape[1], context_weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype
+        )
+        with torch.no_grad():
+            self.fused_words.weight.copy_(weight)
+            self.fused_words.bias.copy_(bias)
+            self.fused_context.weight.copy_(context_weight)
+
+    def first_layers(
+        self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor
+    ) -> tuple[list[WordLayers], list[torch.Tensor]]:
+        """Each scorer's per-word layers and per-sentence layer [B, hidden] (filter, regressor,
+        classifier)."""
+        if self.fused_words is None or self.fused_context is None:
+            return [s.word_layers(states, word_mask) for s in self.scorers], [s.context(context) for s in self.scorers]
+        levels = levels_for(states.shape[1], self.classifier.levels)
+        words = self.fused_words(states)  # [B, N, 9·hidden]
+        table = range_max_table(words[..., : 3 * self.hidden], word_mask, levels)
+        contexts = self.fused_context(context)
+
+        def part(k: int) -> slice:
+            return slice(k * self.hidden, (k + 1) * self.hidden)
+
+        layers = [WordLayers(table[..., part(k)], levels, words[..., part(3 + k)], words[..., part(6 + k)]) for k in range(3)]
+        return layers, [contexts[..., part(k)] for k in range(3)]
 
     def regularise(self, states: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dropout on the word and context vectors, before spans are built from them."""
@@ -155,16 +232,25 @@ class SpanProposalGraph(nn.Module):
         filter_threshold: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         word_states, context = self.regularise(word_states, context)
-        filter_logits = self.filter(word_states, context, word_mask, seeds)
+        (filter_words, regressor_words, classifier_words), (filter_context, regressor_context, classifier_context) = (
+            self.first_layers(word_states, context, word_mask)
+        )
+        batch, k = seeds.shape[:2]
+        seed_words = self.filter.span_words(filter_words, *every_span(seeds)).reshape(batch, k, -1)
+        filter_logits = self.filter.score(seed_words + filter_context.unsqueeze(1))
         chosen = seed_mask > 0
         if filter_threshold is not None:
             filter_prob = torch.softmax(filter_logits, dim=-1)[..., 1]
             chosen = chosen & (filter_prob > filter_threshold.unsqueeze(1))
         candidates = torch.nonzero(chosen)  # [M, 2]: row-major, so sentence by sentence
         sentence = candidates[:, 0]
-        picked = seeds.reshape(-1, 2).index_select(0, sentence * seeds.shape[1] + candidates[:, 1])
-        offsets = self.regressor.score_rows(word_states, context, word_mask, sentence, picked)
+        picked = seeds.reshape(-1, 2).index_select(0, sentence * k + candidates[:, 1])
+        offsets = self.regressor.score(
+            self.regressor.span_words(regressor_words, sentence, picked) + regressor_context.index_select(0, sentence)
+        )
         lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
         spans = self.adjust(picked, offsets, lengths)
-        class_probs = torch.softmax(self.classifier.score_rows(word_states, context, word_mask, sentence, spans), dim=-1)
-        return candidates, spans, class_probs
+        class_logits = self.classifier.score(
+            self.classifier.span_words(classifier_words, sentence, spans) + classifier_context.index_select(0, sentence)
+        )
+        return candidates, spans, torch.softmax(class_logits, dim=-1)
