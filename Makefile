@@ -25,7 +25,7 @@ serve: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy nerserve  # the whole package: ner, service, export and loadtest live in it
+	$(BIN)/mypy nerserve benchmarks  # the package (ner, service, export, loadtest) and the scripts that measure it
 	$(BIN)/lint-imports
 
 test: lint

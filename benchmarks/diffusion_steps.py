@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -52,7 +53,7 @@ def main(
     for k in parse_list(proposals):
         for n in parse_list(steps):
             options = replace(defaults, proposals=k, steps=n)
-            report = score(lambda batch, o=options: program.predict(batch, o), sentences, batch_size)
+            report = score(partial(program.predict, options=options), sentences, batch_size)
             row = {
                 "proposals": k,
                 "steps": n,

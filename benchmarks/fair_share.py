@@ -50,7 +50,7 @@ async def measure(
         async def one(sentence: list[str]) -> dict[str, Any]:
             began = time.perf_counter()
             response = await small.post("/extract", json={"tokens": [sentence]})
-            outcome = {"status": response.status_code, "seconds": round(time.perf_counter() - began, 4)}
+            outcome: dict[str, Any] = {"status": response.status_code, "seconds": round(time.perf_counter() - began, 4)}
             if response.status_code != 200:
                 outcome["body"] = response.text[:300]
             return outcome

@@ -53,7 +53,7 @@ def f1_of(sentences: list[Sentence], predictions: list[EntitySet]) -> float:
 
 
 def speed_table(models: list[str], gner: str, data: Path, limit: int, batch_size: int) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     closed = read_split(data, "test", limit)
     named, labels = named_split(data, "test", limit)
     for model in [*models, gner, gner]:

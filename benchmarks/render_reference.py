@@ -84,9 +84,9 @@ def main() -> None:
         ("open", "Open loop (Poisson arrivals)"),
         ("closed-batch1", "Closed loop with --max-batch-size 1"),
     ):
-        table = OUT / name / "table.md"
-        if table.is_file():
-            lines += ["", f"## {title}", "", table.read_text().strip()]
+        table_file = OUT / name / "table.md"
+        if table_file.is_file():
+            lines += ["", f"## {title}", "", table_file.read_text().strip()]
     closed, single = load("closed/summary.json"), load("closed-batch1/summary.json")
     if closed and single:
         c64 = next(r for r in closed["runs"] if r["concurrency"] == 64)

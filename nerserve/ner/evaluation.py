@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from nerserve.ner.types import Entity, EntitySet
 
@@ -110,8 +111,8 @@ class Evaluator:
         self.discontinuous.add(_keys(gold, lambda e: e.is_discontinuous), _keys(predicted, lambda e: e.is_discontinuous))
         self.errors.add(gold, predicted, nested_gold)
 
-    def report(self) -> dict[str, object]:
-        result: dict[str, object] = dict(self.overall.scores())
+    def report(self) -> dict[str, Any]:
+        result: dict[str, Any] = dict(self.overall.scores())
         result["sentences"] = self.sentences
         result["by_type"] = {label: c.scores() for label, c in sorted(self.by_type.items())}
         result["nested"] = self.nested.scores()
@@ -128,7 +129,7 @@ def _keys(entities: EntitySet, keep: Callable[[Entity], bool]) -> set[object]:
     return {e.key() for e in entities if keep(e)}
 
 
-def evaluate(pairs: Iterable[tuple[EntitySet, EntitySet]]) -> dict[str, object]:
+def evaluate(pairs: Iterable[tuple[EntitySet, EntitySet]]) -> dict[str, Any]:
     """Score (gold, predicted) pairs, one per sentence."""
     evaluator = Evaluator()
     for gold, predicted in pairs:
