@@ -50,8 +50,8 @@ def range_max_table(states: torch.Tensor, word_mask: torch.Tensor, levels: int) 
 
 def levels_for(words: int, levels: int) -> int:
     """The range-max levels spans of sentences padded to WORDS can use (⌊log2 words⌋ + 1), at most
-    LEVELS. A traced or exported graph keeps all LEVELS: its WORDS is one example's."""
-    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+    LEVELS. A traced, exported or compiled graph keeps all LEVELS: its WORDS is one example's."""
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
         return levels
     return min(levels, max(1, words.bit_length()))
 
