@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nerserve.ner.archs.span.graphs import SpanProposalGraph
 from nerserve.ner.encoder import LengthSafeBiLSTM
 
 
@@ -30,7 +31,7 @@ def test_packed_directions_give_the_two_lstms_states_on_real_words_and_zeros_on_
 
 @pytest.mark.parametrize("model", ["span-conll03", "diffusion-conll03"])
 def test_a_model_loaded_for_inference_finds_what_it_finds_as_trained(model: str, data_root: Path) -> None:
-    """Merged LoRA and packed BiLSTM directions (load_model(merged=True)) against the model as
+    """Merged LoRA and the fused forms (load_model(merged=True)) against the model as
     training and export load it: the same entity sets, padding states zeroed or not (diffusion
     reads boundary scores over every position of a row, padding masked)."""
     from nerserve.ner.data import read_split
@@ -40,6 +41,8 @@ def test_a_model_loaded_for_inference_finds_what_it_finds_as_trained(model: str,
     folder = Locations().model_dir(model)
     trained, served = load_model(folder, "cpu"), load_model(folder, "cpu", merged=True)
     assert any(m.both_directions is not None for m in served.network.modules() if isinstance(m, LengthSafeBiLSTM))
+    fused_heads = [m.fused_words is not None for m in served.network.modules() if isinstance(m, SpanProposalGraph)]
+    assert fused_heads == ([True] if model.startswith("span") else [])
     sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 96)]
     expected = [e for start in range(0, 96, 32) for e in trained.program.predict(sentences[start : start + 32])]
     found = [e for start in range(0, 96, 32) for e in served.program.predict(sentences[start : start + 32])]
