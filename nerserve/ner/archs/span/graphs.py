@@ -111,15 +111,20 @@ class SpanScorer(nn.Module):
         self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor, spans: torch.Tensor
     ) -> torch.Tensor:
         """Every span of every sentence, [B, K, 2] → [B, K, outputs]."""
-        batch, k = spans.shape[:2]
-        words = self._span_words(states, word_mask, *every_span(spans)).reshape(batch, k, -1)
-        return self.score(words + self.context(context).unsqueeze(1))
+        return self.every_span_scores(self.word_layers(states, word_mask), self.context(context), spans)
 
-    def _span_words(
-        self, states: torch.Tensor, word_mask: torch.Tensor, sentence: torch.Tensor, spans: torch.Tensor
+    def every_span_scores(self, layers: WordLayers, sentence_layer: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+        """Spans [B, K, 2] of every sentence, from the first layer's per-word and per-sentence
+        parts → [B, K, outputs]."""
+        batch, k = spans.shape[:2]
+        words = self.span_words(layers, *every_span(spans)).reshape(batch, k, -1)
+        return self.score(words + sentence_layer.unsqueeze(1))
+
+    def chosen_span_scores(
+        self, layers: WordLayers, sentence_layer: torch.Tensor, sentence: torch.Tensor, spans: torch.Tensor
     ) -> torch.Tensor:
-        """The first layer's part from the span's words (pool, left, right): [M, hidden]."""
-        return self.span_words(self.word_layers(states, word_mask), sentence, spans)
+        """Chosen spans only: span m, [M, 2], of sentence `sentence[m]` → [M, outputs]."""
+        return self.score(self.span_words(layers, sentence, spans) + sentence_layer.index_select(0, sentence))
 
     def word_layers(self, states: torch.Tensor, word_mask: torch.Tensor) -> WordLayers:
         table = range_max_table(self.pool(states), word_mask, self.levels)
@@ -235,22 +240,16 @@ class SpanProposalGraph(nn.Module):
         (filter_words, regressor_words, classifier_words), (filter_context, regressor_context, classifier_context) = (
             self.first_layers(word_states, context, word_mask)
         )
-        batch, k = seeds.shape[:2]
-        seed_words = self.filter.span_words(filter_words, *every_span(seeds)).reshape(batch, k, -1)
-        filter_logits = self.filter.score(seed_words + filter_context.unsqueeze(1))
+        filter_logits = self.filter.every_span_scores(filter_words, filter_context, seeds)
         chosen = seed_mask > 0
         if filter_threshold is not None:
             filter_prob = torch.softmax(filter_logits, dim=-1)[..., 1]
             chosen = chosen & (filter_prob > filter_threshold.unsqueeze(1))
         candidates = torch.nonzero(chosen)  # [M, 2]: row-major, so sentence by sentence
         sentence = candidates[:, 0]
-        picked = seeds.reshape(-1, 2).index_select(0, sentence * k + candidates[:, 1])
-        offsets = self.regressor.score(
-            self.regressor.span_words(regressor_words, sentence, picked) + regressor_context.index_select(0, sentence)
-        )
+        picked = seeds.reshape(-1, 2).index_select(0, sentence * seeds.shape[1] + candidates[:, 1])
+        offsets = self.regressor.chosen_span_scores(regressor_words, regressor_context, sentence, picked)
         lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
         spans = self.adjust(picked, offsets, lengths)
-        class_logits = self.classifier.score(
-            self.classifier.span_words(classifier_words, sentence, spans) + classifier_context.index_select(0, sentence)
-        )
+        class_logits = self.classifier.chosen_span_scores(classifier_words, classifier_context, sentence, spans)
         return candidates, spans, torch.softmax(class_logits, dim=-1)
