@@ -712,6 +712,51 @@ def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:
     assert asyncio.run(scenario()) == pytest.approx(4 / 0.08)
 
 
+def test_a_burst_behind_a_slow_lone_first_batch_is_admitted_at_the_warm_up_estimate() -> None:
+    """A burst on an idle service: its first request runs alone and slowly (on a CPU the loop parses
+    the rest of the burst beside it). From that batch's run time alone (10 sub-words in 0.3 s), the
+    19 behind it (190 sub-words, running or queued) look like 3.8 s of work, and the first client's next
+    request is refused though they run in a fraction of the bound. Seeded by the warm-up's pass
+    (10 sub-words in 10 ms), admission takes it, and the idle batch gives no sample."""
+
+    def run(prepared: list[str]) -> list[str]:
+        time.sleep(0.3 if prepared == ["first"] else 0.05)
+        return list(prepared)
+
+    async def next_request_refused(seeded: bool) -> bool:
+        limits = BatchLimits(max_batch_size=8, max_wait_ms=5, max_queue_seconds=0.5, close_when_idle=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits)
+        if seeded:
+            scheduler.first_estimate(10, 0.01)
+        scheduler.start()
+        first = scheduler.submit([("first", 10)])
+        await asyncio.sleep(0.05)  # the lone batch is running: the rest of the burst queues
+        burst = [future for _ in range(19) for future in scheduler.submit([("other", 10)])]
+        await asyncio.gather(*first)
+        try:
+            refused = False
+            burst += scheduler.submit([("next", 10)])
+        except QueueFull:
+            refused = True
+        await asyncio.gather(*burst)
+        await scheduler.stop()
+        return refused
+
+    assert asyncio.run(next_request_refused(seeded=False))  # the run-time estimate: 50 sub-words/s
+    assert not asyncio.run(next_request_refused(seeded=True))
+
+
+def test_the_first_estimate_counts_the_lanes_that_run_at_once() -> None:
+    cpu, device = (
+        Scheduler(prepare=list, run=list, lanes=2),
+        Scheduler(prepare=list, run=list, lanes=2, lanes_drive_a_device=True),
+    )
+    for scheduler in (cpu, device):
+        scheduler.first_estimate(20, 0.01)
+        scheduler.first_estimate(20, 1.0)  # only before anything is measured
+    assert (cpu.rates.at(20), device.rates.at(20)) == (pytest.approx(4000.0), pytest.approx(2000.0))
+
+
 def test_with_lanes_a_cycle_counts_for_every_lane() -> None:
     """Back to back in one lane while the other runs too: the capacity is the lanes' together,
     each lane timed from its own previous batch."""

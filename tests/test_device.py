@@ -61,7 +61,6 @@ def test_batch_bounds_fit_the_device() -> None:
     cpu, cuda = Settings(device="cpu"), Settings(device="cuda:0")
     assert (cpu.batch_size_bound, cpu.batch_tokens_bound, cpu.request_tokens_bound) == (32, 8192, 256)
     assert (cuda.batch_size_bound, cuda.batch_tokens_bound, cuda.request_tokens_bound) == (256, 65536, None)
-    assert cuda.close_when_idle and not cpu.close_when_idle
     chosen = Settings(device="cuda", max_batch_size=64, max_batch_tokens=4096)
     assert (chosen.batch_size_bound, chosen.batch_tokens_bound) == (64, 4096)
 
@@ -130,7 +129,7 @@ def test_the_simulated_device_batches_as_a_gpu_and_needs_exported_graphs() -> No
     from nerserve.service.config import Settings
 
     simulated = Settings(device="simulated")
-    assert (simulated.batch_size_bound, simulated.request_tokens_bound, simulated.close_when_idle) == (256, None, True)
+    assert (simulated.batch_size_bound, simulated.request_tokens_bound) == (256, None)
     assert resolve_device("simulated", "onnx") == "simulated"
     with pytest.raises(DeviceUnavailable, match="exported graphs"):
         resolve_device("simulated", "eager")

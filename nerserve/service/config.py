@@ -114,7 +114,12 @@ class Settings(Locations):
     max_batch_tokens: int | None = Field(
         None, ge=16, description="most sub-words in one batch of the graphs; default 8192 on CPU, 65536 on CUDA"
     )
-    max_wait_ms: float = Field(5.0, ge=0, description="how long a batch that is not full waits for more sentences")
+    max_wait_ms: float = Field(
+        5.0,
+        ge=0,
+        description="how long a batch that is not full waits for more sentences while the graphs are busy "
+        "(on idle graphs it closes at once)",
+    )
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(
         1.0,
@@ -287,14 +292,6 @@ class Settings(Locations):
         if self.max_batch_tokens is not None:
             return self.max_batch_tokens
         return CUDA_MAX_BATCH_TOKENS if self.batches_as_gpu else CPU_MAX_BATCH_TOKENS
-
-    @property
-    def close_when_idle(self) -> bool:
-        """On CUDA a lone request on an idle device runs at once. Not on the CPU: there the first
-        batches after an idle spell run one sentence each, and admission, which estimates waits
-        from the rates batches reach, refused what a 5 ms wait lets it batch
-        (docs/decisions/admission.md)."""
-        return self.batches_as_gpu
 
     @property
     def close_as_device_frees(self) -> bool:

@@ -202,7 +202,7 @@ def load_served_model(
         settings.max_queue,
         max_request_tokens=settings.request_tokens_bound,
         max_queue_seconds=settings.max_queue_seconds,
-        close_when_idle=settings.close_when_idle,
+        close_when_idle=True,
         close_as_device_frees=settings.close_as_device_frees,
     )
     scheduler = Scheduler(
@@ -237,6 +237,7 @@ def load_served_model(
         full_batch if settings.warms_up_at_batch_limits else None,
     )
     log.info("%s: warmed up %s", served.name, served.warmed_up.as_dict())
+    scheduler.first_estimate(served.warmed_up.one_sentence_subwords, served.warmed_up.one_sentence_ms[1] / 1000)
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)
     return served

@@ -43,10 +43,12 @@ class FullBatch:
 @dataclass(frozen=True)
 class WarmUp:
     """What the passes took, shown in GET /models: the lone sentence's first and last passes (the
-    first-call costs are their difference) and the full batch's."""
+    first-call costs are their difference) and the full batch's. The lone sentence's sub-words
+    (specials included, as the batcher counts them) and last pass are admission's first estimate."""
 
     one_sentence_ms: tuple[float, float]
     full_batch: dict[str, Any] | None
+    one_sentence_subwords: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         first, last = self.one_sentence_ms
@@ -84,8 +86,9 @@ def warm_up(
     except Exception as error:  # whatever the runtime raises, the model cannot serve
         raise ModelLoadError(f"{name}: warming up on one sentence failed: {type(error).__name__}: {error}") from error
     one_sentence_ms = times[0], times[-1]
+    one_sentence_subwords = sentence.subwords + subwords.special_count
     if full_batch is None:
-        return WarmUp(one_sentence_ms, None)
+        return WarmUp(one_sentence_ms, None, one_sentence_subwords)
     filler = filler_sentence(subwords, full_batch.sentence_subwords)
     payloads = [(filler, options)] * full_batch.sentences
     limits = f"{full_batch.sentences} sentences of {filler.subwords + subwords.special_count} sub-words"
@@ -99,6 +102,7 @@ def warm_up(
     return WarmUp(
         one_sentence_ms,
         {"sentences": full_batch.sentences, "sentence_subwords": filler.subwords + subwords.special_count, "ms": ms},
+        one_sentence_subwords,
     )
 
 

@@ -25,7 +25,8 @@ class BatchLimits:
     # most sub-words of one request in a batch (None: no limit; the batch's first item goes whatever
     # its size); see Settings.request_tokens_bound
     max_request_tokens: int | None = None
-    # close a batch at once when nothing is prepared or running (see Settings.close_when_idle)
+    # close a batch at once when nothing is prepared or running: waiting for company would only
+    # delay a lone request (the service sets it on every device; off, a batch gathers for max_wait)
     close_when_idle: bool = False
     # while a batch runs and nothing waits prepared, let the next one grow until the running one is
     # about to end, less the time to prepare it (see Settings.close_as_device_frees)

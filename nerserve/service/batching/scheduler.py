@@ -339,6 +339,20 @@ class Scheduler:
         self._in_flight += len(payloads)
         self._arrived.set()
 
+    def first_estimate(self, tokens: int, seconds: float) -> None:
+        """Admission's estimate before any batch has run: a pass of TOKENS sub-words that took SECONDS
+        on an idle service (the warm-up's lone sentence), times the lanes. Without it the first
+        estimate is the first batch's run time, and a burst's first batch runs alone on an idle
+        device while the loop parses the rest of the burst: on one core a lone sentence took four
+        times its warm-up pass, and the burst's second request was refused on that estimate."""
+        if not self.rates and tokens > 0 and seconds > 0:
+            self.rates.observe(tokens, self._parallel * tokens / seconds)
+
+    @property
+    def _parallel(self) -> int:
+        """Batches that run at once: a CPU's lanes; one on a device, whose lanes take turns."""
+        return 1 if self.lanes_drive_a_device else self.lanes
+
     def wait(self, costs: Sequence[int], pending: int = 0, tenant: str = "") -> Wait:
         """The estimate admission uses, for a newcomer of `costs` (sub-words per sentence). Under
         fair sharing its last sentence runs once the work ahead of it is done: what is out of the
@@ -693,10 +707,11 @@ class Scheduler:
         over-states the rate: preparing the next batch, the event loop and the decoding share the
         cores with it, so waits promised from run times alone come out too short. A batch after an
         idle spell says how busy the service was, not how fast it is (such samples refuse bursts it
-        could serve): none is taken from it, except the first estimate from its run time
-        (docs/decisions/admission.md). A device's lanes take turns on one device: its cycle is from
-        the last pass's end on any of them."""
-        slot, parallel = (0, 1) if self.lanes_drive_a_device else (lane, self.lanes)
+        could serve): none is taken from it, except, where nothing is measured yet (no
+        `first_estimate`), an estimate from its run time (docs/decisions/admission.md). A device's
+        lanes take turns on one device: its cycle is from the last pass's end on any of them."""
+        parallel = self._parallel
+        slot = 0 if self.lanes_drive_a_device else lane
         previous, self._last_finished[slot] = self._last_finished[slot], finished
         tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:
