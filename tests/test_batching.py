@@ -727,7 +727,7 @@ def test_a_burst_behind_a_slow_lone_first_batch_is_admitted_at_the_warm_up_estim
         limits = BatchLimits(max_batch_size=8, max_wait_ms=5, max_queue_seconds=0.5, close_when_idle=True)
         scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits)
         if seeded:
-            scheduler.first_estimate(10, 0.01)
+            scheduler.first_estimate([(10, 0.01)])
         scheduler.start()
         first = scheduler.submit([("first", 10)])
         await asyncio.sleep(0.05)  # the lone batch is running: the rest of the burst queues
@@ -752,8 +752,8 @@ def test_the_first_estimate_counts_the_lanes_that_run_at_once() -> None:
         Scheduler(prepare=list, run=list, lanes=2, lanes_drive_a_device=True),
     )
     for scheduler in (cpu, device):
-        scheduler.first_estimate(20, 0.01)
-        scheduler.first_estimate(20, 1.0)  # only before anything is measured
+        scheduler.first_estimate([(20, 0.01)])
+        scheduler.first_estimate([(20, 1.0)])  # only before anything is measured
     assert (cpu.rates.at(20), device.rates.at(20)) == (pytest.approx(4000.0), pytest.approx(2000.0))
 
 
@@ -806,19 +806,42 @@ def test_lanes_run_batches_at_once_and_share_the_queue() -> None:
 
 
 def test_rates_are_kept_by_batch_size() -> None:
-    """A queue is estimated at the rate of the batches it would form: the largest measured size not
-    above them, else the smallest measured; nothing measured gives 0 (nothing is refused)."""
+    """A queue is estimated at the rate of the batches it would form: between two measured sizes,
+    along the line between their times; beyond the largest, the largest's rate; below the smallest,
+    the smallest's; nothing measured gives 0 (nothing is refused)."""
     from nerserve.service.batching.rates import SMOOTHING, BatchRates
 
     rates = BatchRates(max_batch_tokens=32)
     assert not rates and rates.at(10) == 0.0
-    rates.observe(2, 80.0)
-    rates.observe(32, 140.0)
+    rates.observe(2, 80.0)  # 25 ms
+    rates.observe(32, 140.0)  # 228.6 ms
     assert rates.at(1) == 80.0  # batches of 1 never measured: not the faster full batches' rate
-    assert rates.at(3) == 80.0 and rates.at(20) == 80.0  # 16-31 not measured: the next smaller size
-    assert rates.at(32) == 140.0 and rates.at(500) == 140.0  # beyond the largest batch: full batches
+    assert rates.at(17) == pytest.approx(17 / (0.025 + (32 / 140 - 0.025) / 2))  # halfway in time
+    assert rates.at(32) == pytest.approx(140.0) and rates.at(500) == pytest.approx(140.0)  # beyond: full batches
     rates.observe(40, 100.0)  # counted as a full batch
     assert rates.at(64) == pytest.approx((1 - SMOOTHING) * 140.0 + SMOOTHING * 100.0)
+
+
+def test_a_device_with_a_fixed_cost_is_estimated_between_its_lone_and_full_passes() -> None:
+    """On a GPU a lone sentence's pass (14 ms for 14 sub-words) and a full batch's (400 ms for
+    65,536) say a burst of 256 sentences runs in about 0.1 s; the lone sentence's rate alone said
+    3.6 s, and refused it. The batches a queue forms hold max_batch_size sentences at most."""
+
+    async def scenario() -> tuple[float, float]:
+        limits = BatchLimits(max_batch_size=256, max_batch_tokens=65_536, max_queue=100_000, max_queue_seconds=100.0)
+        scheduler = Scheduler(prepare=list, run=list, limits=limits, lanes=2, lanes_drive_a_device=True)
+        scheduler.first_estimate([(14, 0.014), (65_536, 0.4)])
+        for _ in range(256):  # a burst of 256 requests of one sentence
+            scheduler.submit([("a", 14)])
+        burst = scheduler.wait([14]).others
+        for _ in range(10_000 - 256):  # a backlog: batches of 256 sentences, each at their own rate
+            scheduler.submit([("b", 14)])
+        return burst, scheduler.wait([14]).others
+
+    burst, backlog = asyncio.run(scenario())
+    per_batch = 0.014 + (0.4 - 0.014) * (256 * 14 - 14) / (65_536 - 14)  # 35 ms
+    assert burst == pytest.approx(per_batch)
+    assert backlog == pytest.approx(10_000 / 256 * per_batch)
 
 
 def test_pass_times_run_along_the_line_between_measured_sizes() -> None:

@@ -11,7 +11,7 @@ from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.text.subword import SubwordEncoder, Tokenized, load_tokenizer
 from nerserve.service.config import Settings
 from nerserve.service.start_up_exports import ModelLoadError
-from nerserve.service.warm_up import FullBatch, filler_sentence, warm_up
+from nerserve.service.warm_up import ONE_SENTENCE, FullBatch, filler_sentence, warm_up
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,10 @@ def test_passes_run_on_the_sentences_the_limits_allow_and_failures_name_them(sub
     assert [len(batch) for batch in batches] == [1, 1, 1, 4]  # the lone sentence three times
     assert {options for batch in batches for _, options in batch} == {"options"}
     assert warmed.full_batch is not None and warmed.full_batch["sentence_subwords"] == 64
+    # admission's first estimate: the lone sentence's sub-words (specials included) and the full batch's
+    lone = subwords.tokenize([list(ONE_SENTENCE)])[0].subwords + subwords.special_count
+    assert [tokens for tokens, _ in warmed.passes()] == [lone, 4 * 64]
+    assert all(seconds >= 0 for _, seconds in warmed.passes())
     assert warm_up("m", batches.append, subwords, None, None).full_batch is None  # one sentence only
 
     def out_of_memory(payloads: list[tuple[Tokenized, Any]]) -> None:
@@ -55,7 +59,7 @@ def test_passes_run_on_the_sentences_the_limits_allow_and_failures_name_them(sub
         warm_up("m", broken, subwords, None, FullBatch(4, 256, 384))
 
 
-def test_the_full_batch_runs_on_cuda_by_default() -> None:
-    assert Settings(device="cuda").warms_up_at_batch_limits
-    assert not Settings().warms_up_at_batch_limits and not Settings(device="simulated").warms_up_at_batch_limits
+def test_the_full_batch_runs_on_cuda_and_the_simulated_device_by_default() -> None:
+    assert Settings(device="cuda").warms_up_at_batch_limits and Settings(device="simulated").warms_up_at_batch_limits
+    assert not Settings().warms_up_at_batch_limits
     assert Settings(warm_up_at_batch_limits=True).warms_up_at_batch_limits

@@ -166,7 +166,8 @@ class Settings(Locations):
         None,
         description="before a model reports ready, run a full batch at the batch limits through its graphs, after the "
         "one sentence every model runs first, so that limits the device's memory cannot hold stop the start-up, "
-        "naming them, instead of failing batches under load; default: on CUDA",
+        "naming them, instead of failing batches under load; its time, with the lone sentence's, is admission's "
+        "first estimate; default: on CUDA and the simulated device",
     )
     export_missing: bool = Field(True, description="export graphs missing at start-up (in child processes)")
     load_before_serving: bool = Field(
@@ -273,7 +274,7 @@ class Settings(Locations):
     def warms_up_at_batch_limits(self) -> bool:
         if self.warm_up_at_batch_limits is not None:
             return self.warm_up_at_batch_limits
-        return self.device.startswith("cuda")
+        return self.batches_as_gpu
 
     @property
     def batches_as_gpu(self) -> bool:

@@ -237,7 +237,7 @@ def load_served_model(
         full_batch if settings.warms_up_at_batch_limits else None,
     )
     log.info("%s: warmed up %s", served.name, served.warmed_up.as_dict())
-    scheduler.first_estimate(served.warmed_up.one_sentence_subwords, served.warmed_up.one_sentence_ms[1] / 1000)
+    scheduler.first_estimate(served.warmed_up.passes())
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)
     return served

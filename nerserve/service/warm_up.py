@@ -50,6 +50,14 @@ class WarmUp:
     full_batch: dict[str, Any] | None
     one_sentence_subwords: int = 0
 
+    def passes(self) -> list[tuple[int, float]]:
+        """(sub-words, seconds) of the lone sentence's last pass and of the full batch, if it ran."""
+        measured = [(self.one_sentence_subwords, self.one_sentence_ms[1] / 1000)]
+        if self.full_batch is not None:
+            batch = self.full_batch
+            measured.append((batch["sentences"] * batch["sentence_subwords"], batch["ms"] / 1000))
+        return measured
+
     def as_dict(self) -> dict[str, Any]:
         first, last = self.one_sentence_ms
         return {"one_sentence_first_ms": first, "one_sentence_last_ms": last, "full_batch": self.full_batch}

@@ -17,38 +17,51 @@ SMOOTHING = 0.2  # weight of a new back-to-back sample in its size's moving aver
 
 
 class BatchRates:
+    """Sub-words per second by batch size. Between two measured sizes a batch's time runs along the
+    line between theirs: a GPU's pass costs mostly a fixed part, so the next smaller size's rate
+    would understate a batch of ten times its sub-words tenfold (a lone sentence's rate, before
+    larger batches had run, refused most of a cold burst of 256 on the simulated H100). Beyond the
+    largest measured size, the largest's rate: never one that only larger batches were seen to
+    reach. Below the smallest, the smallest's."""
+
     def __init__(self, max_batch_tokens: int) -> None:
         self.max_batch_tokens = max_batch_tokens
-        self._by_size: dict[int, float] = {}  # bucket (bit length of the batch's sub-words) → sub-words/s
-        # `at` by bucket until the next observation: admission asks it for every request, a batch
-        # changes it once
-        self._answers: dict[int, float] = {}
+        self._by_size: dict[int, tuple[float, float]] = {}  # bucket (bit length) → (sub-words, sub-words/s), smoothed
+        self._points: list[tuple[float, float]] = []  # (sub-words, seconds) by sub-words, rebuilt as one changes
 
     def __bool__(self) -> bool:
         return bool(self._by_size)
 
-    def _bucket(self, tokens: int) -> int:
-        return min(max(tokens, 1), self.max_batch_tokens).bit_length()
-
     def observe(self, tokens: int, rate: float) -> None:
         """A back-to-back batch of `tokens` sub-words ran at `rate` sub-words/s."""
-        bucket = self._bucket(tokens)
-        self._answers.clear()
+        tokens = min(max(tokens, 1), self.max_batch_tokens)
+        bucket = tokens.bit_length()
         last = self._by_size.get(bucket)
-        self._by_size[bucket] = rate if last is None else (1 - SMOOTHING) * last + SMOOTHING * rate
+        if last is None:
+            self._by_size[bucket] = (float(tokens), rate)
+        else:
+            self._by_size[bucket] = (
+                (1 - SMOOTHING) * last[0] + SMOOTHING * tokens,
+                (1 - SMOOTHING) * last[1] + SMOOTHING * rate,
+            )
+        self._points = sorted((size, size / speed) for size, speed in self._by_size.values())
 
-    def at(self, queued: int) -> float:
-        """Sub-words/s at which `queued` sub-words would run (0 until a batch has been measured):
-        the rate of the largest measured batch size not above the batches they would form, else
-        of the smallest measured (never promise a rate that only larger batches were seen to reach)."""
-        if not self._by_size:
+    def at(self, tokens: float) -> float:
+        """Sub-words/s at which batches of `tokens` sub-words would run (0 until a batch has been measured)."""
+        points = self._points
+        if not points:
             return 0.0
-        bucket = self._bucket(queued)
-        rate = self._answers.get(bucket)
-        if rate is None:
-            within = [size for size in self._by_size if size <= bucket]
-            rate = self._answers[bucket] = self._by_size[max(within) if within else min(self._by_size)]
-        return rate
+        tokens = min(max(tokens, 1.0), self.max_batch_tokens)
+        low_tokens, low_seconds = points[0]
+        if tokens <= low_tokens:
+            return low_tokens / low_seconds
+        high_tokens, high_seconds = points[-1]
+        if tokens >= high_tokens:
+            return high_tokens / high_seconds
+        index = bisect.bisect_left(points, (tokens, -math.inf))
+        (low_tokens, low_seconds), (high_tokens, high_seconds) = points[index - 1], points[index]
+        seconds = low_seconds + (high_seconds - low_seconds) * (tokens - low_tokens) / (high_tokens - low_tokens)
+        return tokens / seconds
 
 
 class PassTimes:

@@ -313,7 +313,7 @@ class Scheduler:
         if not self._accepting:
             raise Draining("server is draining")
         if self.depth + len(payloads) > self.limits.max_queue:
-            rate = self.rates.at(self._queue.tokens) or 1.0
+            rate = self.rates.at(self._formed(self._queue.tokens)) or 1.0
             raise QueueFull(self.depth, retry_after=max(1.0, self._queue.tokens / rate))
         now = self.clock()
         costs = [cost for _, cost in payloads]
@@ -339,14 +339,24 @@ class Scheduler:
         self._in_flight += len(payloads)
         self._arrived.set()
 
-    def first_estimate(self, tokens: int, seconds: float) -> None:
-        """Admission's estimate before any batch has run: a pass of TOKENS sub-words that took SECONDS
-        on an idle service (the warm-up's lone sentence), times the lanes. Without it the first
-        estimate is the first batch's run time, and a burst's first batch runs alone on an idle
-        device while the loop parses the rest of the burst: on one core a lone sentence took four
-        times its warm-up pass, and the burst's second request was refused on that estimate."""
-        if not self.rates and tokens > 0 and seconds > 0:
-            self.rates.observe(tokens, self._parallel * tokens / seconds)
+    def first_estimate(self, passes: Sequence[tuple[int, float]]) -> None:
+        """Admission's estimate before any batch has run: PASSES of (sub-words, seconds) run on an
+        idle service (the warm-up's lone sentence, and on a GPU its full batch), times the lanes.
+        Without it the first estimate is the first batch's run time, and a burst's first batch runs
+        alone on an idle device while the loop parses the rest of the burst: on one core a lone
+        sentence took four times its warm-up pass, and the burst's second request was refused on
+        that estimate; on a GPU a lone sentence's rate says little of a full batch's."""
+        if self.rates:
+            return
+        for tokens, seconds in passes:
+            if tokens > 0 and seconds > 0:
+                self.rates.observe(tokens, self._parallel * tokens / seconds)
+
+    def _formed(self, queued: float) -> float:
+        """The sub-words of the batches QUEUED sub-words would form: a batch holds max_batch_size
+        sentences of the typical size at most (and max_batch_tokens sub-words: BatchRates)."""
+        typical = self._typical_sentence
+        return min(queued, self.limits.max_batch_size * typical) if typical else queued
 
     @property
     def _parallel(self) -> int:
@@ -364,7 +374,7 @@ class Scheduler:
         sentences, own = len(costs), sum(costs)
         pending_tokens = pending * self._typical_sentence
         others = self._taken_tokens + self._queue.ahead_of(tenant, sentences) + pending_tokens
-        rate = self.rates.at(others + own)
+        rate = self.rates.at(self._formed(others + own))
         if not rate:
             return Wait(0.0, 0.0)
         return Wait(others / rate, (others + own) / rate)
