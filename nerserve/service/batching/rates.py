@@ -34,16 +34,7 @@ class BatchRates:
 
     def observe(self, tokens: int, rate: float) -> None:
         """A back-to-back batch of `tokens` sub-words ran at `rate` sub-words/s."""
-        tokens = min(max(tokens, 1), self.max_batch_tokens)
-        bucket = tokens.bit_length()
-        last = self._by_size.get(bucket)
-        if last is None:
-            self._by_size[bucket] = (float(tokens), rate)
-        else:
-            self._by_size[bucket] = (
-                (1 - SMOOTHING) * last[0] + SMOOTHING * tokens,
-                (1 - SMOOTHING) * last[1] + SMOOTHING * rate,
-            )
+        _smooth_into(self._by_size, min(max(tokens, 1), self.max_batch_tokens), rate)
         self._points = sorted((size, size / speed) for size, speed in self._by_size.values())
 
     def at(self, tokens: float) -> float:
@@ -58,10 +49,7 @@ class BatchRates:
         high_tokens, high_seconds = points[-1]
         if tokens >= high_tokens:
             return high_tokens / high_seconds
-        index = bisect.bisect_left(points, (tokens, -math.inf))
-        (low_tokens, low_seconds), (high_tokens, high_seconds) = points[index - 1], points[index]
-        seconds = low_seconds + (high_seconds - low_seconds) * (tokens - low_tokens) / (high_tokens - low_tokens)
-        return tokens / seconds
+        return tokens / _between(points, tokens)
 
 
 class PassTimes:
@@ -86,15 +74,7 @@ class PassTimes:
         return bool(self._by_size) and int(max(tokens, 1)).bit_length() <= max(self._by_size)
 
     def observe(self, tokens: int, seconds: float) -> None:
-        bucket = max(tokens, 1).bit_length()
-        last = self._by_size.get(bucket)
-        if last is None:
-            self._by_size[bucket] = (float(tokens), seconds)
-        else:
-            self._by_size[bucket] = (
-                (1 - SMOOTHING) * last[0] + SMOOTHING * tokens,
-                (1 - SMOOTHING) * last[1] + SMOOTHING * seconds,
-            )
+        _smooth_into(self._by_size, max(tokens, 1), seconds)
         self._points = sorted(self._by_size.values())
 
     def seconds(self, tokens: float) -> float:
@@ -110,6 +90,22 @@ class PassTimes:
             (low_tokens, low_seconds), (high_tokens, high_seconds) = points[-2], points[-1]
             slope = max(0.0, (high_seconds - low_seconds) / (high_tokens - low_tokens))
             return high_seconds + slope * (tokens - high_tokens)
-        index = bisect.bisect_left(points, (tokens, -math.inf))
-        (low_tokens, low_seconds), (high_tokens, high_seconds) = points[index - 1], points[index]
-        return low_seconds + (high_seconds - low_seconds) * (tokens - low_tokens) / (high_tokens - low_tokens)
+        return _between(points, tokens)
+
+
+def _smooth_into(by_size: dict[int, tuple[float, float]], tokens: int, value: float) -> None:
+    """A batch of TOKENS sub-words measured VALUE: into the moving averages of its power-of-two size."""
+    bucket = tokens.bit_length()
+    last = by_size.get(bucket)
+    if last is None:
+        by_size[bucket] = (float(tokens), value)
+    else:
+        by_size[bucket] = ((1 - SMOOTHING) * last[0] + SMOOTHING * tokens, (1 - SMOOTHING) * last[1] + SMOOTHING * value)
+
+
+def _between(points: list[tuple[float, float]], tokens: float) -> float:
+    """Seconds for TOKENS strictly between the first and the last of POINTS ((sub-words, seconds),
+    sorted): along the line between the measured sizes around it."""
+    index = bisect.bisect_left(points, (tokens, -math.inf))
+    (low_tokens, low_seconds), (high_tokens, high_seconds) = points[index - 1], points[index]
+    return low_seconds + (high_seconds - low_seconds) * (tokens - low_tokens) / (high_tokens - low_tokens)
