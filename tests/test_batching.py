@@ -122,6 +122,30 @@ def test_a_lone_request_on_an_idle_device_does_not_wait_for_company() -> None:
     assert asyncio.run(scenario()) < 0.5
 
 
+def test_on_a_cpu_a_request_that_finds_a_lane_free_runs_at_once_beside_the_other() -> None:
+    """Two CPU lanes, one busy with a long batch: a lone request runs at once on the free lane,
+    not max_wait later nor after the long batch (each lane has cores of its own)."""
+
+    def run(prepared: list[str]) -> list[str]:
+        time.sleep(1.0 if prepared == ["long"] else 0.01)
+        return list(prepared)
+
+    async def scenario() -> float:
+        limits = BatchLimits(max_wait_ms=2_000, close_when_idle=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits, lanes=2)
+        scheduler.start()
+        long = scheduler.submit([("long", 3)])
+        await asyncio.sleep(0.1)
+        started = time.perf_counter()
+        await asyncio.gather(*scheduler.submit([("short", 3)]))
+        waited = time.perf_counter() - started
+        await asyncio.gather(*long)
+        await scheduler.stop()
+        return waited
+
+    assert asyncio.run(scenario()) < 0.5
+
+
 def test_a_request_runs_at_once_while_the_last_batch_is_still_decoded() -> None:
     """The device is idle once a batch leaves the graphs: a request that arrives while that batch is
     decoded (here for a second) runs at once, not max_wait later, nor after the decoding."""

@@ -478,12 +478,12 @@ class Scheduler:
             # Double buffering: while a prepared batch already waits for the graphs, this one keeps
             # growing (it could not run sooner anyway). Otherwise it closes at max_wait, or at once
             # when full, and is prepared while the graphs still run the current batch, so the graph
-            # thread never idles through a prepare. With `close_when_idle` and nothing prepared or
-            # running (an idle device) it closes at once: waiting for company would only delay a
-            # lone request, and under load company gathers while the graphs run. Batches still
-            # being decoded do not hold the device: a batch's answers, travelling back while the
-            # device idles, are the company a waiting batch would wait for in vain.
-            idle = limits.close_when_idle and self._device_idle()
+            # thread never idles through a prepare. With `close_when_idle` and graphs free to take it
+            # (_graphs_free) it closes at once: waiting for company would only delay a lone request,
+            # and under load company gathers while the graphs run. Batches still being decoded do
+            # not hold the device: a batch's answers, travelling back while the device idles, are
+            # the company a waiting batch would wait for in vain.
+            idle = limits.close_when_idle and self._graphs_free()
             if full or idle:
                 break
             if remaining <= 0 and not self._handed:
@@ -510,6 +510,14 @@ class Scheduler:
         """Whether a batch's prepare or decode is quick enough to run on the loop (INLINE_HOST_SECONDS),
         by the times measured for its size; never before its size, or a larger one, has been timed."""
         return times.has_run(tokens) and times.seconds(tokens) <= INLINE_HOST_SECONDS
+
+    def _graphs_free(self) -> bool:
+        """Nothing prepared for the graphs, and graphs that can take a batch now: a device with no
+        pass on it (its lanes take turns on it), or a CPU lane free (each lane has cores of its own,
+        so a request that finds one free runs at once beside the other lane's batch)."""
+        if self.lanes_drive_a_device:
+            return self._device_idle()
+        return len(self._lane_ends) < self.lanes and not self._handed
 
     def _device_idle(self) -> bool:
         """No batch on the graphs and none prepared for them (the collector wakes as a lane frees)."""
