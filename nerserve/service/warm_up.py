@@ -48,7 +48,7 @@ class WarmUp:
 
     one_sentence_ms: tuple[float, float]
     full_batch: dict[str, Any] | None
-    one_sentence_subwords: int = 0
+    one_sentence_subwords: int
 
     def passes(self) -> list[tuple[int, float]]:
         """(sub-words, seconds) of the lone sentence's last pass and of the full batch, if it ran."""

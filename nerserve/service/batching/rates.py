@@ -28,6 +28,9 @@ class BatchRates:
         self.max_batch_tokens = max_batch_tokens
         self._by_size: dict[int, tuple[float, float]] = {}  # bucket (bit length) → (sub-words, sub-words/s), smoothed
         self._points: list[tuple[float, float]] = []  # (sub-words, seconds) by sub-words, rebuilt as one changes
+        # `at` by sub-words until the next observation: admission asks it twice a request, and under
+        # load for the same size (a queue's batches are capped at the batch limits)
+        self._answers: dict[float, float] = {}
 
     def __bool__(self) -> bool:
         return bool(self._by_size)
@@ -36,13 +39,19 @@ class BatchRates:
         """A back-to-back batch of `tokens` sub-words ran at `rate` sub-words/s."""
         _smooth_into(self._by_size, min(max(tokens, 1), self.max_batch_tokens), rate)
         self._points = sorted((size, size / speed) for size, speed in self._by_size.values())
+        self._answers.clear()
 
     def at(self, tokens: float) -> float:
         """Sub-words/s at which batches of `tokens` sub-words would run (0 until a batch has been measured)."""
+        rate = self._answers.get(tokens)
+        if rate is None:
+            rate = self._answers[tokens] = self._rate(min(max(tokens, 1.0), self.max_batch_tokens))
+        return rate
+
+    def _rate(self, tokens: float) -> float:
         points = self._points
         if not points:
             return 0.0
-        tokens = min(max(tokens, 1.0), self.max_batch_tokens)
         low_tokens, low_seconds = points[0]
         if tokens <= low_tokens:
             return low_tokens / low_seconds
