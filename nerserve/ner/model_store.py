@@ -131,7 +131,7 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # scores packed spans; 11: the character CNN reads a stream of the batch's characters)
 EXPORT_VERSION = "11"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
-INT8_VERSION = "int8-3"
+INT8_VERSION = "int8-4"
 
 
 def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
