@@ -12,14 +12,8 @@ import numpy as np
 import pytest
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
-from nerserve.service.batching.scheduler import (
-    DeadlineExceeded,
-    Draining,
-    QueueFull,
-    Scheduler,
-    SlidingMedian,
-    WorkItem,
-)
+from nerserve.service.batching.scheduler import Scheduler, SlidingMedian
+from nerserve.service.batching.work import DeadlineExceeded, Draining, QueueFull, WorkItem
 
 
 @dataclass
@@ -973,7 +967,7 @@ def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_clien
     the batcher that answers."""
     from nerserve.service.api.errors import ApiError
     from nerserve.service.api.extraction import PlannedRun, SentenceAnswer, UnitAnswers, settled
-    from nerserve.service.batching.scheduler import ItemResult
+    from nerserve.service.batching.work import ItemResult
 
     def result(value: int | str, batch: int = 0) -> ItemResult:
         return ItemResult(value, queue_seconds=0.1 * batch, run_seconds=0.5, batch_id=batch)

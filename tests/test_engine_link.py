@@ -102,7 +102,7 @@ def test_the_engine_answers_a_workers_run_from_its_callback_and_cancels_it_on_re
     refusal raised at once, a malformed call, or client_gone once the worker cancels it."""
     from nerserve.service.api.errors import ApiError
     from nerserve.service.api.extraction import PlannedRun, SentenceAnswer, UnitAnswers
-    from nerserve.service.batching.scheduler import ItemResult
+    from nerserve.service.batching.work import ItemResult
     from nerserve.service.engine_link import EngineServer, _Worker
 
     async def scenario() -> list[Any]:

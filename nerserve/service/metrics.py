@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 
 from nerserve import __version__
-from nerserve.service.batching.scheduler import BatchRecord
+from nerserve.service.batching.work import BatchRecord
 
 # (model, status, API key name or None, seconds or None) → counted: Metrics.record_response, or the
 # message that carries it to the engine process from an HTTP worker

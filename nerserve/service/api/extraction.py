@@ -24,7 +24,7 @@ from nerserve.ner.types import EntitySet
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.auth import tenant_of
-from nerserve.service.batching.scheduler import DeadlineExceeded, Draining, ItemResult, QueueFull
+from nerserve.service.batching.work import DeadlineExceeded, Draining, ItemResult, QueueFull
 from nerserve.service.models import ServedModel
 from nerserve.service.pipeline import PlannedText, Planner, assemble, flatten, keep_labels
 from nerserve.service.tenants import retry_after
