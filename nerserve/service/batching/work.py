@@ -11,6 +11,9 @@ from typing import Any, NamedTuple, Protocol
 
 
 class QueueFull(RuntimeError):
+    """Admission refused: the queue holds max_queue sentences, or the newcomer would wait on others'
+    work past max_queue_seconds, or past its own deadline (the API answers 429 with Retry-After)."""
+
     def __init__(self, depth: int, retry_after: float) -> None:
         super().__init__(f"queue full ({depth} sentences waiting)")
         self.depth = depth
@@ -18,11 +21,11 @@ class QueueFull(RuntimeError):
 
 
 class DeadlineExceeded(RuntimeError):
-    pass
+    """A queued sentence's deadline passed before its batch started (the API answers 504)."""
 
 
 class Draining(RuntimeError):
-    pass
+    """The scheduler is draining or stopped: it takes nothing new (the API answers 503)."""
 
 
 class ItemResult(NamedTuple):
