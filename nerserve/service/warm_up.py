@@ -98,8 +98,9 @@ def warm_up(
     if full_batch is None:
         return WarmUp(one_sentence_ms, None, one_sentence_subwords)
     filler = filler_sentence(subwords, full_batch.sentence_subwords)
+    filler_subwords = filler.subwords + subwords.special_count
     payloads = [(filler, options)] * full_batch.sentences
-    limits = f"{full_batch.sentences} sentences of {filler.subwords + subwords.special_count} sub-words"
+    limits = f"{full_batch.sentences} sentences of {filler_subwords} sub-words"
     try:
         ms = _timed(passes, payloads)
     except Exception as error:
@@ -109,7 +110,7 @@ def warm_up(
         ) from error
     return WarmUp(
         one_sentence_ms,
-        {"sentences": full_batch.sentences, "sentence_subwords": filler.subwords + subwords.special_count, "ms": ms},
+        {"sentences": full_batch.sentences, "sentence_subwords": filler_subwords, "ms": ms},
         one_sentence_subwords,
     )
 
