@@ -196,7 +196,7 @@ def quantize_int8(source: Path, target: Path) -> None:
     """ONNX Runtime dynamic quantization: int8 weights, activations quantized per batch at run time.
     MatMuls (the products with activations; the character CNN's tables, an einsum of two weights,
     are left to constant folding in fp32) and the word BiLSTM's LSTMs, which were a tenth of the
-    INT8 encoder's time in fp32 (docs/gpu.md, "Nothing lost on the CPU"). A scale per output
+    INT8 encoder's time in fp32 (docs/decisions/cpu-inference.md). A scale per output
     channel rather than per weight matrix keeps more of fp32's F1 at the same speed."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

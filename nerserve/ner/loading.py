@@ -58,7 +58,7 @@ def fuse_for_eager(network: nn.Module) -> None:
     (the BiLSTM's directions as one packed call, span's scorers' products as one): where Python
     dispatches each operator, as the eager runtime does on a GPU, each one saved is a kernel launch
     saved. Exported graphs keep the trained form: their runtime fuses on its own, and on the CPU
-    ONNX Runtime ran span's fused products slower (docs/gpu.md, "Nothing lost on the CPU")."""
+    ONNX Runtime ran span's fused products slower (docs/decisions/cpu-inference.md)."""
     for module in list(network.modules()):
         fuse = getattr(module, "fuse_for_eager", None)
         if callable(fuse):
