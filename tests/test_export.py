@@ -421,6 +421,32 @@ def test_int8_quantises_the_architectures_int8_graphs_and_no_other(tiny_model: P
     assert len(load_graph_set(folder).program.predict([["Peter", "lives", "in", "Paris", "."]])) == 1
 
 
+def reductions_of_candidates(graph: onnx.GraphProto) -> list[str]:
+    """The reductions that read a tensor whose size follows a NonZero (the candidates a filter passes)."""
+    sized: set[str] = set()
+    found = []
+    for node in graph.node:  # ONNX keeps nodes in topological order
+        if node.op_type == "NonZero" or sized.intersection(node.input):
+            sized.update(node.output)
+            if node.op_type.startswith("Reduce") or node.op_type in ("ArgMax", "ArgMin"):
+                found.append(f"{node.name} ({node.op_type})")
+    return found
+
+
+# ONNX Runtime before 1.32 (and onnxruntime-gpu's newest, 1.31.1) returns a reduction's empty input
+# unreduced, [0, L] for [0]: a reduction over the span proposal's candidates failed every batch whose
+# seeds all missed the filter (a lone sentence naming nothing, say). Such a batch answers no entity.
+@pytest.mark.parametrize("tiny_model", ["span"], indirect=True)
+def test_span_proposal_reduces_nothing_sized_by_its_candidates(tiny_model: Path, tmp_path: Path, data_root: Path) -> None:
+    info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, log=lambda _: None)
+    folder = Path(info["folder"])
+    graph = onnx.load(str(folder / info["graphs"]["span_proposal"]["file"])).graph
+    assert any(node.op_type == "NonZero" for node in graph.node)
+    assert reductions_of_candidates(graph) == []
+    no_seed_passes = dataclasses.replace(CONFIGS["span"].decode, filter_threshold=1.0)
+    assert load_graph_set(folder).program.predict([["Peter", "lives", "in", "Paris", "."]], no_seed_passes) == [EntitySet()]
+
+
 def test_parity_batches_put_the_longest_together_then_singles_then_sorted_batches() -> None:
     sentences = [Sentence(("w",) * (1 + i % 37), EntitySet()) for i in range(500)]
     for count, together in ((200, 16), (32, 8), (17, 4)):

@@ -10,7 +10,7 @@ import torch
 from nerserve.ner.archs.span import SPEC
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch, soft_nms
-from nerserve.ner.archs.span.graphs import SpanProposalGraph, levels_for, range_max, range_max_table
+from nerserve.ner.archs.span.graphs import SpanProposalGraph, levels_for, range_max, range_max_table, table_level
 from nerserve.ner.archs.span.program import enumerate_seeds
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.decoding.overlap import accept_best_first, best_per
@@ -50,6 +50,14 @@ def test_range_max_is_exact() -> None:
         assert torch.allclose(pooled[0, k], states[0, s:e].max(dim=0).values)
         if e <= 7:
             assert torch.allclose(pooled[1, k], states[1, s:e].max(dim=0).values)
+
+
+def test_table_level_is_the_floor_of_log2_capped_at_the_top_level() -> None:
+    lengths = torch.arange(1, 600)
+    for levels in range(1, 10):
+        expected = torch.floor(torch.log2(lengths.double())).long().clamp(max=levels - 1)
+        assert torch.equal(table_level(lengths, levels), expected), levels
+    assert table_level(torch.zeros(0, dtype=torch.long), 9).shape == (0,)
 
 
 def test_adjust_moves_both_ways_and_stays_legal() -> None:

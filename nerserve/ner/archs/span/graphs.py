@@ -60,12 +60,24 @@ def range_max(
     table: torch.Tensor, n: int, sentence: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, levels: int
 ) -> torch.Tensor:
     """Max-pool of spans [starts, ends) (ends > starts) of sentences `sentence`, [M] each → [M, D]."""
-    lengths = ends - starts
-    powers = 2 ** torch.arange(1, levels, device=starts.device)
-    level = (lengths.unsqueeze(-1) >= powers).sum(-1)  # ⌊log2(length)⌋, capped at levels - 1
+    level = table_level(ends - starts, levels)
     width = torch.pow(2, level)
     base = sentence * (levels * n) + level * n
     return torch.maximum(word_rows(table, base + starts), word_rows(table, base + ends - width))
+
+
+def table_level(lengths: torch.Tensor, levels: int) -> torch.Tensor:
+    """⌊log2(length)⌋ capped at levels - 1, for lengths ≥ 1, looked up in a table of every length up
+    to the top level's width. The table is the count of powers of two each length reaches; counting
+    them for the spans themselves would reduce over an empty tensor when no seed passes the filter,
+    which ONNX Runtime before 1.32 (onnxruntime-gpu's newest is 1.31.1) answers unreduced, [0, L]
+    for [0], and the graph then fails."""
+    if levels == 1:
+        return torch.zeros_like(lengths)
+    top = 2 ** (levels - 1)
+    powers = 2 ** torch.arange(1, levels, device=lengths.device)
+    table = (torch.arange(top + 1, device=lengths.device).unsqueeze(-1) >= powers).sum(-1)
+    return table.index_select(0, lengths.clamp(max=top))
 
 
 def word_rows(states: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
