@@ -417,6 +417,14 @@ class Scheduler:
         self._taken_tokens += sum(item.cost for item in batch)
         return batch
 
+    def _timed(self, work: Callable[..., Any], *arguments: Any) -> tuple[Any, float]:
+        """WORK's result and its own seconds, taken where it runs: a thread's hand-off and wake-up
+        are not the work's (on busy cores they alone pass INLINE_HOST_SECONDS, and quick work timed
+        with them would never be found quick), and `_time_to_start` counts them apart."""
+        started = self.clock()
+        result = work(*arguments)
+        return result, self.clock() - started
+
     @staticmethod
     def _inline(times: PassTimes, tokens: int) -> bool:
         """Whether a batch's prepare or decode is quick enough to run on the loop (INLINE_HOST_SECONDS),
@@ -488,17 +496,18 @@ class Scheduler:
             batch = await self._wait_for_batch()
             if not batch:
                 continue
-            tokens, started = sum(item.cost for item in batch), self.clock()
+            tokens = sum(item.cost for item in batch)
             try:
                 payloads = [item.payload for item in batch]
                 if self._inline(self.prepare_times, tokens):
-                    prepared = self.prepare(payloads)
+                    prepared, seconds = self._timed(self.prepare, payloads)
                 else:
-                    prepared = await asyncio.get_running_loop().run_in_executor(self._preparer, self.prepare, payloads)
+                    loop = asyncio.get_running_loop()
+                    prepared, seconds = await loop.run_in_executor(self._preparer, self._timed, self.prepare, payloads)
             except Exception as error:  # a batch that cannot be prepared fails its own items only
                 await self._isolate(batch, error)
                 continue
-            self.prepare_times.observe(tokens, self.clock() - started)
+            self.prepare_times.observe(tokens, seconds)
             while self._handed:  # the slot holds a batch no lane has taken yet: this one waits
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -594,16 +603,17 @@ class Scheduler:
     ) -> None:
         """Outputs → results in the decode thread (on the loop where that is quick), then the
         batch's answers and its record. TOKENS: the batch's sub-words, counted as it closed."""
-        seconds, decoding = ran - started, self.clock()
+        seconds = ran - started
         try:
             if self._inline(self.decode_times, tokens):
-                results = self.finish(prepared, outputs)
+                results, decoding = self._timed(self.finish, prepared, outputs)
             else:
-                results = await asyncio.get_running_loop().run_in_executor(self._finisher, self.finish, prepared, outputs)
+                loop = asyncio.get_running_loop()
+                results, decoding = await loop.run_in_executor(self._finisher, self._timed, self.finish, prepared, outputs)
         except Exception as error:
             await self._isolate(batch, error)
             return
-        self.decode_times.observe(tokens, self.clock() - decoding)
+        self.decode_times.observe(tokens, decoding)
         for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(ItemResult(result, started - item.enqueued, seconds, number))
