@@ -168,8 +168,10 @@ class Scheduler:
         # prepare stage's, by batch size, when each running lane's batch is expected to end, and a
         # wake-up as a lane frees
         self.run_times = PassTimes()
-        self.prepare_times = PassTimes()
-        self.decode_times = PassTimes()  # for _inline only
+        self.prepare_times = PassTimes()  # as the loop waits for it, a thread's hand-off included
+        # for _inline only: the work's own time, where it runs
+        self.prepare_work_times = PassTimes()
+        self.decode_times = PassTimes()
         self._lane_ends: dict[int, float] = {}
         self._lane_freed = asyncio.Event()
 
@@ -418,9 +420,10 @@ class Scheduler:
         return batch
 
     def _timed(self, work: Callable[..., Any], *arguments: Any) -> tuple[Any, float]:
-        """WORK's result and its own seconds, taken where it runs: a thread's hand-off and wake-up
-        are not the work's (on busy cores they alone pass INLINE_HOST_SECONDS, and quick work timed
-        with them would never be found quick), and `_time_to_start` counts them apart."""
+        """WORK's result and its own seconds, taken where it runs, for `_inline`: a thread's hand-off
+        and wake-up are not the work's (on busy cores they alone pass INLINE_HOST_SECONDS, and quick
+        work timed with them would never be found quick). When a batch can start is another matter:
+        there the loop's wait, hand-off included, is what counts (`prepare_times`)."""
         started = self.clock()
         result = work(*arguments)
         return result, self.clock() - started
@@ -496,10 +499,10 @@ class Scheduler:
             batch = await self._wait_for_batch()
             if not batch:
                 continue
-            tokens = sum(item.cost for item in batch)
+            tokens, started = sum(item.cost for item in batch), self.clock()
             try:
                 payloads = [item.payload for item in batch]
-                if self._inline(self.prepare_times, tokens):
+                if self._inline(self.prepare_work_times, tokens):
                     prepared, seconds = self._timed(self.prepare, payloads)
                 else:
                     loop = asyncio.get_running_loop()
@@ -507,7 +510,8 @@ class Scheduler:
             except Exception as error:  # a batch that cannot be prepared fails its own items only
                 await self._isolate(batch, error)
                 continue
-            self.prepare_times.observe(tokens, seconds)
+            self.prepare_work_times.observe(tokens, seconds)
+            self.prepare_times.observe(tokens, self.clock() - started)
             while self._handed:  # the slot holds a batch no lane has taken yet: this one waits
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
