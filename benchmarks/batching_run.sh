@@ -8,6 +8,8 @@
 #                   sentence once (loadtest --once) ÷ `nerserve eval --runtime onnx --threads 1` on the
 #                   same split and core; the batching gain is also taken over that whole split;
 # and what batching can gain at all on this machine, offline (benchmarks/batching_ceiling.py).
+# The loads send the split shuffled (ORDER=file: in file order, where the 15-s levels time the two
+# servers on different sentences: nerserve/loadtest/client.py, arrange).
 # Server on core 0 (one graph thread), client on core 1. Run on an otherwise idle machine:
 #   bash benchmarks/batching_run.sh
 # The GPU-like layout (the graph thread has a core of its own, as it has its device on a GPU node;
@@ -22,6 +24,7 @@ PORT=${PORT:-8013}
 URL="http://127.0.0.1:$PORT"
 SERVER_CORE=${SERVER_CORE:-0}
 CLIENT_CORE=${CLIENT_CORE:-1}
+ORDER=${ORDER:-shuffled}
 mkdir -p "$OUT"
 
 if [ "${CEILING:-1}" = 1 ]; then
@@ -41,15 +44,15 @@ taskset -c "$SERVER_CORE" nerserve eval span-conll03 --data "$DATA/conll03" --sp
   --json > "$OUT/offline-eval.json"
 
 serve
-taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --order "$ORDER" \
   --concurrency 1,4,16,64 --duration 15 --url "$URL" --out "$OUT/batched"
-taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --order "$ORDER" \
   --concurrency 64 --once --duration 300 --url "$URL" --out "$OUT/whole-split"
 stop
 serve --max-batch-size 1
-taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --order "$ORDER" \
   --concurrency 1,64 --duration 15 --url "$URL" --out "$OUT/batch1"
-taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed \
+taskset -c "$CLIENT_CORE" python -m nerserve.loadtest run --model span-conll03 --data "$DATA/conll03" --mode closed --order "$ORDER" \
   --concurrency 64 --once --duration 300 --url "$URL" --out "$OUT/whole-split-batch1"
 stop
 python - "$OUT" <<'EOF'

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import make_client, read_sentences, scrape, server_split
+from nerserve.loadtest.client import Order, arrange, make_client, read_sentences, scrape, server_split
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 from nerserve.loadtest.stats import summarize
 
@@ -144,9 +144,10 @@ def main(
     duration: Annotated[float, typer.Option(min=1.0, help="seconds per level")] = 8.0,
     processes: Annotated[int, typer.Option(min=1, help="client processes")] = 4,
     cores: Annotated[str, typer.Option(help="cores for the client processes: 12-15 or 12,13 (default: any)")] = "",
+    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
-    sentences = read_sentences(data)
+    sentences = arrange(read_sentences(data), order)
     pinned = _cores(cores)
     rows = []
     for clients in (int(c) for c in levels.split(",")):
@@ -155,7 +156,13 @@ def main(
     ceiling = client_ceiling(url, max(r["concurrency"] for r in rows), min(duration, 5.0), processes, pinned)
     for row in rows:
         row["client_bound"] = ceiling < 2 * row["requests_per_second"]
-    report = {"model": model, "url": url, "client_ceiling_requests_per_second": round(ceiling, 1), "levels": rows}
+    report = {
+        "model": model,
+        "url": url,
+        "order": order.value,
+        "client_ceiling_requests_per_second": round(ceiling, 1),
+        "levels": rows,
+    }
     typer.echo(json.dumps(report))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

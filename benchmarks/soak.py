@@ -1,7 +1,7 @@
 """Soak: a running server under a steady open-loop load for minutes, sampled every `--interval`
 seconds: its resident memory (the Prometheus process collector's `process_resident_memory_bytes`
 from /metrics) and the p50 / p99 latency and errors of the requests that finished in each interval.
-One test sentence a request, Poisson arrivals, sentences drawn at random (see sentence_stream).
+One test sentence a request, Poisson arrivals, the split shuffled (see sentence_stream).
 Writes soak.json and soak.png (memory and latency against time) to `--out`.
 
     nerserve serve --models span-conll03 --threads 1 --port 8041            # core 0 (taskset -c 0)
@@ -17,17 +17,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import random
 import statistics
 import time
 from collections.abc import Iterator
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import Sample, extract, make_client, read_sentences, scrape
+from nerserve.loadtest.client import Order, Sample, arrange, extract, make_client, read_sentences, scrape
 from nerserve.loadtest.schedule import arrivals
 from nerserve.loadtest.stats import percentile
 
@@ -35,22 +33,13 @@ app = typer.Typer(add_completion=False)
 WARMUP_SECONDS = 60.0
 
 
-class Order(StrEnum):
-    RANDOM = "random"
-    CORPUS = "corpus"
-
-
 def sentence_stream(sentences: list[list[str]], order: Order, seed: int = 11) -> Iterator[list[str]]:
-    """The sentences to send, one per arrival. `random` draws them independently (seeded), so that a
-    rate is the same share of capacity throughout the run. `corpus` cycles through the split in file
-    order: CoNLL-2003 test alternates long-sentence news with short result tables, so at 70 % of
-    capacity on average a 48-s cycle spends ~15 s at 100-108 % of it (its words per 5-s window range
-    from 0.59 to 1.54 times the mean), and the queue those stretches build is refused at the bound."""
-    if order is Order.CORPUS:
-        yield from itertools.cycle(sentences)
-    draw = random.Random(seed)
-    while True:
-        yield draw.choice(sentences)
+    """The sentences to send, one per arrival, cycling through the split. Shuffled, a rate is the
+    same share of capacity throughout the run. In file order CoNLL-2003 test alternates long-sentence
+    news with short result tables, so at 70 % of capacity on average a 48-s cycle spends ~15 s at
+    100-108 % of it (its words per 5-s window range from 0.59 to 1.54 times the mean), and the queue
+    those stretches build is refused at the bound."""
+    return itertools.cycle(arrange(sentences, order, seed))
 
 
 async def _run(url: str, model: str, data: Path, rate: float, seconds: float, interval: float, order: Order) -> dict[str, Any]:
@@ -154,7 +143,7 @@ def main(
     rate: Annotated[float, typer.Option(min=0.1, help="requests/s, one sentence each (70 % of capacity)")] = 56.0,
     minutes: Annotated[float, typer.Option(min=0.1)] = 10.0,
     interval: Annotated[float, typer.Option(min=1.0, help="seconds between samples")] = 10.0,
-    order: Annotated[Order, typer.Option(help="sentences drawn at random or in file order")] = Order.RANDOM,
+    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
     out: Annotated[Path, typer.Option()] = Path("soak-results"),
 ) -> None:
     result = asyncio.run(_run(url, model, data, rate, minutes * 60, interval, order))

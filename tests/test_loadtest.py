@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nerserve.loadtest.client import parse_metrics
+from nerserve.loadtest.client import Order, arrange, parse_metrics, read_sentences
 from nerserve.loadtest.protocols import protocol_batches, setgen_batches
 from nerserve.loadtest.report import knee, slo_throughput
 from nerserve.loadtest.schedule import arrivals, sweep_rates
@@ -60,6 +60,26 @@ def test_stability_knee_slo_and_metrics_parsing() -> None:
     assert parse_metrics(text) == {'nerserve_tokens_total{model="m"}': 42.0, 'nerserve_queue_depth{model="m"}': 3.0}
 
 
+def test_a_shuffled_split_sends_a_sample_of_it_in_every_prefix(data_root: Path) -> None:
+    """A run over a duration sends a prefix of the split: shuffled, that prefix is a sample of it
+    (two servers that get through different numbers of sentences are timed on the same work); in
+    file order CoNLL-2003 test's first sentences are its short result tables."""
+    split = read_sentences(data_root / "conll03")
+
+    def mean_words(sentences: list[list[str]]) -> float:
+        return sum(map(len, sentences)) / len(sentences)
+
+    shuffled = arrange(split, Order.SHUFFLED)
+    assert sorted(map(tuple, shuffled)) == sorted(map(tuple, split))  # every sentence, once
+    assert arrange(split, Order.SHUFFLED) == shuffled  # the same order every run
+    assert arrange(split, Order.SHUFFLED, seed=1) != shuffled
+    assert arrange(split, Order.FILE) == split
+    whole = mean_words(split)
+    for prefix in (1150, 1750):
+        assert abs(mean_words(shuffled[:prefix]) / whole - 1) < 0.03
+    assert mean_words(split[:1150]) / whole < 0.95 and mean_words(split[:1750]) / whole > 1.08
+
+
 def loadtest(*args: str) -> str:
     result = subprocess.run([sys.executable, "-m", "nerserve.loadtest", *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -77,6 +97,7 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
         assert "| closed | c=4 |" in closed
         summary = json.loads((tmp_path / "closed" / "summary.json").read_text())
         assert [r["concurrency"] for r in summary["runs"]] == [1, 4]
+        assert summary["meta"]["order"] == "shuffled"
         assert all(r["ok"] > 0 and r["errors"] == 0 for r in summary["runs"])
         assert (tmp_path / "closed" / "throughput_latency.png").stat().st_size > 1000
         # --once: every request of the split answered exactly once, then the run ends
