@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import make_client, read_sentences
+from nerserve.loadtest.client import Order, arrange, make_client, read_sentences
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 
 app = typer.Typer(add_completion=False)
@@ -122,10 +122,13 @@ def main(
         int | None, typer.Option(help="the server's process id: CPU time per request of the engine and each worker")
     ] = None,
     per_request: Annotated[int, typer.Option(min=1, help="sentences in each request")] = 1,
+    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
-    report = asyncio.run(measure(url, model, read_sentences(data), levels, duration, workers, server_pid, per_request))
+    sentences = arrange(read_sentences(data), order)
+    report = asyncio.run(measure(url, model, sentences, levels, duration, workers, server_pid, per_request))
+    report["order"] = order.value
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")

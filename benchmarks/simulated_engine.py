@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from nerserve.compose import START_UP_EXPORTER
-from nerserve.loadtest.client import read_sentences
+from nerserve.loadtest.client import Order, arrange, read_sentences
 from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
@@ -172,13 +172,15 @@ def main(
     costs: Annotated[
         Path | None, typer.Option(help="batch costs: a file or a bundled table's name (default: the bare encoder on an H100)")
     ] = None,
+    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
     out: Path | None = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
     hand_over_quickly()  # as the server's processes run
-    result = asyncio.run(measure(model, read_sentences(data), levels, seconds, per_request, costs))
+    result = asyncio.run(measure(model, arrange(read_sentences(data), order), levels, seconds, per_request, costs))
     result |= {
         "simulated": True,
+        "order": order.value,
         "what": "the engine alone (no HTTP front), driven in its own process; the device waits the card's batch costs",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores_allowed": len(os.sched_getaffinity(0))},
         "date": time.strftime("%Y-%m-%d"),
