@@ -353,7 +353,16 @@ def test_overload_429_and_every_accepted_answered() -> None:
         assert counted == statuses.count(429)
         refused = next(r for r in responses if r.status_code == 429)
         assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "queue_full"
         assert all(len(r.json()["results"]) == 4 for r in responses if r.status_code == 200)
+        # the HTTP protocol decides at the edge and the app releases what it let through: each
+        # request counted once, and released once answered
+        gauge = [
+            line
+            for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+            if line.startswith("nerserve_admitted_requests ")
+        ]
+        assert gauge == ["nerserve_admitted_requests 0.0"]
     finally:
         server.stop()
 

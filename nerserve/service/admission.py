@@ -25,6 +25,9 @@ from nerserve.service.auth import key_name, tenant_of
 from nerserve.service.metrics import ResponseRecorder
 
 V2_INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
+# In a request's scope state: the HTTP protocol decided at the edge already and let it through
+# (counted in `EdgeCounter.in_flight`), so `EdgeAdmission` only releases it when it is answered.
+LET_THROUGH = "edge_let_through"
 
 # (model named by the route, or None when it is in the body; requests let through and not yet
 # queued; the API key's name) → seconds of others' work a newcomer would wait on, or None when no
@@ -65,6 +68,17 @@ def refusal_message(refusal: Refusal) -> str:
 def refusal_retry_after(refusal: Refusal) -> str:
     """Seconds until the work ahead is back within the bound, for the Retry-After header."""
     return str(max(1, math.ceil(refusal.wait - refusal.bound)))
+
+
+def refusal_answer(refusal: Refusal, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The 429's status, headers and JSON body, wherever it is written."""
+    body = error_body("queue_full", refusal_message(refusal), path=path)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", refusal_retry_after(refusal).encode()),
+    ]
+    return ERROR_STATUS["queue_full"], headers, body
 
 
 class EdgeAdmitter(Protocol):
@@ -124,23 +138,18 @@ class EdgeAdmission:
         if not runs_a_model:
             await self.app(scope, receive, send)
             return
-        refusal = await self.admitter.admit(model, tenant_of(scope), declared_length(scope))
-        if refusal is not None:
-            await self._refuse(send, refusal, scope)
-            return
+        if not scope.get("state", {}).get(LET_THROUGH):
+            refusal = await self.admitter.admit(model, tenant_of(scope), declared_length(scope))
+            if refusal is not None:
+                await self._refuse(send, refusal, scope)
+                return
         try:
             await self.app(scope, receive, send)
         finally:
             self.admitter.release()
 
     async def _refuse(self, send: Send, refusal: Refusal, scope: Scope) -> None:
-        body = error_body("queue_full", refusal_message(refusal), path=scope.get("path", ""))
-        status = ERROR_STATUS["queue_full"]
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", refusal_retry_after(refusal).encode()),
-        ]
+        status, headers, body = refusal_answer(refusal, scope.get("path", ""))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         if self.record is not None:

@@ -4,17 +4,23 @@ not one that sends its headers a byte at a time: such "slow header" clients woul
 connection forever. A request whose headers have not all arrived within `header_timeout` seconds
 of its first byte (or of the connection) is answered 408 in JSON and the connection closed. A
 request the door refuses is answered 401 in the same callback, before its body is read and
-without an ASGI task (which would wait its turn behind the answers the event loop is writing)."""
+without an ASGI task (which would wait its turn behind the answers the event loop is writing).
+Where the engine shares this process, a request to a model route that the edge admission refuses
+is answered 429 the same way: under overload most requests are refused, and each one's task, trip
+through the middlewares and two writes took the core the graphs share
+(docs/decisions/admission.md)."""
 
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from nerserve.service.admission import LET_THROUGH, EdgeCounter, Refusal, model_route, refusal_answer
 from nerserve.service.api.errors import error_body
-from nerserve.service.auth import CHALLENGE, Door
+from nerserve.service.auth import CHALLENGE, Door, key_name, tenant_of
 from nerserve.service.metrics import ResponseRecorder
 
 
@@ -22,6 +28,9 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     header_timeout = 10.0  # set from Settings.header_timeout_seconds by service.server
     record: ResponseRecorder | None = None  # the app's, set by service.server: a 408 is counted like any response
     door: Door | None = None  # the app's API-key door, set by service.server
+    # the engine's edge counter where the engine shares this process and no CORS headers are owed
+    # (a 429 written here passes no middleware), set by service.server
+    edge: EdgeCounter | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -45,17 +54,44 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        why = self.door.check(cycle.scope) if self.door is not None else None  # type: ignore[arg-type]
-        if why is None:
-            super()._start_asgi_task(cycle, app)
+        scope: Any = cycle.scope
+        why = self.door.check(scope) if self.door is not None else None
+        if why is not None:
+            body = self.door.refusal(why, scope["path"])  # type: ignore[union-attr]
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), CHALLENGE]
+            self._answer(cycle, b"401 Unauthorized", headers, body)
             return
-        body = self.door.refusal(why, cycle.scope["path"])  # type: ignore[union-attr]
-        head = [b"HTTP/1.1 401 Unauthorized", b"content-type: application/json", b"content-length: %d" % len(body)]
-        head.append(b"%s: %s" % CHALLENGE)
+        refusal = self._edge_refusal(scope)
+        if refusal is not None:
+            status, headers, body = refusal_answer(refusal, scope["path"])
+            self._answer(cycle, b"%d %s" % (status, HTTPStatus(status).phrase.encode()), headers, body)
+            record = type(self).record  # through the class: a plain function stored there is not bound
+            if record is not None:
+                record("", status, key_name(scope), None)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _edge_refusal(self, scope: Any) -> Refusal | None:
+        """The edge admission's decision on a request to a model route; one let through is marked
+        so, counted until the app has answered it (`EdgeAdmission` releases it)."""
+        if self.edge is None:
+            return None
+        runs_a_model, model = model_route(scope)
+        if not runs_a_model:
+            return None
+        refusal = self.edge.decide(model, tenant_of(scope))
+        if refusal is None:
+            scope.setdefault("state", {})[LET_THROUGH] = True
+        return refusal
+
+    def _answer(self, cycle: RequestResponseCycle, status: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response in one write, without an ASGI task; the request's body, if any, is read
+        and dropped."""
+        head = [b"HTTP/1.1 " + status, *(b"%s: %s" % header for header in headers)]
         if not cycle.keep_alive:
             head.append(b"connection: close")
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        cycle.response_complete = True  # the body, if any, is read and dropped
+        cycle.response_complete = True
         if not cycle.keep_alive:
             self.transport.close()
         cycle.on_response()

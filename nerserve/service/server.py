@@ -94,6 +94,8 @@ def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None
     HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
     HeaderDeadlineProtocol.record = state.engine.record
     HeaderDeadlineProtocol.door = door(state)
+    engine = state.engine  # with the engine in this process (not an HTTP worker's link to it), and no CORS headers owed
+    HeaderDeadlineProtocol.edge = engine.edge if isinstance(engine, LocalEngine) and not settings.cors_allow_origins else None
     config = uvicorn.Config(
         with_admission(app),
         host=settings.host,
