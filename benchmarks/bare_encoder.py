@@ -19,6 +19,7 @@ import torch
 import typer
 from transformers import AutoTokenizer
 
+from nerserve.loadtest.client import Order, arrange
 from nerserve.ner.backbone import DEFAULT_BACKBONE, resolve_backbone
 from nerserve.ner.data import read_split
 from nerserve.ner.encoder import load_backbone
@@ -79,13 +80,16 @@ def main(
         str, typer.Option(help="fp32, fp16, bf16, fp16-autocast, bf16-autocast (comma-separated)")
     ] = "fp32,fp16,fp16-autocast",
     limit: Annotated[int, typer.Option(min=32, help="test sentences (batch 1 runs at most 512 of them)")] = 3453,
+    order: Annotated[
+        Order, typer.Option(help="the first LIMIT of the split shuffled (seeded; a sample of it) or in file order")
+    ] = Order.SHUFFLED,
 ) -> None:
     info = resolve_backbone(backbone)
     torch_device = torch.device(device)
     model: Any = load_backbone(info)
     model.to(torch_device).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(info.path))
-    words = [list(s.tokens) for s in read_split(data, "test", limit)]
+    words = arrange([list(s.tokens) for s in read_split(data, "test")], order)[:limit]
     encoded = sorted(tokenizer(words, is_split_into_words=True, truncation=True, max_length=512)["input_ids"], key=len)
     rows: list[dict[str, Any]] = []
     for precision in precisions.split(","):
@@ -99,6 +103,7 @@ def main(
         "backbone": info.name,
         "device": torch.cuda.get_device_name() if torch_device.type == "cuda" else "cpu",
         "sentences": len(encoded),
+        "order": order.value,
         "mean_subwords": round(sum(map(len, encoded)) / len(encoded), 1),
         "rows": rows,
         "best": {p: max(r["sentences_per_second"] for r in rows if r["precision"] == p) for p in precisions.split(",")},

@@ -18,7 +18,10 @@
 #   6. span-conll03 through TorchScript on the device, offline and served (the split layout);
 #   7. nag, setgen, bartner and diffusion (1 step) offline, as 2;
 #   8. summary.json: the ratios the engine issue asks for.
-# Graphs are built here from model_store (a few MB a model), never carried. Every step writes JSON
+# Offline, bare and served figures all take samples of CoNLL-2003 test (the split shuffled, seeded:
+# --order in batching_ceiling.py, bare_encoder.py and served_check.py), so that the ratios divide
+# figures taken on the same kind of sentences (the split's first 2,048 average 14.8 words, the
+# split 13.4). Graphs are built here from model_store (a few MB a model), never carried. Every step writes JSON
 # under $OUT and a failed step is recorded, not fatal.
 #
 #   OUT=build/gpu-check DATA=../shared/data bash benchmarks/gpu_check.sh --device cuda
