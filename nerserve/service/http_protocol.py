@@ -6,8 +6,8 @@ of its first byte (or of the connection) is answered 408 in JSON and the connect
 request the door refuses is answered 401 in the same callback, before its body is read and
 without an ASGI task (which would wait its turn behind the answers the event loop is writing).
 Where the engine shares this process, a request to a model route that the edge admission refuses
-is answered 429 the same way: under overload most requests are refused, and each one's task, trip
-through the middlewares and two writes took the core the graphs share
+is answered 429 the same way, for the same reason: under overload most requests are refused, and a
+refusal's task would wait its turn behind the answers the event loop is writing
 (docs/decisions/admission.md)."""
 
 from __future__ import annotations
