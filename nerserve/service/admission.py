@@ -1,6 +1,7 @@
 """Admission at the HTTP edge: refuse at arrival, before a body is read, what could not be answered
-within the bound, and do it cheaply (two raw ASGI messages, outside FastAPI's middleware stack), on
-every route that runs a model (POST /extract, POST /v2/models/{name}[/versions/{v}]/infer).
+within the bound, and do it cheaply (two raw ASGI messages, outside FastAPI's middleware stack; with
+the engine in the process, one write from the HTTP protocol, service.http_protocol), on every route
+that runs a model (POST /extract, POST /v2/models/{name}[/versions/{v}]/infer).
 
 There is one estimate of a newcomer's wait, the scheduler's (`Scheduler.wait`: others' work ahead
 of it in fair order ÷ the measured sub-words/s) and one bound (`max_queue_seconds`). The edge asks
