@@ -19,7 +19,7 @@ import torch
 import typer
 from transformers import AutoTokenizer
 
-from nerserve.loadtest.client import Order, arrange
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange
 from nerserve.ner.backbone import DEFAULT_BACKBONE, resolve_backbone
 from nerserve.ner.data import read_split
 from nerserve.ner.encoder import load_backbone
@@ -80,9 +80,7 @@ def main(
         str, typer.Option(help="fp32, fp16, bf16, fp16-autocast, bf16-autocast (comma-separated)")
     ] = "fp32,fp16,fp16-autocast",
     limit: Annotated[int, typer.Option(min=32, help="test sentences (batch 1 runs at most 512 of them)")] = 3453,
-    order: Annotated[
-        Order, typer.Option(help="the first LIMIT of the split shuffled (seeded; a sample of it) or in file order")
-    ] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
 ) -> None:
     info = resolve_backbone(backbone)
     torch_device = torch.device(device)

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import Order, arrange
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange
 from nerserve.ner.data import read_split
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime import lane_stream
@@ -94,9 +94,7 @@ def main(
     options: Annotated[str, typer.Option(help="decoding options over the manifest's, as JSON: '{\"steps\": 1}'")] = "",
     int8: Annotated[bool, typer.Option("--int8", help="the ONNX export with INT8 weights (`nerserve export --int8`)")] = False,
     lanes: Annotated[int, typer.Option(min=1, help="batches in flight at once, each from a thread of its own")] = 1,
-    order: Annotated[
-        Order, typer.Option(help="the split shuffled (seeded: its first LIMIT a sample of it) or in file order")
-    ] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     program = load_program(model, runtime, device, threads, precision, int8)

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import Order, arrange, make_client, read_sentences, scrape, server_split
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange, make_client, read_sentences, scrape, server_split
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 from nerserve.loadtest.stats import summarize
 
@@ -144,7 +144,7 @@ def main(
     duration: Annotated[float, typer.Option(min=1.0, help="seconds per level")] = 8.0,
     processes: Annotated[int, typer.Option(min=1, help="client processes")] = 4,
     cores: Annotated[str, typer.Option(help="cores for the client processes: 12-15 or 12,13 (default: any)")] = "",
-    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     sentences = arrange(read_sentences(data), order)

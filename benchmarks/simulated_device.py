@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import Order, arrange, make_client, read_sentences
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange, make_client, read_sentences
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 
 app = typer.Typer(add_completion=False)
@@ -122,7 +122,7 @@ def main(
         int | None, typer.Option(help="the server's process id: CPU time per request of the engine and each worker")
     ] = None,
     per_request: Annotated[int, typer.Option(min=1, help="sentences in each request")] = 1,
-    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]

@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from nerserve.compose import START_UP_EXPORTER
-from nerserve.loadtest.client import Order, arrange, read_sentences
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange, read_sentences
 from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
@@ -172,7 +172,7 @@ def main(
     costs: Annotated[
         Path | None, typer.Option(help="batch costs: a file or a bundled table's name (default: the bare encoder on an H100)")
     ] = None,
-    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     out: Path | None = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import Order, Sample, arrange, extract, make_client, read_sentences, scrape
+from nerserve.loadtest.client import ORDER_HELP, Order, Sample, arrange, extract, make_client, read_sentences, scrape
 from nerserve.loadtest.schedule import arrivals
 from nerserve.loadtest.stats import percentile
 
@@ -143,7 +143,7 @@ def main(
     rate: Annotated[float, typer.Option(min=0.1, help="requests/s, one sentence each (70 % of capacity)")] = 56.0,
     minutes: Annotated[float, typer.Option(min=0.1)] = 10.0,
     interval: Annotated[float, typer.Option(min=1.0, help="seconds between samples")] = 10.0,
-    order: Annotated[Order, typer.Option(help="the split shuffled (seeded) or in file order")] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     out: Annotated[Path, typer.Option()] = Path("soak-results"),
 ) -> None:
     result = asyncio.run(_run(url, model, data, rate, minutes * 60, interval, order))

@@ -18,7 +18,7 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 import aiohttp
 import typer
 
-from nerserve.loadtest.client import Order, arrange, make_client, model_info, model_row, read_sentences
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange, make_client, model_info, model_row, read_sentences
 from nerserve.loadtest.protocols import protocol_batches, run_protocol
 from nerserve.loadtest.report import markdown, slo_throughput, write_outputs
 from nerserve.loadtest.runs import closed_loop, open_loop
@@ -159,10 +159,7 @@ def run(
     once: Annotated[
         bool, typer.Option("--once", help="closed loop: send the split once, then stop (--duration caps it)")
     ] = False,
-    order: Annotated[
-        Order,
-        typer.Option(help="the split shuffled (seeded: the same order every run, each prefix a sample of it) or in file order"),
-    ] = Order.SHUFFLED,
+    order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     sentences_per_request: Annotated[int, typer.Option(min=1)] = 1,
     slo_p99_ms: Annotated[float | None, typer.Option(help="report the highest open-loop rate with p99 under it")] = None,
     url: URL = "http://127.0.0.1:8000",

@@ -46,6 +46,9 @@ class Order(StrEnum):
     FILE = "file"
 
 
+ORDER_HELP = "the split shuffled (seeded: the same order every run, any first part of it a sample) or in file order"
+
+
 def arrange(sentences: list[list[str]], order: Order, seed: int = 0) -> list[list[str]]:
     """The order a run sends the split in. A run over a duration sends a prefix of it, and a file's
     order is not a sample of it: CoNLL-2003 test opens with short result tables (its first 1,160

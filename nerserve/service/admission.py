@@ -135,11 +135,11 @@ class EdgeAdmission:
         self.record = record
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        runs_a_model, model = model_route(scope)
-        if not runs_a_model:
-            await self.app(scope, receive, send)
-            return
-        if not scope.get("state", {}).get(LET_THROUGH):
+        if not scope.get("state", {}).get(LET_THROUGH):  # else the HTTP protocol decided: its route ran a model
+            runs_a_model, model = model_route(scope)
+            if not runs_a_model:
+                await self.app(scope, receive, send)
+                return
             refusal = await self.admitter.admit(model, tenant_of(scope), declared_length(scope))
             if refusal is not None:
                 await self._refuse(send, refusal, scope)
