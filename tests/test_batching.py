@@ -945,6 +945,43 @@ def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little
     assert settled and (max(settled) < 16 if split else set(settled) == {16})
 
 
+@pytest.mark.parametrize("half_ms, split", [(42.0, True), (55.0, False)])
+def test_a_half_never_run_is_tried_once_then_kept_or_rejoined_by_its_measured_cost(half_ms: float, split: bool) -> None:
+    """A device whose pass costs 40 ms for one sentence and 60 ms for 16: between those two sizes,
+    the only ones run, a half of 8 looks like 49 ms, and two of them too dear (99 ms against 1.5 ×
+    60). The closed loop is tried once in halves to measure them. Where a half costs 42 ms (84
+    against 90) the halves stay; where it costs 55 ms (110) they are rejoined into one batch."""
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice("card", "test", np.array([1.0, 8.0, 16.0]), np.array([40.0, half_ms, 60.0]))
+    passes: list[int] = []
+
+    def run(prepared: list[str]) -> list[str]:
+        passes.append(len(prepared))
+        device.run(len(prepared))
+        return prepared
+
+    async def client(scheduler: Scheduler, name: str, until: float) -> None:
+        while time.monotonic() < until:
+            await asyncio.gather(*scheduler.submit([(name, 1)]))
+
+    async def scenario() -> None:
+        limits = BatchLimits(max_wait_ms=5, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(
+            prepare=lambda p: p, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
+        )
+        scheduler.start()
+        await asyncio.gather(*scheduler.submit([("first", 1)]))
+        until = time.monotonic() + 1.6
+        await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(16)))
+        await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    settled = passes[len(passes) // 2 :]
+    assert 8 in passes[: len(passes) // 2]  # the halves were tried
+    assert settled and (max(settled) < 16 if split else set(settled) == {16})
+
+
 def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
     """Below capacity a server runs small batches; a burst's queue forms full ones, which run
     faster a sentence: 100 sentences ahead wait 100 / 140 s, not 100 / 80 s, and are admitted

@@ -82,6 +82,10 @@ class PassTimes:
         """Whether batches of this power-of-two size, or larger, have run."""
         return bool(self._by_size) and int(max(tokens, 1)).bit_length() <= max(self._by_size)
 
+    def measured(self, tokens: float) -> bool:
+        """Whether batches of this power-of-two size have run (its time is measured, not interpolated)."""
+        return int(max(tokens, 1)).bit_length() in self._by_size
+
     def observe(self, tokens: int, seconds: float) -> None:
         _smooth_into(self._by_size, max(tokens, 1), seconds)
         self._points = sorted(self._by_size.values())

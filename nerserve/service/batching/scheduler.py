@@ -62,6 +62,9 @@ HAND_OFF_SECONDS = 0.003
 # part (launches, reading the weights) and a part by sub-words: at 1.5 the latter is at least the
 # former, and halves pay that fixed part once more to overlap the host's work with the device's.
 PIPELINE_COST_RATIO = 1.5
+# _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
+# (a few of its clients may have left, or send a little later)
+REJOINED_SHARE = 0.9
 # A batch's prepare or decode expected to take at most this long runs on the event loop itself. Each
 # hand-off to its thread and back (a wake-up of the thread, then of the loop through its pipe, each
 # waiting for the interpreter lock) costs a lone sentence more than its own host work; past this
@@ -138,6 +141,7 @@ class Scheduler:
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
     _device_free_at: float = 0.0  # when a device's last pass ended (lanes_drive_a_device)
+    _split_whole: float | None = None  # the sub-words of the batch last split in halves (_pipelined_limits)
 
     def __post_init__(self) -> None:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight, self.fair_quantum)
@@ -381,6 +385,7 @@ class Scheduler:
                 break
             self._arrived.clear()
             await self._arrived.wait()
+        await self._rejoin_halves()
         limits = self.limits
         close_at = self._queue.oldest_arrival() + limits.max_wait_ms / 1000
         while True:
@@ -478,7 +483,11 @@ class Scheduler:
         the host turns the other around, where two half passes cost the device at most
         PIPELINE_COST_RATIO times the whole one and the second half can be prepared while the
         first runs: both from the pass and prepare times measured, and only for a size that has
-        run whole (else it runs whole, and is measured)."""
+        run whole (else it runs whole, and is measured). A half's size that has never run is tried
+        once in halves, and so measured: a pass's time between two sizes far apart is not their
+        straight line (a device's cost climbs little until its cores are full), and a load whose
+        batches are all of one size never runs one of half that size. Where the halves prove too
+        dear, `_rejoin_halves` makes them one batch again."""
         if not limits.close_as_device_frees or not self._device_idle() or not self.run_times or not self.prepare_times:
             return limits
         count = min(len(self._queue), limits.max_batch_size)
@@ -487,12 +496,34 @@ class Scheduler:
         whole = min(self._queue.tokens, limits.max_batch_tokens)
         if not self.run_times.has_run(whole):
             return limits
-        half_run = self.run_times.seconds(whole / 2)
-        if 2 * half_run > PIPELINE_COST_RATIO * self.run_times.seconds(whole):
+        if self._time_to_start(whole / 2) > self.run_times.seconds(whole / 2) or self._halves_dearer(whole):
             return limits
-        if self._time_to_start(whole / 2) > half_run:
-            return limits
+        self._split_whole = whole
         return replace(limits, max_batch_size=math.ceil(count / 2))
+
+    def _halves_dearer(self, whole: float) -> bool:
+        """Whether two passes of half WHOLE sub-words, that size measured, cost the device more than
+        PIPELINE_COST_RATIO times one pass of WHOLE."""
+        half = self.run_times.seconds(whole / 2)
+        return self.run_times.measured(whole / 2) and 2 * half > PIPELINE_COST_RATIO * self.run_times.seconds(whole)
+
+    async def _rejoin_halves(self) -> None:
+        """A closed loop split in halves (`_pipelined_limits`) stays split: each half gathers while the
+        other runs. Where the halves proved too dear, the half queued waits for the device to finish
+        the other and for that half's clients to send again (until the two fill the batch that was
+        split, or max_wait after the device frees), so that they travel as one batch again."""
+        whole, self._split_whole = self._split_whole, None
+        if whole is None or not self._halves_dearer(whole):
+            self._split_whole = whole
+            return
+        while not self._device_idle():
+            self._lane_freed.clear()
+            await self._lane_freed.wait()
+        until = self.clock() + self.limits.max_wait_ms / 1000
+        while self._queue.tokens < REJOINED_SHARE * whole and (left := until - self.clock()) > 0:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout=left)
 
     async def _collect_loop(self) -> None:
         while True:
