@@ -527,6 +527,36 @@ def test_an_overdue_request_goes_first_a_sentence_a_batch() -> None:
     assert order.index("L1") < order.index("n2") and order.index("L2") < order.index("n3"), order
 
 
+@pytest.mark.parametrize("pass_seconds, first", [(0.4, True), (0.05, False)])
+def test_a_request_goes_first_once_its_promise_falls_before_the_batch_would_be_answered(
+    pass_seconds: float, first: bool
+) -> None:
+    """A request promised an answer by t = 1 s still has two sentences queued at t = 0.7 s, behind
+    newer requests in fair order. Where a batch takes 0.4 s, one closed now is answered after the
+    promise, so its sentences go first now; where it takes 0.05 s they keep their fair place."""
+
+    async def scenario() -> list[list[str]]:
+        now = [0.0]
+        batches: list[list[str]] = []
+        scheduler = make_scheduler(BatchLimits(max_batch_size=2, max_wait_ms=0, max_queue=10_000), batches)
+        scheduler.clock = lambda: now[0]
+        scheduler.rates.observe(2, 100.0)
+        scheduler.run_times.observe(2, pass_seconds)
+        scheduler.submit([("old", 1)])
+        scheduler.submit([(f"L{i}", 1) for i in range(3)])  # promised by t = 1 s
+        now[0] = 0.7
+        for index in range(4):  # newer requests ahead of L1, L2 in fair order, promised by 1.7 s
+            scheduler.submit([(f"n{index}", 1)])
+        scheduler.start()
+        await asyncio.sleep(0.2)
+        await scheduler.stop()
+        return batches
+
+    order = [item for batch in asyncio.run(scenario()) for item in batch]
+    ahead = order.index("L1") < order.index("n2") and order.index("L2") < order.index("n3")
+    assert ahead == first, order
+
+
 def test_a_large_request_does_not_hold_the_queue() -> None:
     """Fair order: a request queued behind a large one is served within a few rounds, and both
     keep their own sentences' order."""

@@ -72,12 +72,12 @@ def test_tenants_share_by_weight_and_a_newcomer_starts_level() -> None:
     queue: FairQueue[Sentence] = FairQueue(lambda tenant: {"a": 1.0, "b": 3.0}.get(tenant, 1.0))
     queue.push(Sentence("a", 1, tag) for tag in range(100))
     queue.push(Sentence("b", 2, tag) for tag in range(100))
-    first = queue.order(40, now=0.0)
+    first = queue.order(40, answered_by=0.0)
     assert sum(s.tenant == "b" for s in first) == 30 and sum(s.tenant == "a" for s in first) == 10
     for _ in range(5):
-        queue.take(queue.order(16, now=0.0))
+        queue.take(queue.order(16, answered_by=0.0))
     queue.push([Sentence("c", 3, 0)])
-    assert [s.tenant for s in queue.order(5, now=0.0)].count("c") == 1
+    assert [s.tenant for s in queue.order(5, answered_by=0.0)].count("c") == 1
 
 
 def test_the_wait_counts_the_other_tenants_share_only() -> None:

@@ -16,8 +16,8 @@ Two levels of fair queueing:
   virtual time (where the last batch's sentences started), so it is not charged for the time it
   did not wait, nor can it claim that time back. Without API keys every request is of one tenant ("").
 
-A request whose promised time (`WorkItem.due`) has passed has its next sentence put before every
-other, one a batch.
+A request whose promised time (`WorkItem.due`) will have passed by the time the batch being formed
+is answered has its next sentence put before every other, one a batch.
 """
 
 from __future__ import annotations
@@ -119,13 +119,13 @@ class FairQueue(Generic[T]):
             others += other.tokens if runs == len(other.items) else sum(item.cost for item in other.items[:runs])
         return own_tokens + others
 
-    def order(self, limit: int, now: float) -> list[T]:
-        """The next `limit` sentences in the order batches take them: each overdue request's next
-        sentence first (the longest overdue first), then tenants by virtual time, each tenant's
-        sentences by tag."""
+    def order(self, limit: int, answered_by: float) -> list[T]:
+        """The next `limit` sentences in the order batches take them: the next sentence of each
+        request due by ANSWERED_BY, when the batch would be answered, first (the earliest due
+        first), then tenants by virtual time, each tenant's sentences by tag."""
         overdue: dict[int, T] = {}
         for item in self:
-            if item.due <= now and item.request not in overdue:
+            if item.due <= answered_by and item.request not in overdue:
                 overdue[item.request] = item
         first = sorted(overdue.values(), key=lambda item: item.due)[:limit]
         promoted = {id(item) for item in first}

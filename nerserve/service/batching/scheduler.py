@@ -418,7 +418,8 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
         limits = self._pipelined_limits(self._lane_limits(limits))
-        window = self._queue.order(limits.max_batch_size * limits.lookahead, self.clock())
+        answered_by = self.clock() + self._time_to_answer(self._formed(min(self._queue.tokens, limits.max_batch_tokens)))
+        window = self._queue.order(limits.max_batch_size * limits.lookahead, answered_by)
         batch = [window[i] for i in sorted(select_batch(window, limits))]
         self._queue.take(batch)
         self._taken_tokens += sum(item.cost for item in batch)
@@ -465,6 +466,16 @@ class Scheduler:
         """From a batch of TOKENS closing to its pass starting: twice its measured prepare (a prepare
         shares the cores) and the hand-off."""
         return 2 * self.prepare_times.seconds(tokens) + HAND_OFF_SECONDS
+
+    def _time_to_answer(self, tokens: float) -> float:
+        """From now until a batch of TOKENS sub-words closed now has run, at the times measured: the
+        sub-words taken before it (running, prepared) at the graphs' pace, then its own start and
+        pass. A request whose promise falls before then goes first in this batch (`FairQueue.order`):
+        put first only once its promise had passed, its answer came a batch or two after it."""
+        if not self.run_times:
+            return 0.0
+        ahead = self.run_times.seconds(self._taken_tokens) / self._parallel if self._taken_tokens else 0.0
+        return ahead + self._time_to_start(tokens) + self.run_times.seconds(tokens)
 
     def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
         """With lanes free, what is queued is shared among them: two half batches on one core each
