@@ -501,10 +501,17 @@ def test_a_newcomer_waits_behind_a_quantum_of_each_request_of_its_round() -> Non
     assert wait(4) == pytest.approx(4 * 380 / 1900)
 
 
-def test_an_overdue_request_goes_first_a_sentence_a_batch() -> None:
-    """No admitted request left behind: once its promised time has passed, a request's next
-    sentence goes before newer requests' (one a batch, so they still wait a sentence of it, not
-    all of it)."""
+@pytest.mark.parametrize(
+    "starts_at, pass_seconds, first",
+    [(1.5, None, True), (0.7, 0.4, True), (0.7, 0.05, False)],
+    ids=["promise-passed", "answered-after-promise", "answered-before-promise"],
+)
+def test_an_overdue_request_goes_first_a_sentence_a_batch(starts_at: float, pass_seconds: float | None, first: bool) -> None:
+    """No admitted request left behind: a request promised an answer by t = 1 s has two sentences
+    queued behind newer requests in fair order. Once its promise has passed (t = 1.5 s), or would
+    have passed by the time a batch closed now is answered (at 0.7 s, a batch taking 0.4 s), its
+    next sentence goes before the newer requests' (one a batch, so they still wait a sentence of
+    it, not all of it). Where a batch takes 0.05 s, at 0.7 s its sentences keep their fair place."""
 
     async def scenario() -> list[list[str]]:
         now = [0.0]
@@ -512,41 +519,14 @@ def test_an_overdue_request_goes_first_a_sentence_a_batch() -> None:
         scheduler = make_scheduler(BatchLimits(max_batch_size=2, max_wait_ms=0, max_queue=10_000), batches)
         scheduler.clock = lambda: now[0]
         scheduler.rates.observe(2, 100.0)
+        if pass_seconds is not None:
+            scheduler.run_times.observe(2, pass_seconds)
         scheduler.submit([("old", 1)])  # an empty queue: taken, due within the 1-s bound
         scheduler.submit([(f"L{i}", 1) for i in range(3)])  # promised an answer by t = 1 s
-        now[0] = 0.9
-        for index in range(4):  # newer requests ahead of L1, L2 in fair order, promised by 1.9 s
-            scheduler.submit([(f"n{index}", 1)])
-        now[0] = 1.5  # L's promise has passed, theirs not
-        scheduler.start()
-        await asyncio.sleep(0.2)
-        await scheduler.stop()
-        return batches
-
-    order = [item for batch in asyncio.run(scenario()) for item in batch]
-    assert order.index("L1") < order.index("n2") and order.index("L2") < order.index("n3"), order
-
-
-@pytest.mark.parametrize("pass_seconds, first", [(0.4, True), (0.05, False)])
-def test_a_request_goes_first_once_its_promise_falls_before_the_batch_would_be_answered(
-    pass_seconds: float, first: bool
-) -> None:
-    """A request promised an answer by t = 1 s still has two sentences queued at t = 0.7 s, behind
-    newer requests in fair order. Where a batch takes 0.4 s, one closed now is answered after the
-    promise, so its sentences go first now; where it takes 0.05 s they keep their fair place."""
-
-    async def scenario() -> list[list[str]]:
-        now = [0.0]
-        batches: list[list[str]] = []
-        scheduler = make_scheduler(BatchLimits(max_batch_size=2, max_wait_ms=0, max_queue=10_000), batches)
-        scheduler.clock = lambda: now[0]
-        scheduler.rates.observe(2, 100.0)
-        scheduler.run_times.observe(2, pass_seconds)
-        scheduler.submit([("old", 1)])
-        scheduler.submit([(f"L{i}", 1) for i in range(3)])  # promised by t = 1 s
         now[0] = 0.7
         for index in range(4):  # newer requests ahead of L1, L2 in fair order, promised by 1.7 s
             scheduler.submit([(f"n{index}", 1)])
+        now[0] = starts_at
         scheduler.start()
         await asyncio.sleep(0.2)
         await scheduler.stop()
@@ -937,53 +917,13 @@ def test_a_devices_second_lane_queues_its_pass_behind_the_first_and_times_only_i
     assert scheduler.run_times.seconds(1) == pytest.approx(0.1, abs=0.01)
 
 
-@pytest.mark.parametrize("fixed_ms, split", [(20.0, True), (60.0, False)])
-def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little_more(fixed_ms: float, split: bool) -> None:
-    """Sixteen clients that each send again once answered travel as one batch at first (after a
-    request alone, whose pass tells the scheduler what a small pass costs). Where a pass
-    costs mostly by its sentences (20 ms fixed, 80 ms for 16), they go on in two halves of 8 that
-    alternate, one on the device while the host turns the other around; where its fixed part
-    dominates (60 of 80 ms: two halves would cost 1.7 times the whole) they stay one batch."""
+def closed_loop_passes(sentences: list[float], milliseconds: list[float], clients: int = 16) -> list[int]:
+    """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
+    send a sentence again once answered, for 1.6 s, after a request alone (whose pass tells the
+    scheduler what a small pass costs)."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
-    device = SimulatedDevice("card", "test", np.array([1.0, 16.0]), np.array([fixed_ms, 80.0]))
-    passes: list[int] = []
-
-    def run(prepared: list[str]) -> list[str]:
-        passes.append(len(prepared))
-        device.run(len(prepared))
-        return prepared
-
-    async def client(scheduler: Scheduler, name: str, until: float) -> None:
-        while time.monotonic() < until:
-            await asyncio.gather(*scheduler.submit([(name, 1)]))
-
-    async def scenario() -> None:
-        limits = BatchLimits(max_wait_ms=5, close_when_idle=True, close_as_device_frees=True)
-        scheduler = Scheduler(
-            prepare=lambda p: p, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
-        )
-        scheduler.start()
-        await asyncio.gather(*scheduler.submit([("first", 1)]))  # a pass of one sentence: the device's fixed part
-        until = time.monotonic() + 1.6
-        await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(16)))
-        await scheduler.stop()
-
-    asyncio.run(asyncio.wait_for(scenario(), timeout=20))
-    settled = passes[len(passes) // 2 :]
-    # halves: 8 and 8, or a late host's uneven parts (each split again as the device idles), never 16
-    assert settled and (max(settled) < 16 if split else set(settled) == {16})
-
-
-@pytest.mark.parametrize("half_ms, split", [(42.0, True), (55.0, False)])
-def test_a_half_never_run_is_tried_once_then_kept_or_rejoined_by_its_measured_cost(half_ms: float, split: bool) -> None:
-    """A device whose pass costs 40 ms for one sentence and 60 ms for 16: between those two sizes,
-    the only ones run, a half of 8 looks like 49 ms, and two of them too dear (99 ms against 1.5 ×
-    60). The closed loop is tried once in halves to measure them. Where a half costs 42 ms (84
-    against 90) the halves stay; where it costs 55 ms (110) they are rejoined into one batch."""
-    from nerserve.ner.runtime.simulated import SimulatedDevice
-
-    device = SimulatedDevice("card", "test", np.array([1.0, 8.0, 16.0]), np.array([40.0, half_ms, 60.0]))
+    device = SimulatedDevice("card", "test", np.array(sentences), np.array(milliseconds))
     passes: list[int] = []
 
     def run(prepared: list[str]) -> list[str]:
@@ -1003,10 +943,32 @@ def test_a_half_never_run_is_tried_once_then_kept_or_rejoined_by_its_measured_co
         scheduler.start()
         await asyncio.gather(*scheduler.submit([("first", 1)]))
         until = time.monotonic() + 1.6
-        await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(16)))
+        await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(clients)))
         await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    return passes
+
+
+@pytest.mark.parametrize("fixed_ms, split", [(20.0, True), (60.0, False)])
+def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little_more(fixed_ms: float, split: bool) -> None:
+    """Sixteen clients that each send again once answered travel as one batch at first. Where a
+    pass costs mostly by its sentences (20 ms fixed, 80 ms for 16), they go on in two halves of 8
+    that alternate, one on the device while the host turns the other around; where its fixed part
+    dominates (60 of 80 ms: two halves would cost 1.7 times the whole) they stay one batch."""
+    passes = closed_loop_passes([1.0, 16.0], [fixed_ms, 80.0])
+    settled = passes[len(passes) // 2 :]
+    # halves: 8 and 8, or a late host's uneven parts (each split again as the device idles), never 16
+    assert settled and (max(settled) < 16 if split else set(settled) == {16})
+
+
+@pytest.mark.parametrize("half_ms, split", [(42.0, True), (55.0, False)])
+def test_a_half_never_run_is_tried_once_then_kept_or_rejoined_by_its_measured_cost(half_ms: float, split: bool) -> None:
+    """A device whose pass costs 40 ms for one sentence and 60 ms for 16: between those two sizes,
+    the only ones run, a half of 8 looks like 49 ms, and two of them too dear (99 ms against 1.5 ×
+    60). The closed loop is tried once in halves to measure them. Where a half costs 42 ms (84
+    against 90) the halves stay; where it costs 55 ms (110) they are rejoined into one batch."""
+    passes = closed_loop_passes([1.0, 8.0, 16.0], [40.0, half_ms, 60.0])
     settled = passes[len(passes) // 2 :]
     assert 8 in passes[: len(passes) // 2]  # the halves were tried
     assert settled and (max(settled) < 16 if split else set(settled) == {16})
