@@ -523,10 +523,10 @@ class Scheduler:
         other runs. Where the halves proved too dear, the half queued waits for the device to finish
         the other and for that half's clients to send again (until the two fill the batch that was
         split, or max_wait after the device frees), so that they travel as one batch again."""
-        whole, self._split_whole = self._split_whole, None
+        whole = self._split_whole
         if whole is None or not self._halves_dearer(whole):
-            self._split_whole = whole
             return
+        self._split_whole = None
         while not self._device_idle():
             self._lane_freed.clear()
             await self._lane_freed.wait()
