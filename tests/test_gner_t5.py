@@ -124,7 +124,7 @@ def test_t5_folder_serves_labels_per_request(imported_t5: Path) -> None:
         assert missing.status_code == 422 and missing.json()["error"]["field"] == "labels"
         for labels, field in (
             ([""], "labels[0]"),
-            (["city", "person", "city"], "labels"),
+            (["city", "person", "city"], "labels[2]"),
             ([f"type {i}" for i in range(101)], "labels"),
             (["x" * 65], "labels[0]"),
             (["side (effect)"], "labels[0]"),

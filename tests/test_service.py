@@ -247,8 +247,8 @@ def test_long_text_is_windowed_not_truncated(server: Server) -> None:
         ({"texts": ["a"], "flat": "yes"}, 422, "invalid_request", "flat"),
         ({"texts": ["a"] * 300}, 413, "too_many_texts", "texts"),
         ({"texts": ["Go on. " * 1100]}, 413, "too_many_sentences", "texts"),  # 1,100 sentences > 1,024
-        ({"texts": ["a\ud800b"]}, 422, "invalid_request", "texts"),
-        ({"tokens": [["a", "\udfff"]]}, 422, "invalid_request", "tokens"),
+        ({"texts": ["a\ud800b"]}, 422, "invalid_request", "texts[0]"),
+        ({"tokens": [["a", "\udfff"]]}, 422, "invalid_request", "tokens[0][1]"),
         ({"texts": ["a"], "deadline_ms": True}, 422, "invalid_request", "deadline_ms"),
         ({"texts": ["a"], "deadline_ms": "100"}, 422, "invalid_request", "deadline_ms"),
         ({"texts": ["a"], "model": ""}, 422, "invalid_request", "model"),
@@ -273,6 +273,23 @@ def test_malformed_and_oversized_bodies(server: Server) -> None:
         headers={"content-type": "application/json"},
     )
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"", "request body is empty"),
+        (b'{"texts": ["Z\xfcrich"]}', "not valid UTF-8 (byte 0xfc at offset 13)"),
+        ("[" * 100_000 + "]" * 100_000, "nests arrays or objects too deeply"),
+    ],
+    ids=["empty", "latin-1", "deep"],
+)
+def test_an_unreadable_body_says_why(server: Server, body: bytes | str, says: str) -> None:
+    sent = body.encode() if isinstance(body, str) else body
+    response = httpx.post(f"{server.url}/extract", content=sent, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "malformed_json"
+    assert says in response.json()["error"]["message"]
 
 
 def test_over_long_words_are_clipped_not_a_500(server: Server) -> None:

@@ -5,6 +5,7 @@ route's {"error": {"code", "message", "field"}}, or under /v2 the Open Inference
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import Request
@@ -99,6 +100,9 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
     assert isinstance(error, RequestValidationError)
     errors = list(error.errors())
     first: dict[str, Any] = dict(errors[0]) if errors else {"type": "", "loc": (), "msg": "invalid request"}
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "missing":
+        message = 'request body is empty: send a JSON object, e.g. {"texts": ["..."]}'
+        return error_response("malformed_json", message, path=request.url.path)
     if tuple(first.get("loc", ())) == ("body",) and first.get("type") in ("model_attributes_type", "dict_type"):
         # FastAPI reads a body as JSON only when it is declared so (or not declared at all): JSON
         # sent as text/plain arrives as a string, which is not "malformed JSON" to the one who sent it.
@@ -112,11 +116,33 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
         return error_response("malformed_json", f"request body is not valid JSON: {detail}", path=request.url.path)
     field = _location(tuple(first.get("loc", ()))) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if field and (inner := _inner_location(field, message)):
+        # a list's validator names the item it failed on: that item is the place, said once
+        return error_response("invalid_request", message, inner, path=request.url.path)
     return error_response("invalid_request", f"{field}: {message}" if field else message, field, path=request.url.path)
+
+
+def _inner_location(field: str, message: str) -> str | None:
+    """The item of FIELD a validator's MESSAGE opens with ("texts[0][2]: …"), if it does."""
+    opened = re.match(re.escape(field) + r"(\[\d+\])+(?=: )", message)
+    return opened.group(0) if opened else None
+
+
+def _unparsed_body(cause: BaseException | None) -> str | None:
+    """What FastAPI, reading a JSON body, met other than a JSON syntax error (it answers those
+    all alike, "There was an error parsing the body")."""
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start : cause.start + 1].hex()
+        return f"request body is not valid UTF-8 (byte 0x{byte} at offset {cause.start}): send JSON as UTF-8"
+    if isinstance(cause, RecursionError):
+        return "request body nests arrays or objects too deeply to parse"
+    return None
 
 
 async def http_error_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
+    if error.status_code == 400 and (message := _unparsed_body(error.__cause__)):
+        return error_response("malformed_json", message, path=request.url.path)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code, "http_error")
     headers = dict(error.headers or {})  # a 405 carries Allow
     return error_response(code, str(error.detail), headers=headers, path=request.url.path, status=error.status_code)
