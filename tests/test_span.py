@@ -10,7 +10,14 @@ import torch
 from nerserve.ner.archs.span import SPEC
 from nerserve.ner.archs.span.config import DecodeOptions, SpanConfig
 from nerserve.ner.archs.span.decode import decode_batch, soft_nms
-from nerserve.ner.archs.span.graphs import SpanProposalGraph, levels_for, range_max, range_max_table, table_level
+from nerserve.ner.archs.span.graphs import (
+    SpanProposalGraph,
+    level_of_length,
+    levels_for,
+    range_max,
+    range_max_table,
+    table_level,
+)
 from nerserve.ner.archs.span.program import enumerate_seeds
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.decoding.overlap import accept_best_first, best_per
@@ -45,7 +52,7 @@ def test_range_max_is_exact() -> None:
     starts = torch.tensor([s for s, _ in spans] * 2)
     ends = torch.tensor([e for _, e in spans] * 2)
     sentence = torch.tensor([0] * len(spans) + [1] * len(spans))
-    pooled = range_max(table, 11, sentence, starts, ends, levels=4).reshape(2, len(spans), 5)
+    pooled = range_max(table, 11, sentence, starts, ends, 4, level_of_length(4)).reshape(2, len(spans), 5)
     for k, (s, e) in enumerate(spans):
         assert torch.allclose(pooled[0, k], states[0, s:e].max(dim=0).values)
         if e <= 7:
@@ -56,8 +63,10 @@ def test_table_level_is_the_floor_of_log2_capped_at_the_top_level() -> None:
     lengths = torch.arange(1, 600)
     for levels in range(1, 10):
         expected = torch.floor(torch.log2(lengths.double())).long().clamp(max=levels - 1)
-        assert torch.equal(table_level(lengths, levels), expected), levels
-    assert table_level(torch.zeros(0, dtype=torch.long), 9).shape == (0,)
+        assert torch.equal(table_level(lengths, levels, level_of_length(levels)), expected), levels
+        # a scorer of fewer levels reads the fused graph's table of nine (SpanProposalGraph.first_layers)
+        assert torch.equal(table_level(lengths, levels, level_of_length(9)), expected), levels
+    assert table_level(torch.zeros(0, dtype=torch.long), 9, level_of_length(9)).shape == (0,)
 
 
 def test_adjust_moves_both_ways_and_stays_legal() -> None:

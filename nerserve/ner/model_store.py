@@ -129,8 +129,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # decoder's cross-attention keys and values come from the encoder graph, once per sentence; 9: gner's
 # step graph reads its inputs per row, its `rows` graph selects them; 10: the label-matching graph
 # scores packed spans; 11: the character CNN reads a stream of the batch's characters; 12: the span
-# proposal's range-max levels come from a table, so no reduction meets an empty candidate set)
-EXPORT_VERSION = "12"
+# proposal's range-max levels come from a table, so no reduction meets an empty candidate set; 13: that
+# table is a constant of the graph, not computed in it)
+EXPORT_VERSION = "13"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
 INT8_VERSION = "int8-4"
 

@@ -57,27 +57,38 @@ def levels_for(words: int, levels: int) -> int:
 
 
 def range_max(
-    table: torch.Tensor, n: int, sentence: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, levels: int
+    table: torch.Tensor,
+    n: int,
+    sentence: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    levels: int,
+    length_levels: torch.Tensor,
 ) -> torch.Tensor:
-    """Max-pool of spans [starts, ends) (ends > starts) of sentences `sentence`, [M] each → [M, D]."""
-    level = table_level(ends - starts, levels)
+    """Max-pool of spans [starts, ends) (ends > starts) of sentences `sentence`, [M] each → [M, D].
+    LENGTH_LEVELS: `level_of_length` for at least LEVELS levels."""
+    level = table_level(ends - starts, levels, length_levels)
     width = torch.pow(2, level)
     base = sentence * (levels * n) + level * n
     return torch.maximum(word_rows(table, base + starts), word_rows(table, base + ends - width))
 
 
-def table_level(lengths: torch.Tensor, levels: int) -> torch.Tensor:
-    """⌊log2(length)⌋ capped at levels - 1, for lengths ≥ 1, looked up in a table of every length up
-    to the top level's width. The table is the count of powers of two each length reaches; counting
-    them for the spans themselves would reduce over an empty tensor when no seed passes the filter,
-    which ONNX Runtime before 1.32 (onnxruntime-gpu's newest is 1.31.1) answers unreduced, [0, L]
-    for [0], and the graph then fails."""
-    if levels == 1:
-        return torch.zeros_like(lengths)
-    top = 2 ** (levels - 1)
-    powers = 2 ** torch.arange(1, levels, device=lengths.device)
-    table = (torch.arange(top + 1, device=lengths.device).unsqueeze(-1) >= powers).sum(-1)
-    return table.index_select(0, lengths.clamp(max=top))
+def level_of_length(levels: int) -> torch.Tensor:
+    """⌊log2(length)⌋ for every length up to the top level's width, 2^(levels - 1) (0 for length
+    0): a constant each scorer holds (`SpanScorer.length_levels`), so that a span's level is one
+    lookup. Counting the powers of two each span's length reaches would instead cost a pass five
+    operators a scorer (a kernel each on a GPU), and reduce over an empty tensor when no seed passes
+    the filter, which ONNX Runtime before 1.32 (onnxruntime-gpu's newest is 1.31.1) answers
+    unreduced, [0, L] for [0], and the graph then fails."""
+    powers = 2 ** torch.arange(1, levels)
+    return (torch.arange(2 ** (levels - 1) + 1).unsqueeze(-1) >= powers).sum(-1)
+
+
+def table_level(lengths: torch.Tensor, levels: int, length_levels: torch.Tensor) -> torch.Tensor:
+    """⌊log2(length)⌋ capped at levels - 1, for lengths ≥ 1, read from LENGTH_LEVELS
+    (`level_of_length` for LEVELS levels or more: a length past the top level's width reads the top
+    level's)."""
+    return length_levels.index_select(0, lengths.clamp(max=2 ** (levels - 1)))
 
 
 def word_rows(states: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
@@ -96,12 +107,13 @@ def every_span(spans: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class WordLayers:
     """A scorer's first layer applied per word, [B, *, hidden] each (views of a fused product may
     be strided): the range-max table of its pooled part (`levels` levels), its left and right
-    boundary parts."""
+    boundary parts, and the span lengths' levels in that table."""
 
     table: torch.Tensor
     levels: int
     left: torch.Tensor
     right: torch.Tensor
+    length_levels: torch.Tensor  # level_of_length for at least `levels` levels
 
 
 class SpanScorer(nn.Module):
@@ -118,6 +130,9 @@ class SpanScorer(nn.Module):
         self.out = nn.Linear(hidden, outputs)
         self.levels = levels
         self.outer = outer  # boundary words just outside the span (regressor) or inside it
+        # a constant of the graph, not a weight: left out of checkpoints, moved with the module
+        self.length_levels: torch.Tensor
+        self.register_buffer("length_levels", level_of_length(levels), persistent=False)
 
     def forward(
         self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor, spans: torch.Tensor
@@ -140,7 +155,7 @@ class SpanScorer(nn.Module):
 
     def word_layers(self, states: torch.Tensor, word_mask: torch.Tensor) -> WordLayers:
         table = range_max_table(self.pool(states), word_mask, self.levels)
-        return WordLayers(table, self.levels, self.left(states), self.right(states))
+        return WordLayers(table, self.levels, self.left(states), self.right(states), self.length_levels)
 
     def span_words(self, layers: WordLayers, sentence: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
         """The first layer's part from spans' words, read from the per-word layers: [M, hidden]."""
@@ -152,7 +167,7 @@ class SpanScorer(nn.Module):
             left, right = starts, ends - 1
         base = sentence * n
         return (
-            range_max(layers.table, n, sentence, starts, ends, layers.levels)
+            range_max(layers.table, n, sentence, starts, ends, layers.levels, layers.length_levels)
             + word_rows(layers.left, base + left)
             + word_rows(layers.right, base + right)
         )
@@ -220,7 +235,11 @@ class SpanProposalGraph(nn.Module):
         def part(k: int) -> slice:
             return slice(k * self.hidden, (k + 1) * self.hidden)
 
-        layers = [WordLayers(table[..., part(k)], levels, words[..., part(3 + k)], words[..., part(6 + k)]) for k in range(3)]
+        length_levels = self.classifier.length_levels  # the most levels of the three
+        layers = [
+            WordLayers(table[..., part(k)], levels, words[..., part(3 + k)], words[..., part(6 + k)], length_levels)
+            for k in range(3)
+        ]
         return layers, [contexts[..., part(k)] for k in range(3)]
 
     def regularise(self, states: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
