@@ -199,6 +199,26 @@ def test_words_tokenised_once_are_what_the_sentence_would_give(data_root) -> Non
     assert encoder.tokenize(sentences[:5]) == encoder.tokenize_sentences(sentences[:5])  # from the cache
 
 
+def test_a_word_the_vocabulary_lacks_is_read_in_its_plain_form_and_a_known_one_as_it_is() -> None:
+    from nerserve.ner.backbone import resolve_backbone
+
+    encoder = SubwordEncoder(load_tokenizer(resolve_backbone().path))
+    styled = ["Ａｎｇｅｌａ", "Ｍｅｒｋｅｌ", "𝐁𝐞𝐫𝐥𝐢𝐧", "１９９６"]
+    plain = ["Angela", "Merkel", "Berlin", "1996"]
+    known = ["…", "km²", "½", "ﬁnance", "Merkel"]  # in the vocabulary as they are: not normalised
+    unreadable = ["ℬᎯℛℬℐℰ"]  # unknown in either form: kept
+    for tokenize in (encoder.tokenize, encoder.tokenize_sentences):
+        (sentence,) = tokenize([styled + known + unreadable])
+        (expected,) = encoder.tokenize_sentences([plain])
+        assert sentence.pieces[:4] == expected.pieces
+        assert sentence.words == tuple(styled + known + unreadable)  # offsets stay the text's
+        for word, pieces in zip(known + unreadable, sentence.pieces[4:], strict=True):
+            assert pieces == tuple(encoder.tokenizer.encode(word, add_special_tokens=False).ids) or pieces == (
+                encoder.unk_id,
+            ), word
+    assert encoder.unk_id in encoder.tokenize([unreadable])[0].pieces[0]
+
+
 def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length() -> None:
     """packed_rows (runs of equal lengths placed together, row lengths past the cost floor skipped)
     gives the same rows as first-fit decreasing one sentence at a time at every candidate row length,

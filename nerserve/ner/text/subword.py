@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -288,8 +289,29 @@ class SubwordEncoder:
                 # a new dict rather than clear(): another thread may be reading the old one
                 cache = self.word_pieces = {}
             encodings = self.tokenizer.encode_batch([[w] for w in unseen], is_pretokenized=True, add_special_tokens=False)
-            cache.update((word, tuple(e.ids) or (self.unk_id,)) for word, e in zip(unseen, encodings, strict=True))
+            pieces = self._fewer_unknowns(unseen, [tuple(e.ids) or (self.unk_id,) for e in encodings])
+            cache.update(zip(unseen, pieces, strict=True))
         return [Tokenized(tuple(words), tuple(cache[w] for w in words)) for words in sentences]
+
+    def _fewer_unknowns(self, words: Sequence[str], pieces: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """PIECES, each word's, with a word the vocabulary does not know ([UNK] among its pieces)
+        tokenised again in its NFKC form where that leaves fewer unknown pieces: fullwidth Ｌｅｔｔｅｒｓ
+        and １２３, mathematical 𝐁𝐨𝐥𝐝 (styled names in social media), ligatures are letters and
+        digits the vocabulary has in their plain form. A word it knows is never changed, so a model
+        reads what it was trained on."""
+        unknown = self.unk_id
+        again = [i for i, ids in enumerate(pieces) if unknown in ids and not words[i].isascii()]
+        plain = [unicodedata.normalize("NFKC", words[i]) for i in again]
+        retried = [(i, word) for i, word in zip(again, plain, strict=True) if word != words[i] and word.strip()]
+        if not retried:
+            return pieces
+        encodings = self.tokenizer.encode_batch([[w] for _, w in retried], is_pretokenized=True, add_special_tokens=False)
+        chosen = list(pieces)
+        for (i, _), encoding in zip(retried, encodings, strict=True):
+            ids = tuple(encoding.ids)
+            if ids and ids.count(unknown) < chosen[i].count(unknown):
+                chosen[i] = ids
+        return chosen
 
     def tokenize_sentences(self, sentences: Sequence[Sequence[str]]) -> list[Tokenized]:
         """`tokenize` for a tokenizer whose split of a word may depend on the words around it."""
@@ -300,7 +322,8 @@ class SubwordEncoder:
             for token, word in zip(encoding.ids, encoding.word_ids, strict=True):
                 if word is not None:
                     pieces[word].append(token)
-            tokenized.append(Tokenized(tuple(words), tuple(tuple(p) if p else (self.unk_id,) for p in pieces)))
+            ids = self._fewer_unknowns(words, [tuple(p) if p else (self.unk_id,) for p in pieces])
+            tokenized.append(Tokenized(tuple(words), tuple(ids)))
         return tokenized
 
     def encode(self, sentences: Sequence[Words]) -> SubwordBatch:
