@@ -288,10 +288,14 @@ class SubwordEncoder:
             if len(cache) + len(unseen) > WORD_CACHE_SIZE:
                 # a new dict rather than clear(): another thread may be reading the old one
                 cache = self.word_pieces = {}
-            encodings = self.tokenizer.encode_batch([[w] for w in unseen], is_pretokenized=True, add_special_tokens=False)
-            pieces = self._fewer_unknowns(unseen, [tuple(e.ids) or (self.unk_id,) for e in encodings])
+            pieces = self._fewer_unknowns(unseen, [ids or (self.unk_id,) for ids in self._encode_alone(unseen)])
             cache.update(zip(unseen, pieces, strict=True))
         return [Tokenized(tuple(words), tuple(cache[w] for w in words)) for words in sentences]
+
+    def _encode_alone(self, words: Sequence[str]) -> list[tuple[int, ...]]:
+        """Each word's sub-word ids, the word tokenised on its own."""
+        encodings = self.tokenizer.encode_batch([[w] for w in words], is_pretokenized=True, add_special_tokens=False)
+        return [tuple(e.ids) for e in encodings]
 
     def _fewer_unknowns(self, words: Sequence[str], pieces: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """PIECES, each word's, with a word the vocabulary does not know ([UNK] among its pieces)
@@ -300,15 +304,16 @@ class SubwordEncoder:
         digits the vocabulary has in their plain form. A word it knows is never changed, so a model
         reads what it was trained on."""
         unknown = self.unk_id
-        again = [i for i, ids in enumerate(pieces) if unknown in ids and not words[i].isascii()]
-        plain = [unicodedata.normalize("NFKC", words[i]) for i in again]
-        retried = [(i, word) for i, word in zip(again, plain, strict=True) if word != words[i] and word.strip()]
-        if not retried:
+        plain: dict[int, str] = {}
+        for i, (word, ids) in enumerate(zip(words, pieces, strict=True)):
+            if unknown in ids and not word.isascii():
+                normalised = unicodedata.normalize("NFKC", word)
+                if normalised != word and normalised.strip():
+                    plain[i] = normalised
+        if not plain:
             return pieces
-        encodings = self.tokenizer.encode_batch([[w] for _, w in retried], is_pretokenized=True, add_special_tokens=False)
         chosen = list(pieces)
-        for (i, _), encoding in zip(retried, encodings, strict=True):
-            ids = tuple(encoding.ids)
+        for i, ids in zip(plain, self._encode_alone(list(plain.values())), strict=True):
             if ids and ids.count(unknown) < chosen[i].count(unknown):
                 chosen[i] = ids
         return chosen
