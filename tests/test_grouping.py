@@ -1,13 +1,15 @@
 """A per-sentence graph run on groups of similar sizes gives the whole batch's outputs inside every
-row's own sizes (ner.archs.grouping)."""
+row's own sizes; a CPU batch's length groups are the cheapest cut of its sentences by word count
+(ner.archs.grouping)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import itertools
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from nerserve.ner.archs.grouping import run_grouped, size_groups
+from nerserve.ner.archs.grouping import in_batch_order, length_groups, run_grouped, size_groups
 from nerserve.ner.graph import GraphSignature
 
 SIGNATURE = GraphSignature(
@@ -93,3 +95,47 @@ def test_grouped_outputs_equal_the_whole_batch_inside_each_row() -> None:
         for b, count in enumerate(seed_counts):
             np.testing.assert_allclose(grouped[name][b, :count], whole[name][b, :count], rtol=1e-6)
             assert not grouped[name][b, count:].any()
+
+
+def groups_cost(word_counts: Sequence[int], groups: Sequence[np.ndarray], pass_cost: int) -> int:
+    return sum(pass_cost + len(rows) * max(word_counts[r] for r in rows) for rows in groups)
+
+
+def cheapest_cut(word_counts: Sequence[int], pass_cost: int) -> int:
+    """Every way to cut the sentences sorted by word count, tried."""
+    ordered = sorted(word_counts)
+    best = None
+    for cuts in itertools.product((False, True), repeat=len(ordered) - 1):
+        cost, first = 0, 0
+        for end, cut in enumerate([*cuts, True], start=1):
+            if cut:
+                cost += pass_cost + (end - first) * ordered[end - 1]
+                first = end
+        best = cost if best is None else min(best, cost)
+    assert best is not None
+    return best
+
+
+def test_length_groups_are_the_cheapest_cut_of_the_sentences_by_word_count() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        word_counts = rng.integers(1, 60, size=int(rng.integers(2, 11))).tolist()
+        pass_cost = int(rng.choice([0, 20, 200]))
+        groups = length_groups(word_counts, pass_cost)
+        assert sorted(np.concatenate(groups).tolist()) == list(range(len(word_counts)))
+        assert all((np.diff(rows) > 0).all() for rows in groups)  # batch order within a group
+        assert groups_cost(word_counts, groups, pass_cost) == cheapest_cut(word_counts, pass_cost)
+
+
+def test_a_mixed_batch_is_cut_in_two_and_an_even_one_runs_whole() -> None:
+    mixed = [5, 40, 6, 38, 4, 41, 7, 39] * 4  # a batch of 32 in arrival order
+    groups = length_groups(mixed)
+    assert [sorted({mixed[r] for r in rows}) for rows in groups] == [[4, 5, 6, 7], [38, 39, 40, 41]]
+    assert len(length_groups([12, 14, 13, 15] * 8)) == 1
+    assert len(length_groups([5, 40])) == 1  # two sentences: another pass costs more than it saves
+    assert [rows.tolist() for rows in length_groups([])] == [[]]
+
+
+def test_results_come_back_in_the_batch_order() -> None:
+    groups = [np.array([1, 3]), np.array([0, 2, 4])]
+    assert in_batch_order(groups, [["b", "d"], ["a", "c", "e"]]) == ["a", "b", "c", "d", "e"]

@@ -13,6 +13,7 @@ from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import read_manifest
 from nerserve.ner.runner import score
 from nerserve.ner.text.subword import ROW_SUBWORDS
+from nerserve.service.batch_passes import BatchPasses
 from tests.serving import LOCATIONS
 
 MODELS = LOCATIONS.list_models()
@@ -58,3 +59,24 @@ def test_packed_rows_give_what_one_sentence_a_row_gives(name: str, data_root: Pa
         if value.dtype.kind == "f" and value.shape == packed_outputs[key].shape:
             np.testing.assert_allclose(packed_outputs[key], value, atol=1e-4, err_msg=key)
     assert packed_entities == alone_entities
+
+
+@pytest.mark.parametrize("name", ["span-conll03", "nag-genia"])
+def test_a_batch_in_length_groups_finds_what_it_finds_whole(name: str, data_root: Path) -> None:
+    """On the CPU a batch mixing short and long sentences runs as two groups of similar word counts,
+    offline (`program.predict`) and served (`BatchPasses`), and every sentence's entities are those
+    the whole batch in one pass gives it, in the batch's order."""
+    model = load_model(LOCATIONS.model_dir(name))
+    folder = data_root / read_manifest(LOCATIONS.model_dir(name)).data["folder"]
+    dev = [list(s.tokens) for s in read_split(folder, "dev", 600)]
+    short, long = [s for s in dev if len(s) <= 12][:10], [s for s in dev if len(s) >= 30][:10]
+    mixed = [sentence for pair in zip(short, long, strict=True) for sentence in pair]
+    program = model.program
+    assert len(program.length_groups(mixed)) == 2
+    batch = program.prepare(mixed)
+    whole = program.decode(batch, program.run(batch))
+    assert any(whole) and program.predict(mixed) == whole
+    served = BatchPasses(program, None, in_length_groups=True)
+    prepared = served.prepare([(sentence, program.config.decode) for sentence in program.subwords.tokenize(mixed)])
+    assert [len(rows) for rows in prepared.groups] == [10, 10]
+    assert served.decode(prepared, served.run(prepared)) == whole

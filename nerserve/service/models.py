@@ -21,8 +21,7 @@ from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
 from nerserve.ner.runtime import lane_stream
 from nerserve.ner.runtime.graph_set import load_graph_set
-from nerserve.ner.text.subword import Tokenized
-from nerserve.ner.types import EntitySet
+from nerserve.service.batch_passes import BatchPasses, PreparedGroups
 from nerserve.service.batching.packing import BatchLimits
 from nerserve.service.batching.scheduler import Scheduler
 from nerserve.service.config import Settings
@@ -35,8 +34,6 @@ from nerserve.service.warm_up import FullBatch, WarmUp, warm_up
 
 log = logging.getLogger("nerserve")
 
-# What the batcher carries per sentence: the tokenised sentence (or window) and its options.
-Payload = tuple[Tokenized, Any]
 # an open-label model's labels for its warm-up passes, where its manifest names none
 WARM_UP_LABELS = ("person", "organization", "location")
 
@@ -182,19 +179,7 @@ def load_served_model(
     planner = planning.planner(program.subwords)
     observer = ModelObserver(metrics, folder.name)
 
-    def prepare(payloads: list[Payload]) -> tuple[Any, list[Any]]:
-        return program.prepare([sentence for sentence, _ in payloads]), [options for _, options in payloads]
-
-    def run(prepared: tuple[Any, list[Any]]) -> Any:
-        if graphs is not None:
-            return graphs.run(prepared)
-        batch, options = prepared
-        return program.run(batch, options)
-
-    def decode(prepared: tuple[Any, list[Any]], outputs: Any) -> list[EntitySet]:
-        batch, options = prepared
-        return program.decode(batch, outputs, options)
-
+    stages = BatchPasses(program, graphs, in_length_groups=not settings.batches_as_gpu)
     limits = BatchLimits(
         settings.batch_size_bound,
         settings.batch_tokens_bound,
@@ -206,13 +191,13 @@ def load_served_model(
         close_as_device_frees=settings.close_as_device_frees,
     )
     scheduler = Scheduler(
-        prepare=prepare,
-        run=run,
-        finish=decode,
+        prepare=stages.prepare,
+        run=stages.run,
+        finish=stages.decode,
         limits=limits,
         observer=observer,
         on_idle=release_freed_memory,
-        padded_tokens=lambda prepared: int(prepared[0].padded_tokens),
+        padded_tokens=PreparedGroups.padded_tokens,
         tenant_weight=tenant_weight,
         fair_quantum=settings.fair_quantum,
         answer_per_turn=settings.front_workers == 1,
@@ -224,14 +209,10 @@ def load_served_model(
         folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs
     )
 
-    def passes(payloads: list[Payload]) -> list[EntitySet]:
-        prepared = prepare(payloads)
-        return decode(prepared, run(prepared))
-
     full_batch = FullBatch(settings.batch_size_bound, settings.batch_tokens_bound, window)
     served.warmed_up = warm_up(
         served.name,
-        passes,
+        stages.in_turn,
         program.subwords,
         _warm_up_options(served),
         full_batch if settings.warms_up_at_batch_limits else None,

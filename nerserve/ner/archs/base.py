@@ -19,8 +19,9 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
+from nerserve.ner.archs.grouping import in_batch_order, length_groups
 from nerserve.ner.graph import Graph, GraphSignature
-from nerserve.ner.text.subword import SubwordEncoder, Words
+from nerserve.ner.text.subword import SubwordEncoder, Words, word_count
 from nerserve.ner.types import EntitySet
 
 # Decoding settings that come from the model's training data, never from a request's options
@@ -119,6 +120,27 @@ class ProgramBase(Generic[C, B, O]):
         raise NotImplementedError
 
     def predict(self, sentences: Sequence[Words], options: O | Sequence[O] | None = None) -> list[EntitySet]:
+        """The batch's entity sets; on the CPU, run in groups of similar word counts (grouping.length_groups)."""
+        groups = self.length_groups(sentences)
+        if len(groups) == 1:
+            return self._predict_whole(sentences, options)
+        per_sentence = options if isinstance(options, Sequence) else None
+        results = [
+            self._predict_whole(
+                [sentences[row] for row in rows], [per_sentence[row] for row in rows] if per_sentence is not None else options
+            )
+            for rows in groups
+        ]
+        return in_batch_order(groups, results)
+
+    def length_groups(self, sentences: Sequence[Words]) -> list[np.ndarray]:
+        """Where the graphs run on the CPU, the batch's groups of similar word counts; one group where
+        they keep their outputs on a device, which pays less for padding than for another pass."""
+        if any(graph.device_resident for graph in self.graphs.values()):
+            return [np.arange(len(sentences), dtype=np.int64)]
+        return length_groups([word_count(sentence) for sentence in sentences])
+
+    def _predict_whole(self, sentences: Sequence[Words], options: O | Sequence[O] | None) -> list[EntitySet]:
         batch = self.prepare(sentences)
         return self.decode(batch, self.run(batch, options), options)
 

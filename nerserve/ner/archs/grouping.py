@@ -1,23 +1,73 @@
-"""A per-sentence graph run on groups of sentences of similar sizes instead of the whole batch.
+"""Graphs run on groups of sentences of similar sizes instead of the whole batch.
 
 A graph whose rows are independent (one sentence each) but padded to the batch's largest on some
 axis (seed spans, words) spends its time on padding when a batch mixes lengths, as a server's
 batches do (sentences in arrival order): a few long rows make every row as long. Grouping rows
 by size before the call and padding the outputs back keeps the padding bounded whatever the batch;
 positions past a row's own size come back as zeros (every reader masks them).
+
+On the CPU a whole batch can run in groups too (`length_groups`): every architecture's word-level
+BiLSTM, and its decoder or span tables, run over word positions padded to the batch's longest
+sentence, so a batch in arrival order is cut where the padding saved costs more than one more pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from nerserve.ner.graph import Graph, GraphSignature
 
+T = TypeVar("T")
+
 # A group takes the next (smaller) row while its positions padded to its largest row stay within
 # this share of its real positions; another graph call costs far less than 25 % padding.
 PADDING_SLACK = 1.25
+
+# What one more pass of a batch's graphs costs on the CPU, in padded word positions: ONNX Runtime's
+# own work a call over the graphs' ~1,200 nodes (about 4 ms for span-conll03 on one core) against
+# some 20–40 µs a padded word position (BiLSTM, span tables, decoder). Of 100, 200 and 400, 200
+# measured best (docs/decisions/cpu-inference.md, "A batch in length groups").
+PASS_COST_WORDS = 200
+
+
+def length_groups(word_counts: Sequence[int], pass_cost: int = PASS_COST_WORDS) -> list[np.ndarray]:
+    """A batch's sentences (indices, in batch order within a group) in the groups of similar word
+    counts that cost least: each group a pass of `pass_cost` word positions plus its sentences
+    times its longest. Groups are runs of the sentences sorted by word count, chosen exactly: the
+    least cost of each sorted prefix from the prefixes before it, ending only where the count
+    changes (a cut inside sentences of one count never costs less than at their end)."""
+    order = sorted(range(len(word_counts)), key=word_counts.__getitem__)
+    counts = [word_counts[i] for i in order]
+    ends = [end for end in range(1, len(counts) + 1) if end == len(counts) or counts[end - 1] != counts[end]]
+    least = {0: 0}
+    start_of: dict[int, int] = {}
+    for end in ends:
+        longest = counts[end - 1]
+        best, best_first = least[0] + end * longest, 0
+        for first, cost_before in least.items():
+            cost = cost_before + (end - first) * longest
+            if cost < best:
+                best, best_first = cost, first
+        least[end], start_of[end] = best + pass_cost, best_first
+    groups: list[np.ndarray] = []
+    end = len(counts)
+    while end:
+        first = start_of[end]
+        groups.append(np.sort(np.array(order[first:end], dtype=np.int64)))
+        end = first
+    return groups[::-1] or [np.arange(0, dtype=np.int64)]
+
+
+def in_batch_order(groups: Sequence[np.ndarray], results: Sequence[Sequence[T]]) -> list[T]:
+    """Each group's results (in its rows' order) back in the batch's order."""
+    ordered: list[T | None] = [None] * sum(len(rows) for rows in groups)
+    for rows, found in zip(groups, results, strict=True):
+        for row, item in zip(rows.tolist(), found, strict=True):
+            ordered[row] = item
+    return ordered  # type: ignore[return-value]  # every row is in exactly one group
 
 
 def size_groups(sizes: Sequence[int], slack: float = PADDING_SLACK, allowance: int = 0) -> list[np.ndarray]:

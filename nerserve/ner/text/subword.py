@@ -100,6 +100,10 @@ def _tokenized(words: tuple[str, ...], pieces: tuple[tuple[int, ...], ...], rows
 Words = Sequence[str] | Tokenized
 
 
+def word_count(sentence: Words) -> int:
+    return len(sentence.words) if isinstance(sentence, Tokenized) else len(sentence)
+
+
 def sentence_char_rows(sentence: Words) -> CharRows:
     return sentence.char_rows if isinstance(sentence, Tokenized) else char_rows(sentence)
 
