@@ -80,3 +80,6 @@ def test_a_batch_in_length_groups_finds_what_it_finds_whole(name: str, data_root
     prepared = served.prepare([(sentence, program.config.decode) for sentence in program.subwords.tokenize(mixed)])
     assert [len(rows) for rows in prepared.groups] == [10, 10]
     assert served.decode(prepared, served.run(prepared)) == whole
+    on_a_device = BatchPasses(program, None, in_length_groups=False)  # a GPU's batch is one pass
+    prepared = on_a_device.prepare([(sentence, program.config.decode) for sentence in program.subwords.tokenize(mixed)])
+    assert len(prepared.parts) == 1 and on_a_device.decode(prepared, on_a_device.run(prepared)) == whole
