@@ -1,6 +1,6 @@
 """A model's three batch stages as the scheduler calls them: prepare (its own thread), the graphs
 (a lane), decode (its own thread). On the CPU a batch runs as groups of similar word counts
-(ner.archs.grouping.length_groups), one pass each on the batch's lane: the graphs pad every
+(`ProgramBase.length_groups`), one pass each on the batch's lane: the graphs pad every
 sentence's word positions to the longest of its pass, and a batch in arrival order mixes lengths.
 On a GPU (or the simulated device) a batch is one pass: a device pays less for padding than for
 another pass."""
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from nerserve.ner.archs.base import ProgramBase
-from nerserve.ner.archs.grouping import in_batch_order, length_groups
-from nerserve.ner.text.subword import Tokenized, word_count
+from nerserve.ner.archs.grouping import in_batch_order
+from nerserve.ner.text.subword import Tokenized
 from nerserve.ner.types import EntitySet
 from nerserve.service.graph_process import GraphProcess
 
@@ -36,8 +36,9 @@ class PreparedGroups:
 
 @dataclass(frozen=True)
 class BatchPasses:
-    """`program` prepares and decodes; its own graphs run the passes, or `graphs`, a graph process.
-    `in_length_groups`: the CPU's rule (above)."""
+    """`program` prepares, groups and decodes; its own graphs run the passes, or `graphs`, a graph
+    process. `in_length_groups`: where the graphs run on the CPU (the program's own graphs may be a
+    CPU copy beside a graph process on a device, so the service says)."""
 
     program: ProgramBase[Any, Any, Any]
     graphs: GraphProcess | None
@@ -45,12 +46,14 @@ class BatchPasses:
 
     def prepare(self, payloads: list[Payload]) -> PreparedGroups:
         sentences = [sentence for sentence, _ in payloads]
-        if self.in_length_groups:
-            groups = length_groups([word_count(sentence) for sentence in sentences])
-        else:
-            groups = [np.arange(len(payloads), dtype=np.int64)]
-        parts = [([sentences[i] for i in rows], [payloads[i][1] for i in rows]) for rows in groups]
-        return PreparedGroups(groups, [(self.program.prepare(part), options) for part, options in parts])
+        options = [option for _, option in payloads]
+        groups = self.program.length_groups(sentences) if self.in_length_groups else [np.arange(len(payloads))]
+        if len(groups) == 1:  # every batch on a device, and most on the CPU: nothing to reorder
+            return PreparedGroups(groups, [(self.program.prepare(sentences), options)])
+        parts = [rows.tolist() for rows in groups]
+        return PreparedGroups(
+            groups, [(self.program.prepare([sentences[i] for i in rows]), [options[i] for i in rows]) for rows in parts]
+        )
 
     def run(self, prepared: PreparedGroups) -> list[Any]:
         if self.graphs is not None:
@@ -62,7 +65,7 @@ class BatchPasses:
             self.program.decode(batch, part_outputs, options)
             for (batch, options), part_outputs in zip(prepared.parts, outputs, strict=True)
         ]
-        return in_batch_order(prepared.groups, found)
+        return found[0] if len(found) == 1 else in_batch_order(prepared.groups, found)
 
     def in_turn(self, payloads: list[Payload]) -> list[EntitySet]:
         """The three stages one after the other, on the calling thread (the warm-up's passes)."""
