@@ -70,6 +70,8 @@ RUN mkdir -p /data && chown -R nerserve:nerserve /cache /data
 VOLUME ["/app/model_store", "/cache/graphs"]
 USER 10001
 EXPOSE 8000
-HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+# timeout 10 s: the check is an exec into the container, which alone can take seconds on a busy
+# node; a too-tight timeout marks a serving container unhealthy
+HEALTHCHECK --interval=10s --timeout=10s --start-period=120s --retries=3 \
     CMD ["curl", "-fsS", "http://127.0.0.1:8000/health/live"]
 ENTRYPOINT ["nerserve", "serve"]
