@@ -917,10 +917,12 @@ def test_a_devices_second_lane_queues_its_pass_behind_the_first_and_times_only_i
     assert scheduler.run_times.seconds(1) == pytest.approx(0.1, abs=0.01)
 
 
-def closed_loop_passes(sentences: list[float], milliseconds: list[float], clients: int = 16) -> list[int]:
+def closed_loop_passes(
+    sentences: list[float], milliseconds: list[float], clients: int = 16, prepare_ms: float = 0.0, batch_limit: int = 32
+) -> list[int]:
     """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
     send a sentence again once answered, for 1.6 s, after a request alone (whose pass tells the
-    scheduler what a small pass costs)."""
+    scheduler what a small pass costs); a batch's prepare takes PREPARE_MS."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
     device = SimulatedDevice("card", "test", np.array(sentences), np.array(milliseconds))
@@ -931,14 +933,18 @@ def closed_loop_passes(sentences: list[float], milliseconds: list[float], client
         device.run(len(prepared))
         return prepared
 
+    def prepare(payloads: list[str]) -> list[str]:
+        time.sleep(prepare_ms / 1000)
+        return payloads
+
     async def client(scheduler: Scheduler, name: str, until: float) -> None:
         while time.monotonic() < until:
             await asyncio.gather(*scheduler.submit([(name, 1)]))
 
     async def scenario() -> None:
-        limits = BatchLimits(max_wait_ms=5, close_when_idle=True, close_as_device_frees=True)
+        limits = BatchLimits(max_batch_size=batch_limit, max_wait_ms=5, close_when_idle=True, close_as_device_frees=True)
         scheduler = Scheduler(
-            prepare=lambda p: p, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
+            prepare=prepare, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
         )
         scheduler.start()
         await asyncio.gather(*scheduler.submit([("first", 1)]))
@@ -959,6 +965,19 @@ def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little
     passes = closed_loop_passes([1.0, 16.0], [fixed_ms, 80.0])
     settled = passes[len(passes) // 2 :]
     # halves: 8 and 8, or a late host's uneven parts (each split again as the device idles), never 16
+    assert settled and (max(settled) < 16 if split else set(settled) == {16})
+
+
+@pytest.mark.parametrize("batch_limit, split", [(16, True), (32, False)])
+def test_a_full_batch_goes_in_halves_where_the_host_is_slower_than_a_half_pass(batch_limit: int, split: bool) -> None:
+    """A host that takes longer to turn a half around (a prepare of 7 ms, counted twice for busy
+    cores, and the hand-off) than the device takes for a half pass (8 ms for one sentence, 20 ms for
+    16: about 14 ms for 8). Where the 16 clients fill the device's batch limit they go in halves: one
+    batch leaves the device idle for the whole of the host's turn, two leave it idle only for what
+    the host takes beyond the other half's pass. Where they do not fill it (a batch limit of 32),
+    nothing says the clients are waiting on this batch rather than arriving slowly: one batch."""
+    passes = closed_loop_passes([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=batch_limit)
+    settled = passes[len(passes) // 2 :]
     assert settled and (max(settled) < 16 if split else set(settled) == {16})
 
 

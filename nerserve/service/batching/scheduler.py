@@ -62,6 +62,9 @@ HAND_OFF_SECONDS = 0.003
 # part (launches, reading the weights) and a part by sub-words: at 1.5 the latter is at least the
 # former, and halves pay that fixed part once more to overlap the host's work with the device's.
 PIPELINE_COST_RATIO = 1.5
+# _pipelined_limits: a batch at this share of the device's batch limits counts as full (a closed
+# loop's last few clients may send a moment after the batch closes)
+FULL_SHARE = 0.9
 # _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
 # (a few of its clients may have left, or send a little later)
 REJOINED_SHARE = 0.9
@@ -492,9 +495,14 @@ class Scheduler:
         as one batch: the device runs it while the host waits, then waits while the host answers,
         takes back and prepares all of it. Two halves alternate instead, one on the device while
         the host turns the other around, where two half passes cost the device at most
-        PIPELINE_COST_RATIO times the whole one and the second half can be prepared while the
-        first runs: both from the pass and prepare times measured, and only for a size that has
-        run whole (else it runs whole, and is measured). A half's size that has never run is tried
+        PIPELINE_COST_RATIO times the whole one, from the pass times measured, and only for a size
+        that has run whole (else it runs whole, and is measured); and where the second half can be
+        prepared while the first runs, or the batch is full. A full batch on an idle device is a
+        closed loop's clients all back at once: halves pay there even with a host slower than a
+        half pass, since the device then waits only for what the host takes beyond the other
+        half's pass, not for the whole of its turn. A partial one says that requests arrive slower
+        than the device serves them (a slow front): halves would only add passes and their host
+        work. A half's size that has never run is tried
         once in halves, and so measured: a pass's time between two sizes far apart is not their
         straight line (a device's cost climbs little until its cores are full), and a load whose
         batches are all of one size never runs one of half that size. Where the halves prove too
@@ -507,7 +515,9 @@ class Scheduler:
         whole = min(self._queue.tokens, limits.max_batch_tokens)
         if not self.run_times.has_run(whole):
             return limits
-        if self._time_to_start(whole / 2) > self.run_times.seconds(whole / 2) or self._halves_dearer(whole):
+        full = count >= FULL_SHARE * limits.max_batch_size or whole >= FULL_SHARE * limits.max_batch_tokens
+        host_keeps_up = self._time_to_start(whole / 2) <= self.run_times.seconds(whole / 2)
+        if self._halves_dearer(whole) or not (full or host_keeps_up):
             return limits
         self._split_whole = whole
         return replace(limits, max_batch_size=math.ceil(count / 2))
