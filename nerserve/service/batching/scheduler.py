@@ -516,11 +516,14 @@ class Scheduler:
         if not self.run_times.has_run(whole):
             return limits
         full = count >= FULL_SHARE * limits.max_batch_size or whole >= FULL_SHARE * limits.max_batch_tokens
-        host_keeps_up = self._time_to_start(whole / 2) <= self.run_times.seconds(whole / 2)
-        if self._halves_dearer(whole) or not (full or host_keeps_up):
+        if self._halves_dearer(whole) or not (full or self._host_keeps_up(whole / 2)):
             return limits
         self._split_whole = whole
         return replace(limits, max_batch_size=math.ceil(count / 2))
+
+    def _host_keeps_up(self, half: float) -> bool:
+        """Whether a batch of HALF sub-words can be prepared and handed over within a pass of its size."""
+        return self._time_to_start(half) <= self.run_times.seconds(half)
 
     def _halves_dearer(self, whole: float) -> bool:
         """Whether two passes of half WHOLE sub-words, that size measured, cost the device more than
