@@ -19,6 +19,6 @@ SPEC = ArchitectureSpec(
     network="nerserve.ner.archs.span.network:SpanNetwork",
     trainer="nerserve.ner.training.span_trainer:train_span",
     # the proposal graph's per-word maps are a sixth of the INT8 model's graph time on the CPU:
-    # quantised, that graph runs about 15 % faster with the same test F1 (docs/gpu.md)
+    # quantised, that graph runs about 15 % faster with the same test F1 (docs/decisions/cpu-inference.md)
     int8_graphs=("encoder", "span_proposal"),
 )
