@@ -923,10 +923,23 @@ def closed_loop_passes(
     """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
     send a sentence again once answered, for 1.6 s, after a request alone (whose pass tells the
     scheduler what a small pass costs); a batch's prepare takes PREPARE_MS."""
+    return closed_loop(sentences, milliseconds, clients, prepare_ms, batch_limit)[0]
+
+
+def closed_loop(
+    sentences: list[float],
+    milliseconds: list[float],
+    clients: int = 16,
+    prepare_ms: float = 0.0,
+    batch_limit: int = 32,
+    max_wait_ms: float = 5.0,
+) -> tuple[list[int], float]:
+    """`closed_loop_passes`, and the share of the closed loop's 1.6 s the device was busy."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
     device = SimulatedDevice("card", "test", np.array(sentences), np.array(milliseconds))
     passes: list[int] = []
+    busy: list[float] = []
 
     def run(prepared: list[str]) -> list[str]:
         passes.append(len(prepared))
@@ -942,18 +955,22 @@ def closed_loop_passes(
             await asyncio.gather(*scheduler.submit([(name, 1)]))
 
     async def scenario() -> None:
-        limits = BatchLimits(max_batch_size=batch_limit, max_wait_ms=5, close_when_idle=True, close_as_device_frees=True)
+        limits = BatchLimits(
+            max_batch_size=batch_limit, max_wait_ms=max_wait_ms, close_when_idle=True, close_as_device_frees=True
+        )
         scheduler = Scheduler(
             prepare=prepare, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
         )
         scheduler.start()
         await asyncio.gather(*scheduler.submit([("first", 1)]))
-        until = time.monotonic() + 1.6
+        busy_before, started = device.busy_seconds, time.monotonic()
+        until = started + 1.6
         await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(clients)))
+        busy.append((device.busy_seconds - busy_before) / (time.monotonic() - started))
         await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=20))
-    return passes
+    return passes, busy[0]
 
 
 # A pass time measured on a busy machine may stray (a lane's thread woken late): the scheduler then
@@ -1011,6 +1028,17 @@ def test_the_halves_rule_by_pass_and_prepare_times_alone(batch_limit: int, prepa
         return scheduler._pipelined_limits(limits).max_batch_size
 
     assert asyncio.run(size_limit_taken()) == size_limit
+
+
+def test_a_half_whose_clients_are_back_closes_without_waiting_out_max_wait() -> None:
+    """Sixteen clients fill a batch limit of 16 and go in two alternating halves of 8 (8 ms for one
+    sentence, 20 ms for 16: about 14 ms for 8), each prepared in 7 ms, with a max_wait of 100 ms.
+    A half's clients are all back while the other half runs: its batch closes then, is prepared
+    during that pass, and starts as the device frees, which stays busy. Were it to wait for more
+    company until the device freed, the device would then idle through every prepare."""
+    passes, busy = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=16, max_wait_ms=100.0)
+    assert share_in_halves(passes) >= HALVES_SHARE
+    assert busy >= 0.8
 
 
 @pytest.mark.parametrize("half_ms, split", [(42.0, True), (55.0, False)])

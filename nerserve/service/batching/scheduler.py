@@ -406,7 +406,7 @@ class Scheduler:
             # not hold the device: a batch's answers, travelling back while the device idles, are
             # the company a waiting batch would wait for in vain.
             idle = limits.close_when_idle and self._graphs_free()
-            if full or idle:
+            if full or idle or self._half_back():
                 break
             if remaining <= 0 and not self._handed:
                 gather = self._gathering_time() if limits.close_as_device_frees else 0.0
@@ -520,6 +520,14 @@ class Scheduler:
             return limits
         self._split_whole = whole
         return replace(limits, max_batch_size=math.ceil(count / 2))
+
+    def _half_back(self) -> bool:
+        """Whether a closed loop that goes in halves has the half gathering back: its queue holds what
+        the half of the batch split held (FULL_SHARE of it). Its clients are all in, so waiting on
+        for max_wait would gather nothing more and only delay its prepare past the other half's pass,
+        leaving the device idle for the difference."""
+        whole = self._split_whole
+        return whole is not None and self._queue.tokens >= FULL_SHARE * whole / 2
 
     def _host_keeps_up(self, half: float) -> bool:
         """Whether a batch of HALF sub-words can be prepared and handed over within a pass of its size."""
