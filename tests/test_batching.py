@@ -1010,6 +1010,7 @@ def test_a_full_batch_goes_in_halves_where_the_host_is_slower_than_a_half_pass(b
     halves = share_in_halves(passes)
     assert halves >= HALVES_SHARE if split else halves <= 1 - HALVES_SHARE
 
+
 @pytest.mark.parametrize("batch_limit, prepare_ms, size_limit", [(16, 7.0, 8), (32, 7.0, 32), (32, 2.0, 8)])
 def test_the_halves_rule_by_pass_and_prepare_times_alone(batch_limit: int, prepare_ms: float, size_limit: int) -> None:
     """The rule of the closed loops above, from pass and prepare times set rather than measured: 16
@@ -1039,6 +1040,22 @@ def test_a_half_whose_clients_are_back_closes_without_waiting_out_max_wait() -> 
     passes, busy = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=16, max_wait_ms=100.0)
     assert share_in_halves(passes) >= HALVES_SHARE
     assert busy >= 0.8
+
+
+def test_a_split_is_forgotten_once_a_batch_holds_more_than_the_batch_split() -> None:
+    """A closed loop of 4 once went in halves; 20 sentences queued now are another load, and its
+    halves' size must not cut it into small batches: the batch takes all 20 and the split is
+    forgotten."""
+
+    async def taken_and_split() -> tuple[int, float | None]:
+        limits = BatchLimits(max_batch_size=32, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
+        scheduler._split_whole = 4.0
+        scheduler.submit([(f"s{index}", 1) for index in range(20)])
+        batch = await scheduler._wait_for_batch()
+        return len(batch), scheduler._split_whole
+
+    assert asyncio.run(taken_and_split()) == (20, None)
 
 
 @pytest.mark.parametrize("half_ms, split", [(42.0, True), (55.0, False)])

@@ -425,7 +425,10 @@ class Scheduler:
         window = self._queue.order(limits.max_batch_size * limits.lookahead, answered_by)
         batch = [window[i] for i in sorted(select_batch(window, limits))]
         self._queue.take(batch)
-        self._taken_tokens += sum(item.cost for item in batch)
+        taken = sum(item.cost for item in batch)
+        self._taken_tokens += taken
+        if self._split_whole is not None and taken > self._split_whole:
+            self._split_whole = None  # more than the closed loop that was split: the load is another
         return batch
 
     def _timed(self, work: Callable[..., Any], *arguments: Any) -> tuple[Any, float]:
@@ -525,9 +528,12 @@ class Scheduler:
         """Whether a closed loop that goes in halves has the half gathering back: its queue holds what
         the half of the batch split held (FULL_SHARE of it). Its clients are all in, so waiting on
         for max_wait would gather nothing more and only delay its prepare past the other half's pass,
-        leaving the device idle for the difference."""
+        leaving the device idle for the difference. Not while a prepared batch waits for the device
+        (this one would wait behind it, and may as well grow), nor once a batch has held more than
+        the batch split (`_wait_for_batch` forgets the split: the closed loop is gone, and a half of
+        it would cut a heavier load into small batches)."""
         whole = self._split_whole
-        return whole is not None and self._queue.tokens >= FULL_SHARE * whole / 2
+        return whole is not None and not self._handed and self._queue.tokens >= FULL_SHARE * whole / 2
 
     def _host_keeps_up(self, half: float) -> bool:
         """Whether a batch of HALF sub-words can be prepared and handed over within a pass of its size."""
