@@ -65,6 +65,9 @@ PIPELINE_COST_RATIO = 1.5
 # _pipelined_limits: a batch at this share of the device's batch limits counts as full (a closed
 # loop's last few clients may send a moment after the batch closes)
 FULL_SHARE = 0.9
+# _half_back: a batch this many times the batch split in halves says the closed loop that was split
+# is gone (its own batches hold at most its clients, whose sentences' lengths vary a little)
+SPLIT_FORGOTTEN = 2.0
 # _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
 # (a few of its clients may have left, or send a little later)
 REJOINED_SHARE = 0.9
@@ -427,8 +430,8 @@ class Scheduler:
         self._queue.take(batch)
         taken = sum(item.cost for item in batch)
         self._taken_tokens += taken
-        if self._split_whole is not None and taken > self._split_whole:
-            self._split_whole = None  # more than the closed loop that was split: the load is another
+        if self._split_whole is not None and taken > SPLIT_FORGOTTEN * self._split_whole:
+            self._split_whole = None  # far more than the closed loop that was split: the load is another
         return batch
 
     def _timed(self, work: Callable[..., Any], *arguments: Any) -> tuple[Any, float]:
@@ -529,9 +532,9 @@ class Scheduler:
         the half of the batch split held (FULL_SHARE of it). Its clients are all in, so waiting on
         for max_wait would gather nothing more and only delay its prepare past the other half's pass,
         leaving the device idle for the difference. Not while a prepared batch waits for the device
-        (this one would wait behind it, and may as well grow), nor once a batch has held more than
-        the batch split (`_wait_for_batch` forgets the split: the closed loop is gone, and a half of
-        it would cut a heavier load into small batches)."""
+        (this one would wait behind it, and may as well grow), nor once a batch has held far more than
+        the batch split (`_wait_for_batch` forgets the split, SPLIT_FORGOTTEN: the closed loop is
+        gone, and a half of it would cut a heavier load into small batches)."""
         whole = self._split_whole
         return whole is not None and not self._handed and self._queue.tokens >= FULL_SHARE * whole / 2
 
