@@ -917,15 +917,6 @@ def test_a_devices_second_lane_queues_its_pass_behind_the_first_and_times_only_i
     assert scheduler.run_times.seconds(1) == pytest.approx(0.1, abs=0.01)
 
 
-def closed_loop_passes(
-    sentences: list[float], milliseconds: list[float], clients: int = 16, prepare_ms: float = 0.0, batch_limit: int = 32
-) -> list[int]:
-    """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
-    send a sentence again once answered, for 1.6 s, after a request alone (whose pass tells the
-    scheduler what a small pass costs); a batch's prepare takes PREPARE_MS."""
-    return closed_loop(sentences, milliseconds, clients, prepare_ms, batch_limit)[0]
-
-
 def closed_loop(
     sentences: list[float],
     milliseconds: list[float],
@@ -934,7 +925,10 @@ def closed_loop(
     batch_limit: int = 32,
     max_wait_ms: float = 5.0,
 ) -> tuple[list[int], float]:
-    """`closed_loop_passes`, and the share of the closed loop's 1.6 s the device was busy."""
+    """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
+    send a sentence again once answered, for 1.6 s, after a request alone (whose pass tells the
+    scheduler what a small pass costs), and the share of those 1.6 s the device was busy; a batch's
+    prepare takes PREPARE_MS."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
     device = SimulatedDevice("card", "test", np.array(sentences), np.array(milliseconds))
@@ -986,16 +980,21 @@ def share_in_halves(passes: list[int], whole: int = 16) -> float:
     return sum(size < whole for size in settled) / len(settled)
 
 
+def assert_settled_in_halves(passes: list[int], split: bool) -> None:
+    """Most settled passes below the whole batch where SPLIT, few where not (HALVES_SHARE)."""
+    halves = share_in_halves(passes)
+    assert halves >= HALVES_SHARE if split else halves <= 1 - HALVES_SHARE
+
+
 @pytest.mark.parametrize("fixed_ms, split", [(20.0, True), (60.0, False)])
 def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little_more(fixed_ms: float, split: bool) -> None:
     """Sixteen clients that each send again once answered travel as one batch at first. Where a
     pass costs mostly by its sentences (20 ms fixed, 80 ms for 16), they go on in two halves of 8
     that alternate, one on the device while the host turns the other around; where its fixed part
     dominates (60 of 80 ms: two halves would cost 1.7 times the whole) they stay one batch."""
-    passes = closed_loop_passes([1.0, 16.0], [fixed_ms, 80.0])
+    passes, _ = closed_loop([1.0, 16.0], [fixed_ms, 80.0])
     # halves: 8 and 8, or a late host's uneven parts (each split again as the device idles)
-    halves = share_in_halves(passes)
-    assert halves >= HALVES_SHARE if split else halves <= 1 - HALVES_SHARE
+    assert_settled_in_halves(passes, split)
 
 
 @pytest.mark.parametrize("batch_limit, split", [(16, True), (32, False)])
@@ -1006,9 +1005,8 @@ def test_a_full_batch_goes_in_halves_where_the_host_is_slower_than_a_half_pass(b
     batch leaves the device idle for the whole of the host's turn, two leave it idle only for what
     the host takes beyond the other half's pass. Where they do not fill it (a batch limit of 32),
     nothing says the clients are waiting on this batch rather than arriving slowly: one batch."""
-    passes = closed_loop_passes([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=batch_limit)
-    halves = share_in_halves(passes)
-    assert halves >= HALVES_SHARE if split else halves <= 1 - HALVES_SHARE
+    passes, _ = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=batch_limit)
+    assert_settled_in_halves(passes, split)
 
 
 @pytest.mark.parametrize("batch_limit, prepare_ms, size_limit", [(16, 7.0, 8), (32, 7.0, 32), (32, 2.0, 8)])
@@ -1038,7 +1036,7 @@ def test_a_half_whose_clients_are_back_closes_without_waiting_out_max_wait() -> 
     during that pass, and starts as the device frees, which stays busy. Were it to wait for more
     company until the device freed, the device would then idle through every prepare."""
     passes, busy = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=16, max_wait_ms=100.0)
-    assert share_in_halves(passes) >= HALVES_SHARE
+    assert_settled_in_halves(passes, split=True)
     assert busy >= 0.8
 
 
@@ -1064,10 +1062,9 @@ def test_a_half_never_run_is_tried_once_then_kept_or_rejoined_by_its_measured_co
     the only ones run, a half of 8 looks like 49 ms, and two of them too dear (99 ms against 1.5 ×
     60). The closed loop is tried once in halves to measure them. Where a half costs 42 ms (84
     against 90) the halves stay; where it costs 55 ms (110) they are rejoined into one batch."""
-    passes = closed_loop_passes([1.0, 8.0, 16.0], [40.0, half_ms, 60.0])
+    passes, _ = closed_loop([1.0, 8.0, 16.0], [40.0, half_ms, 60.0])
     assert 8 in passes[: len(passes) // 2]  # the halves were tried
-    halves = share_in_halves(passes)
-    assert halves >= HALVES_SHARE if split else halves <= 1 - HALVES_SHARE
+    assert_settled_in_halves(passes, split)
 
 
 def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
