@@ -368,6 +368,41 @@ def test_a_lane_takes_the_next_prepared_batch_itself_while_the_loop_is_busy() ->
     assert 0.2 <= b_after_a < loop_free_after_a - 0.1
 
 
+@pytest.mark.parametrize("drives_a_device", [True, False])
+def test_on_an_idle_device_a_batchs_answers_wait_until_the_next_batch_is_on_it(drives_a_device: bool) -> None:
+    """Batch a runs (10 ms) while b, closed behind it, is prepared (60 ms, in its thread): the device
+    is idle from a's end until b is on it, and a's answers, which share the interpreter with that
+    prepare, go out after b's pass has started. On the CPU, where lanes compute on the cores
+    themselves, nothing waits: a is answered as it ends, before b runs."""
+    started: dict[str, float] = {}
+
+    def prepare(payloads: list[str]) -> list[str]:
+        time.sleep(0.06)  # past INLINE_HOST_SECONDS: in its thread
+        return payloads
+
+    def run(prepared: list[str]) -> list[str]:
+        started[",".join(prepared)] = time.monotonic()
+        time.sleep(0.01)
+        return prepared
+
+    async def scenario() -> float:
+        limits = BatchLimits(max_wait_ms=1)
+        scheduler = Scheduler(prepare=prepare, run=run, limits=limits, lanes_drive_a_device=drives_a_device)
+        scheduler.start()
+        first = scheduler.submit([("a", 1)])
+        while "a" not in started:
+            await asyncio.sleep(0.001)
+        second = scheduler.submit([("b", 1)])
+        await asyncio.gather(*first)
+        answered = time.monotonic()
+        await asyncio.gather(*second)
+        await scheduler.stop()
+        return answered - started["b"] if "b" in started else -1.0
+
+    a_answered_after_b_started = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert (a_answered_after_b_started >= 0) == drives_a_device
+
+
 @pytest.mark.parametrize("close_as_device_frees", [True, False])
 def test_on_a_gpu_the_next_batch_gathers_until_the_running_one_is_about_to_end(close_as_device_frees: bool) -> None:
     """A GPU's batch costs little more for more sentences: while one runs (300 ms), the next keeps

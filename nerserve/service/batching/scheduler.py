@@ -16,7 +16,8 @@ CPU, where two batches at once beat one batch on two cores, and on a device behi
 where the second launches the next pass while one runs, queued on the device behind it; else one). A one-slot hand-off
 between them lets the next batch be prepared while the current ones run. A lane takes the prepared
 batch from that slot itself, the moment its last pass ends, and reports to the event loop after:
-the device's next pass never waits for the loop to work through the answers of the last one.
+the device's next pass never waits for the loop to work through the answers of the last one. Nor
+for its prepare: a device left idle gets its next batch before the last one's answers go out.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class Scheduler:
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
     _device_free_at: float = 0.0  # when a device's last pass ended (lanes_drive_a_device)
     _split_whole: float | None = None  # the sub-words of the batch last split in halves (_pipelined_limits)
+    _preparing: asyncio.Future[Any] | None = None  # the prepare running in its thread, if one is
 
     def __post_init__(self) -> None:
         self._queue: FairQueue[WorkItem] = FairQueue(self.tenant_weight, self.fair_quantum)
@@ -578,7 +580,11 @@ class Scheduler:
                     prepared, seconds = self._timed(self.prepare, payloads)
                 else:
                     loop = asyncio.get_running_loop()
-                    prepared, seconds = await loop.run_in_executor(self._preparer, self._timed, self.prepare, payloads)
+                    self._preparing = loop.run_in_executor(self._preparer, self._timed, self.prepare, payloads)
+                    try:
+                        prepared, seconds = await self._preparing
+                    finally:
+                        self._preparing = None
             except Exception as error:  # a batch that cannot be prepared fails its own items only
                 await self._isolate(batch, error)
                 continue
@@ -678,8 +684,10 @@ class Scheduler:
         self, batch: list[WorkItem], tokens: int, prepared: Any, outputs: Any, started: float, ran: float, number: int
     ) -> None:
         """Outputs → results in the decode thread (on the loop where that is quick), then the
-        batch's answers and its record. TOKENS: the batch's sub-words, counted as it closed."""
+        batch's answers and its record, once an idle device has its next batch (`_device_fed`).
+        TOKENS: the batch's sub-words, counted as it closed."""
         seconds = ran - started
+        await self._device_fed()
         try:
             if self._inline(self.decode_times, tokens):
                 results, decoding = self._timed(self.finish, prepared, outputs)
@@ -707,6 +715,22 @@ class Scheduler:
             )
         )
         await self._when_idle(self.clock())
+
+    async def _device_fed(self) -> None:
+        """On a device left idle, until its next batch, being prepared in its thread or handed over,
+        is on it: a finished batch's decoding and answers wait for that. They share the interpreter
+        with the prepare and the lane's thread, and would slow the prepare threefold (at a lower OS
+        priority, and behind the loop's hold on the lock); the device then idled through it. Its
+        answers bring its clients' next sentences, which could not run before the next pass ends
+        anyway. A device with a pass on it needs nothing from the host now: nothing waits."""
+        while self.lanes_drive_a_device and not self._lane_ends:
+            if self._preparing is not None:
+                await asyncio.wait([self._preparing])
+            elif self._handed:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+            else:
+                return
 
     async def _when_idle(self, now: float) -> None:
         on_idle = self.on_idle
