@@ -9,20 +9,36 @@ request to keep a card busy, and what the HTTP front adds (that benchmark's requ
 process). Every figure is simulated: the stand-in graphs wait a measured card's batch costs and
 answer zeros; it measures the engine around a device of that speed, never the device.
 
+With `--link-clients K` the requests come instead through the engine link itself, from K processes
+that speak it as HTTP workers do (a planned request's run, its reply, the response's record) but
+do no HTTP and no planning: what the engine process costs a request, its link included, where
+workers on cores of their own keep up (a GPU node). `--link-client-cores` pins those processes;
+each row then says how busy they kept their cores.
+
     taskset -c 0 python benchmarks/simulated_engine.py --data ../shared/data/conll03 \
         --concurrency 1,16,64,256 --out docs/reference-run/simulated-engine.json
+    taskset -c 0 python benchmarks/simulated_engine.py --data ../shared/data/conll03 \
+        --concurrency 16,64,256 --link-clients 2 --link-client-cores 1 --out RUN.json
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import itertools
 import json
+import multiprocessing
 import os
 import platform
 import resource
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +50,7 @@ from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
+from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter
 from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import create_app
 
@@ -106,8 +123,28 @@ async def closed_loop(
     return len(latencies), latencies
 
 
+async def in_process(
+    engine: LocalEngine, model: str, queries: list[PlannedQuery], concurrency: int, seconds: float
+) -> tuple[list[float], float | None]:
+    """`closed_loop` as a Level: its callers are this process's own."""
+    _, latencies = await closed_loop(engine, model, queries, concurrency, seconds)
+    return latencies, None
+
+
+# (concurrency, seconds) → the answered requests' latencies, and the CPU seconds the link's client
+# processes spent (None without them)
+Level = Callable[[int, float], Awaitable[tuple[list[float], float | None]]]
+
+
 async def measure(
-    model: str, sentences: list[list[str]], levels: list[int], seconds: float, per_request: int, costs: Path | None
+    model: str,
+    sentences: list[list[str]],
+    levels: list[int],
+    seconds: float,
+    per_request: int,
+    costs: Path | None,
+    link_clients: int = 0,
+    link_client_cores: set[int] | None = None,
 ) -> dict[str, Any]:
     # configured as for HTTP worker processes (a turn's answers in one message), which it stands in for
     settings = Settings(models=[model], device="simulated", threads=1, simulated_device_costs=costs, http_workers=2)
@@ -131,35 +168,170 @@ async def measure(
         report = await engine.device_report()
         assert report is not None  # the settings ask for the simulated device
         device = {key: report[key] for key in ("card", "source")}
-        rows = []
-        for concurrency in levels:
-            before, cpu_before, threads_before = await engine.device_report(), cpu_seconds(), thread_cpu_seconds()
-            started = time.perf_counter()
-            answered, latencies = await closed_loop(engine, model, queries, concurrency, seconds)
-            elapsed = time.perf_counter() - started
-            after, cpu_after, threads_after = await engine.device_report(), cpu_seconds(), thread_cpu_seconds()
-            assert before is not None and after is not None
-            passes = after["passes"] - before["passes"]
-            rows.append(
-                {
-                    "concurrency": concurrency,
-                    "requests_per_second": round(answered / elapsed, 1),
-                    "sentences_per_second": round(answered * per_request / elapsed, 1),
-                    "device_busy": round((after["busy_seconds"] - before["busy_seconds"]) / elapsed, 4),
-                    "sentences_per_pass": round(answered * per_request / max(passes, 1), 1),
-                    "p50_ms": round(1000 * percentile(latencies, 50), 2),
-                    "p99_ms": round(1000 * percentile(latencies, 99), 2),
-                    "cpu_ms_per_request": round(1000 * (cpu_after - cpu_before) / max(answered, 1), 4),
-                    # where it went: the loop (admission, queue, answers, this benchmark's callers)
-                    # and the prepare, graphs and decode threads
-                    "cpu_ms_per_request_by_thread": {
-                        role: round(1000 * (spent - threads_before.get(role, 0.0)) / max(answered, 1), 4)
-                        for role, spent in sorted(threads_after.items())
-                    },
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
+        async with link_fed(engine, model, queries, link_clients, link_client_cores) as through_link:
+            level: Level = through_link or (lambda concurrency, span: in_process(engine, model, queries, concurrency, span))
+            rows = await run_levels(engine, level, levels, seconds, per_request)
     return {"model": model, "per_request": per_request, "seconds": seconds, "device": device, "rows": rows}
+
+
+async def run_levels(
+    engine: LocalEngine, level: Level, levels: list[int], seconds: float, per_request: int
+) -> list[dict[str, Any]]:
+    """Each level's row: sentences/s, the device's busy share, latency, the engine's CPU a request."""
+    rows = []
+    for concurrency in levels:
+        before, cpu_before, threads_before = await engine.device_report(), cpu_seconds(), thread_cpu_seconds()
+        started = time.perf_counter()
+        latencies, client_cpu = await level(concurrency, seconds)
+        answered = len(latencies)
+        elapsed = time.perf_counter() - started
+        after, cpu_after, threads_after = await engine.device_report(), cpu_seconds(), thread_cpu_seconds()
+        assert before is not None and after is not None
+        passes = after["passes"] - before["passes"]
+        rows.append(
+            {
+                "concurrency": concurrency,
+                "requests_per_second": round(answered / elapsed, 1),
+                "sentences_per_second": round(answered * per_request / elapsed, 1),
+                "device_busy": round((after["busy_seconds"] - before["busy_seconds"]) / elapsed, 4),
+                "sentences_per_pass": round(answered * per_request / max(passes, 1), 1),
+                "p50_ms": round(1000 * percentile(latencies, 50), 2),
+                "p99_ms": round(1000 * percentile(latencies, 99), 2),
+                "cpu_ms_per_request": round(1000 * (cpu_after - cpu_before) / max(answered, 1), 4),
+                # where it went: the loop (admission, queue, answers, this benchmark's callers)
+                # and the prepare, graphs and decode threads
+                "cpu_ms_per_request_by_thread": {
+                    role: round(1000 * (spent - threads_before.get(role, 0.0)) / max(answered, 1), 4)
+                    for role, spent in sorted(threads_after.items())
+                },
+            }
+        )
+        if client_cpu is not None:  # the link's client processes: whether their cores kept up
+            rows[-1]["link_clients_cpu_ms_per_request"] = round(1000 * client_cpu / max(answered, 1), 4)
+            rows[-1]["link_clients_cores_busy"] = round(client_cpu / elapsed, 3)
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+@contextlib.asynccontextmanager
+async def link_fed(
+    engine: LocalEngine, model: str, queries: list[PlannedQuery], clients: int, cores: set[int] | None
+) -> AsyncIterator[Level | None]:
+    """With CLIENTS > 0: the engine served on its link, and CLIENTS processes that send it the
+    QUERIES as HTTP workers do, started and connected; yields the level runner that drives them
+    (None with no clients: the callers are then this process's own)."""
+    if not clients:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="simulated-engine-")
+    path = os.path.join(folder, "engine.sock")
+    server = EngineServer(engine)
+    await server.start(path)
+    spawn = multiprocessing.get_context("spawn")
+    orders = [spawn.Pipe() for _ in range(clients)]
+    processes = [
+        spawn.Process(target=link_client, args=(path, model, queries, index, clients, cores, child), daemon=True)
+        for index, (_, child) in enumerate(orders)
+    ]
+    loop = asyncio.get_running_loop()
+    try:
+        for process in processes:
+            process.start()
+        for own, _ in orders:  # each says it is connected
+            await loop.run_in_executor(None, own.recv)
+
+        async def level(concurrency: int, seconds: float) -> tuple[list[float], float | None]:
+            for own, _ in orders:
+                own.send((concurrency, seconds))
+            results = await asyncio.gather(*(loop.run_in_executor(None, own.recv) for own, _ in orders))
+            refused = sum(count for _, count, _ in results)
+            if refused:  # the benchmark is over the engine's bound, and says so
+                raise SystemExit(f"c = {concurrency}: the engine refused {refused} requests")
+            latencies = [latency for answered, _, _ in results for latency in answered]
+            return latencies, sum(spent for _, _, spent in results)
+
+        yield level
+    finally:
+        for own, _ in orders:
+            own.send(None)
+        for process in processes:
+            process.join(timeout=10)
+        await server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def link_client(
+    path: str, model: str, queries: list[PlannedQuery], index: int, clients: int, cores: set[int] | None, orders: Connection
+) -> None:
+    """A process that stands in for an HTTP worker: on each order (concurrency, seconds) its share
+    of the callers (every CLIENTS-th from INDEX) run a closed loop through the engine link; it
+    answers with their latencies, the requests refused and the CPU seconds it spent."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+    hand_over_quickly()
+    try:
+        import uvloop  # the HTTP workers' own loop, where installed
+
+        uvloop.run(_link_client(path, model, queries, index, clients, orders))
+    except ImportError:
+        asyncio.run(_link_client(path, model, queries, index, clients, orders))
+
+
+async def _link_client(
+    path: str, model: str, queries: list[PlannedQuery], index: int, clients: int, orders: Connection
+) -> None:
+    reader, writer = await asyncio.open_unix_connection(path)
+    incoming = FrameReader(reader)
+    link = LinkCalls(FrameWriter(writer), model, queries)
+
+    async def read_replies() -> None:
+        while True:
+            for message in await incoming.read():
+                if message[0] == "reply":  # else the engine's state, pushed
+                    link.pending.pop(message[1]).set_result(message[2])
+
+    replies = asyncio.create_task(read_replies())
+    loop = asyncio.get_running_loop()
+    orders.send("connected")
+    while (order := await loop.run_in_executor(None, orders.recv)) is not None:
+        concurrency, seconds = order
+        stop_at, cpu_before = time.perf_counter() + seconds, cpu_seconds()
+        await asyncio.gather(*(link.caller(first, concurrency, stop_at) for first in range(index, concurrency, clients)))
+        orders.send((link.latencies, link.refused, cpu_seconds() - cpu_before))
+        link.latencies, link.refused = [], 0
+    replies.cancel()
+    writer.close()
+
+
+@dataclass
+class LinkCalls:
+    """A stand-in worker's calls on the engine link, and what they met."""
+
+    out: FrameWriter
+    model: str
+    queries: list[PlannedQuery]
+    pending: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    latencies: list[float] = field(default_factory=list)
+    refused: int = 0
+
+    async def caller(self, query: int, concurrency: int, stop_at: float) -> None:
+        """Queries QUERY, QUERY + CONCURRENCY, … each sent once the last is answered, until STOP_AT;
+        each response recorded as a worker records it."""
+        loop = asyncio.get_running_loop()
+        while time.perf_counter() < stop_at:
+            sent = time.perf_counter()
+            call_id = next(self.ids)
+            reply = self.pending[call_id] = loop.create_future()
+            self.out.send(("run_planned", call_id, (self.model, self.queries[query % len(self.queries)], "", False)))
+            ok = await reply
+            latency = time.perf_counter() - sent
+            if ok:
+                self.latencies.append(latency)
+            else:
+                self.refused += 1
+            self.out.send(("record", None, (self.model, 200 if ok else 429, None, latency)))
+            query += concurrency
 
 
 @app.command()
@@ -173,15 +345,23 @@ def main(
         Path | None, typer.Option(help="batch costs: a file or a bundled table's name (default: the bare encoder on an H100)")
     ] = None,
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
+    link_clients: Annotated[
+        int, typer.Option(min=0, help="processes sending the requests through the engine link as HTTP workers do (0: none)")
+    ] = 0,
+    link_client_cores: Annotated[str | None, typer.Option(help="the cores those processes may use, comma-separated")] = None,
     out: Path | None = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
+    cores = {int(core) for core in link_client_cores.split(",")} if link_client_cores else None
     hand_over_quickly()  # as the server's processes run
-    result = asyncio.run(measure(model, arrange(read_sentences(data), order), levels, seconds, per_request, costs))
+    sentences = arrange(read_sentences(data), order)
+    result = asyncio.run(measure(model, sentences, levels, seconds, per_request, costs, link_clients, cores))
     result |= {
         "simulated": True,
         "order": order.value,
-        "what": "the engine alone (no HTTP front), driven in its own process; the device waits the card's batch costs",
+        "what": "the engine alone (no HTTP front), driven "
+        + (f"through its link by {link_clients} processes" if link_clients else "in its own process")
+        + "; the device waits the card's batch costs",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores_allowed": len(os.sched_getaffinity(0))},
         "date": time.strftime("%Y-%m-%d"),
     }
