@@ -66,8 +66,8 @@ PIPELINE_COST_RATIO = 1.5
 # _pipelined_limits: a batch at this share of the device's batch limits counts as full (a closed
 # loop's last few clients may send a moment after the batch closes)
 FULL_SHARE = 0.9
-# _half_back: a batch this many times the batch split in halves says the closed loop that was split
-# is gone (its own batches hold at most its clients, whose sentences' lengths vary a little)
+# _wait_for_batch: a batch this many times the batch split in halves says the closed loop that was
+# split is gone (its own batches hold at most its clients, whose sentences' lengths vary a little)
 SPLIT_FORGOTTEN = 2.0
 # _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
 # (a few of its clients may have left, or send a little later)
@@ -149,6 +149,7 @@ class Scheduler:
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
     _device_free_at: float = 0.0  # when a device's last pass ended (lanes_drive_a_device)
     _split_whole: float | None = None  # the sub-words of the batch last split in halves (_pipelined_limits)
+    _on_device: int = 0  # the sub-words of the batch a lane took last (on the device while a lane runs)
     _preparing: asyncio.Future[Any] | None = None  # the prepare running in its thread, if one is
 
     def __post_init__(self) -> None:
@@ -411,7 +412,7 @@ class Scheduler:
             # not hold the device: a batch's answers, travelling back while the device idles, are
             # the company a waiting batch would wait for in vain.
             idle = limits.close_when_idle and self._graphs_free()
-            if full or idle or self._half_back():
+            if full or idle or (limits.close_as_device_frees and self._clients_back()):
                 break
             if remaining <= 0 and not self._handed:
                 gather = self._gathering_time() if limits.close_as_device_frees else 0.0
@@ -529,16 +530,20 @@ class Scheduler:
         self._split_whole = whole
         return replace(limits, max_batch_size=math.ceil(count / 2))
 
-    def _half_back(self) -> bool:
-        """Whether a closed loop that goes in halves has the half gathering back: its queue holds what
-        the half of the batch split held (FULL_SHARE of it). Its clients are all in, so waiting on
-        for max_wait would gather nothing more and only delay its prepare past the other half's pass,
-        leaving the device idle for the difference. Not while a prepared batch waits for the device
-        (this one would wait behind it, and may as well grow), nor once a batch has held far more than
-        the batch split (`_wait_for_batch` forgets the split, SPLIT_FORGOTTEN: the closed loop is
-        gone, and a half of it would cut a heavier load into small batches)."""
-        whole = self._split_whole
-        return whole is not None and not self._handed and self._queue.tokens >= FULL_SHARE * whole / 2
+    def _clients_back(self) -> bool:
+        """Whether, with a pass on the device that ends before a batch closed now could start after
+        it (`_gathering_time`), the batch gathering holds what that pass's batch holds (FULL_SHARE of
+        it): a closed loop's next batch, its clients back. The other half, where a batch was split in
+        halves; or another HTTP worker's requests, whose answers went out in one message and whose
+        clients sent again together (two workers' clients take turns on the device so, without any
+        batch split). Waiting on for max_wait would gather nothing more and only delay its prepare
+        past the pass, leaving the device idle for the difference; where the pass leaves time, the
+        batch gathers on. Not while a prepared batch waits for the device: this one would wait
+        behind it, and may as well grow, so under a load the device cannot keep up with, batches
+        still grow to its limits."""
+        on_device = self._on_device
+        back = bool(self._lane_ends) and not self._handed and on_device > 0 and self._queue.tokens >= FULL_SHARE * on_device
+        return back and self._gathering_time() <= 0
 
     def _host_keeps_up(self, half: float) -> bool:
         """Whether a batch of HALF sub-words can be prepared and handed over within a pass of its size."""
@@ -631,6 +636,7 @@ class Scheduler:
         that size."""
         self._handed -= 1
         self._slot_freed.set()
+        self._on_device = tokens
         if self.lanes_drive_a_device:  # queued on the device behind the passes launched before it
             started = max([started, *self._lane_ends.values()])
         self._lane_ends[lane] = started + self.run_times.seconds(tokens)
