@@ -149,7 +149,7 @@ class Scheduler:
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
     _device_free_at: float = 0.0  # when a device's last pass ended (lanes_drive_a_device)
     _split_whole: float | None = None  # the sub-words of the batch last split in halves (_pipelined_limits)
-    _on_device: int = 0  # the sub-words of the batch a lane took last (on the device while a lane runs)
+    _on_device: int = 0  # the sentences of the batch a lane took last (on the device while a lane runs)
     _preparing: asyncio.Future[Any] | None = None  # the prepare running in its thread, if one is
 
     def __post_init__(self) -> None:
@@ -532,8 +532,9 @@ class Scheduler:
 
     def _clients_back(self) -> bool:
         """Whether, with a pass on the device that ends before a batch closed now could start after
-        it (`_gathering_time`), the batch gathering holds what that pass's batch holds (FULL_SHARE of
-        it): a closed loop's next batch, its clients back. The other half, where a batch was split in
+        it (`_gathering_time`), the batch gathering holds as many sentences as that pass's batch
+        (FULL_SHARE of them; sentences, as clients come back, not sub-words, which vary with what
+        each sends): a closed loop's next batch, its clients back. The other half, where a batch was split in
         halves; or another HTTP worker's requests, whose answers went out in one message and whose
         clients sent again together (two workers' clients take turns on the device so, without any
         batch split). Waiting on for max_wait would gather nothing more and only delay its prepare
@@ -542,7 +543,7 @@ class Scheduler:
         behind it, and may as well grow, so under a load the device cannot keep up with, batches
         still grow to its limits."""
         on_device = self._on_device
-        back = bool(self._lane_ends) and not self._handed and on_device > 0 and self._queue.tokens >= FULL_SHARE * on_device
+        back = bool(self._lane_ends) and not self._handed and on_device > 0 and len(self._queue) >= FULL_SHARE * on_device
         return back and self._gathering_time() <= 0
 
     def _host_keeps_up(self, half: float) -> bool:
@@ -619,7 +620,7 @@ class Scheduler:
                         work.outcome.set_exception(raised)
                 continue
             started = self.clock()
-            loop.call_soon_threadsafe(self._lane_took, lane, work.tokens, started)
+            loop.call_soon_threadsafe(self._lane_took, lane, work.tokens, len(work.items), started)
             outputs: Any = None
             error: Exception | None = None
             wanted = work.wanted()
@@ -630,13 +631,13 @@ class Scheduler:
                     error = failure
             loop.call_soon_threadsafe(self._lane_ran, lane, work, wanted, outputs, error, started, self.clock())
 
-    def _lane_took(self, lane: int, tokens: int, started: float) -> None:
-        """LANE took the handed batch of TOKENS sub-words at STARTED: the slot is free (the collector
-        may close the next batch), and the lane is expected to end at the run time measured for
-        that size."""
+    def _lane_took(self, lane: int, tokens: int, sentences: int, started: float) -> None:
+        """LANE took the handed batch of TOKENS sub-words and SENTENCES at STARTED: the slot is free
+        (the collector may close the next batch), and the lane is expected to end at the run time
+        measured for that size."""
         self._handed -= 1
         self._slot_freed.set()
-        self._on_device = tokens
+        self._on_device = sentences
         if self.lanes_drive_a_device:  # queued on the device behind the passes launched before it
             started = max([started, *self._lane_ends.values()])
         self._lane_ends[lane] = started + self.run_times.seconds(tokens)
