@@ -959,11 +959,14 @@ def closed_loop(
     prepare_ms: float = 0.0,
     batch_limit: int = 32,
     max_wait_ms: float = 5.0,
+    per_request: int = 1,
+    staggered: bool = False,
 ) -> tuple[list[int], float]:
     """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
-    send a sentence again once answered, for 1.6 s, after a request alone (whose pass tells the
-    scheduler what a small pass costs), and the share of those 1.6 s the device was busy; a batch's
-    prepare takes PREPARE_MS."""
+    send a request of PER_REQUEST sentences again once answered, for 1.6 s, after a request alone
+    (whose pass tells the scheduler what a small pass costs), and the share of that time the device
+    was busy once every client had started; a batch's prepare takes PREPARE_MS. STAGGERED: each
+    client starts once the one before has had a pass on the device."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
     device = SimulatedDevice("card", "test", np.array(sentences), np.array(milliseconds))
@@ -981,7 +984,7 @@ def closed_loop(
 
     async def client(scheduler: Scheduler, name: str, until: float) -> None:
         while time.monotonic() < until:
-            await asyncio.gather(*scheduler.submit([(name, 1)]))
+            await asyncio.gather(*scheduler.submit([(f"{name}.{index}", 1) for index in range(per_request)]))
 
     async def scenario() -> None:
         limits = BatchLimits(
@@ -992,9 +995,15 @@ def closed_loop(
         )
         scheduler.start()
         await asyncio.gather(*scheduler.submit([("first", 1)]))
+        until = time.monotonic() + 1.6
+        running = []
+        for index in range(clients):
+            running.append(asyncio.create_task(client(scheduler, f"s{index}", until)))
+            passes_before = len(passes)
+            while staggered and len(passes) == passes_before:
+                await asyncio.sleep(0.001)
         busy_before, started = device.busy_seconds, time.monotonic()
-        until = started + 1.6
-        await asyncio.gather(*(client(scheduler, f"s{i}", until) for i in range(clients)))
+        await asyncio.gather(*running)
         busy.append((device.busy_seconds - busy_before) / (time.monotonic() - started))
         await scheduler.stop()
 
@@ -1082,42 +1091,9 @@ def test_a_batch_as_large_as_the_one_on_the_device_closes_once_its_clients_are_b
     gathering closes once its 8 are back and is prepared during the other's pass, which keeps the
     device busy; were it to gather on until the device freed, the device would idle through each
     prepare (about 0.65 busy)."""
-    from nerserve.ner.runtime.simulated import SimulatedDevice
-
-    device = SimulatedDevice("card", "test", np.array([1.0, 16.0]), np.array([8.0, 20.0]))
-    passes: list[int] = []
-
-    def run(prepared: list[str]) -> list[str]:
-        passes.append(len(prepared))
-        device.run(len(prepared))
-        return prepared
-
-    def prepare(payloads: list[str]) -> list[str]:
-        time.sleep(0.007)
-        return payloads
-
-    async def client(scheduler: Scheduler, name: str, until: float) -> None:
-        while time.monotonic() < until:
-            await asyncio.gather(*scheduler.submit([(f"{name}{index}", 1) for index in range(8)]))
-
-    async def busy_share() -> float:
-        limits = BatchLimits(max_batch_size=32, max_wait_ms=100.0, close_when_idle=True, close_as_device_frees=True)
-        scheduler = Scheduler(
-            prepare=prepare, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
-        )
-        scheduler.start()
-        await asyncio.gather(*scheduler.submit([("first", 1)]))
-        until = time.monotonic() + 1.6
-        first = asyncio.create_task(client(scheduler, "a", until))
-        while not passes[1:]:  # a's first turn on the device: b comes after it
-            await asyncio.sleep(0.001)
-        busy_before, started = device.busy_seconds, time.monotonic()
-        await asyncio.gather(first, client(scheduler, "b", until))
-        share = (device.busy_seconds - busy_before) / (time.monotonic() - started)
-        await scheduler.stop()
-        return share
-
-    busy = asyncio.run(asyncio.wait_for(busy_share(), timeout=20))
+    passes, busy = closed_loop(
+        [1.0, 16.0], [8.0, 20.0], clients=2, prepare_ms=7.0, max_wait_ms=100.0, per_request=8, staggered=True
+    )
     assert all(size == 8 for size in passes[1:])  # turns of 8, never joined or split
     assert busy >= 0.8
 
