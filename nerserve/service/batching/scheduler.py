@@ -534,14 +534,14 @@ class Scheduler:
         """Whether, with a pass on the device that ends before a batch closed now could start after
         it (`_gathering_time`), the batch gathering holds as many sentences as that pass's batch
         (FULL_SHARE of them; sentences, as clients come back, not sub-words, which vary with what
-        each sends): a closed loop's next batch, its clients back. The other half, where a batch was split in
-        halves; or another HTTP worker's requests, whose answers went out in one message and whose
-        clients sent again together (two workers' clients take turns on the device so, without any
-        batch split). Waiting on for max_wait would gather nothing more and only delay its prepare
-        past the pass, leaving the device idle for the difference; where the pass leaves time, the
-        batch gathers on. Not while a prepared batch waits for the device: this one would wait
-        behind it, and may as well grow, so under a load the device cannot keep up with, batches
-        still grow to its limits."""
+        each sends): a closed loop's next batch, its clients back. The other half, where a batch
+        was split in halves; or another HTTP worker's requests, whose answers went out in one
+        message and whose clients sent again together (two workers' clients take turns on the
+        device so, without any batch split). Waiting on for max_wait would gather nothing more and
+        only delay its prepare past the pass, leaving the device idle for the difference; where the
+        pass leaves time, the batch gathers on. Not while a prepared batch waits for the device:
+        this one would wait behind it, and may as well grow, so under a load the device cannot keep
+        up with, batches still grow to its limits."""
         on_device = self._on_device
         back = bool(self._lane_ends) and not self._handed and on_device > 0 and len(self._queue) >= FULL_SHARE * on_device
         return back and self._gathering_time() <= 0
