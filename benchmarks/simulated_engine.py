@@ -45,7 +45,7 @@ from typing import Annotated, Any
 import typer
 
 from nerserve.compose import START_UP_EXPORTER
-from nerserve.loadtest.client import ORDER_HELP, Order, arrange, read_sentences
+from nerserve.loadtest.client import ORDER_HELP, Order, arrange, read_sentences, run_event_loop
 from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
@@ -81,9 +81,9 @@ def thread_cpu_seconds() -> dict[str, float]:
 
 async def closed_loop(
     engine: LocalEngine, model: str, queries: list[PlannedQuery], concurrency: int, seconds: float
-) -> tuple[int, list[float]]:
+) -> list[float]:
     """CONCURRENCY callers, each sending its next query as soon as the last is answered, for
-    SECONDS: requests answered and their latencies. Each query starts as the engine link starts a
+    SECONDS: the answered requests' latencies. Each query starts as the engine link starts a
     worker's (`LocalEngine.start_planned`, its answer a callback) and the next is sent on the
     loop's next turn, as a worker's next message would arrive."""
     loop = asyncio.get_running_loop()
@@ -120,15 +120,14 @@ async def closed_loop(
     for caller in range(concurrency):
         send(caller)
     await finished
-    return len(latencies), latencies
+    return latencies
 
 
 async def in_process(
     engine: LocalEngine, model: str, queries: list[PlannedQuery], concurrency: int, seconds: float
 ) -> tuple[list[float], float | None]:
     """`closed_loop` as a Level: its callers are this process's own."""
-    _, latencies = await closed_loop(engine, model, queries, concurrency, seconds)
-    return latencies, None
+    return await closed_loop(engine, model, queries, concurrency, seconds), None
 
 
 # (concurrency, seconds) → the answered requests' latencies, and the CPU seconds the link's client
@@ -269,12 +268,7 @@ def link_client(
     if cores:
         os.sched_setaffinity(0, cores)
     hand_over_quickly()
-    try:
-        import uvloop  # the HTTP workers' own loop, where installed
-
-        uvloop.run(_link_client(path, model, queries, index, clients, orders))
-    except ImportError:
-        asyncio.run(_link_client(path, model, queries, index, clients, orders))
+    run_event_loop(_link_client(path, model, queries, index, clients, orders))  # uvloop, as the workers run
 
 
 async def _link_client(

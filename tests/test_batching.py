@@ -1099,9 +1099,9 @@ def test_a_batch_as_large_as_the_one_on_the_device_closes_once_its_clients_are_b
 
 
 def test_a_split_is_forgotten_once_a_batch_holds_more_than_the_batch_split() -> None:
-    """A closed loop of 4 once went in halves; 20 sentences queued now are another load, and its
-    halves' size must not cut it into small batches: the batch takes all 20 and the split is
-    forgotten."""
+    """A closed loop of 4 once went in halves; 20 sentences queued now are another load: the batch
+    takes all 20 and the split is forgotten, so that no later batch waits for an idle device to
+    rejoin halves of a load gone (`_rejoin_halves`)."""
 
     async def taken_and_split() -> tuple[int, float | None]:
         limits = BatchLimits(max_batch_size=32, close_when_idle=True, close_as_device_frees=True)

@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
 import json
 import os
 import platform
 import time
-from collections.abc import Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import aiohttp
 import typer
 
-from nerserve.loadtest.client import ORDER_HELP, Order, arrange, make_client, model_info, model_row, read_sentences
+from nerserve.loadtest.client import (
+    ORDER_HELP,
+    Order,
+    arrange,
+    has_uvloop,
+    make_client,
+    model_info,
+    model_row,
+    read_sentences,
+    run_event_loop,
+)
 from nerserve.loadtest.protocols import protocol_batches, run_protocol
 from nerserve.loadtest.report import markdown, slo_throughput, write_outputs
 from nerserve.loadtest.runs import closed_loop, open_loop
 from nerserve.loadtest.schedule import sweep_rates
 
-T = TypeVar("T")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Load tests and paper protocols for nerserve.")
 URL = Annotated[str, typer.Option(help="nerserve base URL (loopback only in tests)")]
 
@@ -45,27 +51,13 @@ class Mode(StrEnum):
     open = "open"
 
 
-def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
-    """uvloop where installed: the client then sends several times what asyncio's own loop does on
-    one core, so that an open loop at 3× a server's capacity is what the server gets."""
-    if not _has_uvloop():
-        return asyncio.run(main)
-    import uvloop
-
-    return uvloop.run(main)
-
-
-def _has_uvloop() -> bool:
-    return importlib.util.find_spec("uvloop") is not None
-
-
 def _meta(url: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "url": url,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "client_machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "client_cores": sorted(os.sched_getaffinity(0)),
-        "client_library": "aiohttp " + aiohttp.__version__ + (" + uvloop" if _has_uvloop() else ""),
+        "client_library": "aiohttp " + aiohttp.__version__ + (" + uvloop" if has_uvloop() else ""),
         **extra,
     }
 

@@ -6,15 +6,17 @@ times that, so an open loop at 3× a server's capacity is what the server gets."
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -189,3 +191,20 @@ def model_row(spec: str) -> tuple[str, dict[str, Any]]:
         except json.JSONDecodeError:
             options[key] = value
     return name, options
+
+
+T = TypeVar("T")
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """uvloop where installed: the client then sends several times what asyncio's own loop does on
+    one core, so that an open loop at 3× a server's capacity is what the server gets."""
+    if not has_uvloop():
+        return asyncio.run(main)
+    import uvloop
+
+    return uvloop.run(main)
+
+
+def has_uvloop() -> bool:
+    return importlib.util.find_spec("uvloop") is not None

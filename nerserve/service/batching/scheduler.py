@@ -67,7 +67,8 @@ PIPELINE_COST_RATIO = 1.5
 # loop's last few clients may send a moment after the batch closes)
 FULL_SHARE = 0.9
 # _wait_for_batch: a batch this many times the batch split in halves says the closed loop that was
-# split is gone (its own batches hold at most its clients, whose sentences' lengths vary a little)
+# split is gone (its own batches hold at most its clients, whose sentences' lengths vary a little),
+# and `_rejoin_halves` no longer waits for an idle device to rejoin it
 SPLIT_FORGOTTEN = 2.0
 # _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
 # (a few of its clients may have left, or send a little later)
