@@ -1,12 +1,13 @@
 """The engine link's frames: a turn's messages travel as one frame, and a reply that cannot be
-pickled reaches its caller as an error rather than never (the rest of that turn's messages intact)."""
+pickled reaches its caller as an error rather than never (the rest of that turn's messages intact);
+a turn's responses are recorded in one message."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from nerserve.service.engine_link import LENGTH, FrameReader, FrameWriter
+from nerserve.service.engine_link import LENGTH, FrameReader, FrameWriter, TurnRecords
 
 
 class CapturedWrites:
@@ -49,7 +50,7 @@ async def read_back(data: bytes) -> list[Any]:
 
 
 def test_a_turns_messages_are_one_frame() -> None:
-    messages = [("reply", 1, True, {"a": 1}), ("record", None, ("span-conll03", 200, None, 0.01)), ("release", None, ())]
+    messages = [("reply", 1, True, {"a": 1}), ("records", None, ([("span-conll03", 200, None, 0.01)],)), ("release", None, ())]
 
     async def scenario() -> tuple[bytes, list[Any]]:
         data = await written(messages)
@@ -60,7 +61,7 @@ def test_a_turns_messages_are_one_frame() -> None:
 
 
 def test_an_unpicklable_reply_is_answered_as_an_error_and_the_others_still_go() -> None:
-    messages = [("reply", 7, True, lambda: None), ("reply", 8, True, "fine"), ("record", None, ("m", 200, None, None))]
+    messages = [("reply", 7, True, lambda: None), ("reply", 8, True, "fine"), ("records", None, ([("m", 200, None, None)],))]
 
     async def scenario() -> list[Any]:
         return await read_back(await written(messages))
@@ -68,6 +69,24 @@ def test_an_unpicklable_reply_is_answered_as_an_error_and_the_others_still_go() 
     failed, fine, record = asyncio.run(scenario())
     assert failed[:3] == ("reply", 7, False) and failed[3][0] == "internal"
     assert fine == messages[1] and record == messages[2]
+
+
+def test_the_responses_of_a_turn_are_told_in_one_message() -> None:
+    told: list[list[Any]] = []
+
+    async def scenario() -> None:
+        records = TurnRecords(told.append)
+        for status in (200, 200, 429):
+            records.add(("span-conll03", status, None, 0.01))
+        await asyncio.sleep(0)  # the turn ends
+        records.add(("span-conll03", 200, "team-a", 0.02))
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert told == [
+        [("span-conll03", 200, None, 0.01), ("span-conll03", 200, None, 0.01), ("span-conll03", 429, None, 0.01)],
+        [("span-conll03", 200, "team-a", 0.02)],
+    ]
 
 
 def test_a_worker_asks_before_reading_for_a_while_after_a_refusal() -> None:

@@ -4,8 +4,8 @@ socket in a folder only this user can open, length-prefixed pickled messages bot
 A worker asks (`call`, answered by a `reply` with the same id) or tells (no answer): `admit` and
 `release` for the edge admission of a large body, `run_planned` (a request the worker planned:
 sub-word units in, an entity set per unit out; the worker assembles the answer; a small body's
-admission travels with it), `cancel` (its client went away), `record` (a response it answered, for
-/metrics), `metrics`, `stats`, `device_report`. The engine pushes its `state` (readiness, the
+admission travels with it), `cancel` (its client went away), `records` (the responses it answered
+in one turn of its loop, for /metrics), `metrics`, `stats`, `device_report`. The engine pushes its `state` (readiness, the
 models' states and facts) on connection and whenever it changes. The messages of one turn of a
 loop travel as one frame. The engine owns every count: what a worker had admitted is released
 when its connection closes."""
@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import struct
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import count
@@ -39,6 +40,7 @@ from nerserve.service.api.extraction import (
 )
 from nerserve.service.api.state import ServiceState
 from nerserve.service.engine import EngineState, LocalEngine
+from nerserve.service.metrics import ResponseRecord
 from nerserve.service.pipeline import Planner
 
 log = logging.getLogger("nerserve")
@@ -108,6 +110,25 @@ class FrameReader:
                 offset = start + size
         del self.buffer[:offset]
         return messages
+
+
+class TurnRecords:
+    """The responses a worker answers in one turn of its loop, told to the engine as one message
+    when the turn ends: a message a response took the engine's loop as long again as counting it
+    (the engine records every response its HTTP workers answer, thousands a second)."""
+
+    def __init__(self, tell: Callable[[list[ResponseRecord]], None]) -> None:
+        self.tell = tell
+        self.pending: list[ResponseRecord] = []
+
+    def add(self, record: ResponseRecord) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.pending.append(record)
+
+    def _flush(self) -> None:
+        records, self.pending = self.pending, []
+        self.tell(records)
 
 
 class FrameWriter:
@@ -225,8 +246,9 @@ class EngineServer:
 
     def _dispatch(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
         engine = self.engine
-        if method == "record":
-            engine.record(*args)
+        if method == "records":
+            for record in args[0]:
+                engine.record(*record)
         elif method == "admit":
             refusal = engine.edge.decide(*args)
             worker.admitted += refusal is None
@@ -303,6 +325,7 @@ class RemoteEngine:
         self.reader_task: asyncio.Task[None] | None = None
         self.encoders: dict[str, asyncio.Future[SubwordEncoder]] = {}  # by PlanningRule.tokenizer
         self.refused_at = -math.inf  # when the engine last refused a request of this worker (loop time)
+        self.records = TurnRecords(lambda records: self._tell("records", records))
 
     async def connect(self, timeout: float = 60.0) -> None:
         """Connects to the engine that started this process and takes its first state, waiting for
@@ -445,7 +468,7 @@ class RemoteEngine:
             self._tell("release")
 
     def record(self, model: str, status: int, tenant: str | None, seconds: float | None) -> None:
-        self._tell("record", model, status, tenant, seconds)
+        self.records.add((model, status, tenant, seconds))
 
     def _tell(self, method: str, *args: Any) -> None:
         with contextlib.suppress(ApiError):  # the engine is gone: nothing left to count in

@@ -25,6 +25,7 @@ from nerserve.service.batching.work import BatchRecord
 # (model, status, API key name or None, seconds or None) → counted: Metrics.record_response, or the
 # message that carries it to the engine process from an HTTP worker
 ResponseRecorder = Callable[[str, int, str | None, float | None], None]
+ResponseRecord = tuple[str, int, str | None, float | None]  # a ResponseRecorder's arguments
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -34,6 +35,7 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._labelled: dict[tuple[Counter | Histogram, tuple[str, ...]], Any] = {}  # _series
         r = self.registry
         # the default collectors (process memory and CPU, open files, GC, Python version) that a
         # Prometheus user expects beside the service's own series; and which build answers
@@ -98,13 +100,23 @@ class Metrics:
         """One answered request, whoever answered it (a route, the door, admission, the HTTP
         protocol; in this process or an HTTP worker's): by model ("" when no route resolved one)
         and status, its latency by model, and by key name where the door named one."""
-        self.requests.labels(model, str(status)).inc()
+        self._series(self.requests, model, str(status)).inc()
         if model and seconds is not None:
-            self.request_seconds.labels(model).observe(seconds)
+            self._series(self.request_seconds, model).observe(seconds)
         if tenant is not None:
-            self.key_requests.labels(tenant, str(status)).inc()
+            self._series(self.key_requests, tenant, str(status)).inc()
             if seconds is not None:
-                self.key_request_seconds.labels(tenant).observe(seconds)
+                self._series(self.key_request_seconds, tenant).observe(seconds)
+
+    def _series(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """METRIC's series of LABELS, looked up once: `labels()` takes a lock and checks its
+        arguments on every call, which made up half of recording a response, and the engine
+        records one for every request its HTTP workers answer."""
+        key = (metric, labels)
+        series = self._labelled.get(key)
+        if series is None:
+            series = self._labelled[key] = metric.labels(*labels)
+        return series
 
     def by_key(self) -> dict[str, dict[str, Any]]:
         """Per API key name since start: requests by status, refusals (429), sentences answered,
