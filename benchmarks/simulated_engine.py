@@ -50,9 +50,10 @@ from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
-from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter, TurnRecords
+from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter, PerTurn
 from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import create_app
+from nerserve.service.metrics import ResponseRecord
 
 app = typer.Typer(add_completion=False)
 
@@ -308,10 +309,10 @@ class LinkCalls:
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     latencies: list[float] = field(default_factory=list)
     refused: int = 0
-    records: TurnRecords = field(init=False)
+    records: PerTurn[ResponseRecord] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.records = TurnRecords(lambda records: self.out.send(("records", None, (records,))))
+        self.records = PerTurn(lambda records: self.out.send(("records", None, (records,))))
 
     async def caller(self, query: int, concurrency: int, stop_at: float) -> None:
         """Queries QUERY, QUERY + CONCURRENCY, … each sent once the last is answered, until STOP_AT;

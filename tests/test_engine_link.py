@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from nerserve.service.engine_link import LENGTH, FrameReader, FrameWriter, TurnRecords
+from nerserve.service.engine_link import LENGTH, FrameReader, FrameWriter, PerTurn
 
 
 class CapturedWrites:
@@ -75,7 +75,7 @@ def test_the_responses_of_a_turn_are_told_in_one_message() -> None:
     told: list[list[Any]] = []
 
     async def scenario() -> None:
-        records = TurnRecords(told.append)
+        records = PerTurn[tuple[str, int, str | None, float]](told.append)
         for status in (200, 200, 429):
             records.add(("span-conll03", status, None, 0.01))
         await asyncio.sleep(0)  # the turn ends

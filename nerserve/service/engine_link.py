@@ -24,7 +24,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from nerserve.ner.text.subword import SubwordEncoder
 from nerserve.service.admission import Refusal
@@ -60,6 +60,7 @@ ADMIT_WITH_RUN_BYTES = 4096
 # body: under overload most requests are refused, and reading and planning each before refusing it
 # took the cores the graphs needed (goodput at 3x capacity fell from 0.95-1.06 to 0.83-0.88).
 ASK_FIRST_SECONDS = 2.0
+T = TypeVar("T")
 # Set, in a request's own task, when its admission travels with its run (RemoteEngine.admit).
 _admitted_with_run: ContextVar[bool] = ContextVar("admitted_with_run", default=False)
 
@@ -112,23 +113,21 @@ class FrameReader:
         return messages
 
 
-class TurnRecords:
-    """The responses a worker answers in one turn of its loop, told to the engine as one message
-    when the turn ends: a message a response took the engine's loop as long again as counting it
-    (the engine records every response its HTTP workers answer, thousands a second)."""
+class PerTurn(Generic[T]):
+    """Items gathered during one turn of the event loop and handed on together as it ends."""
 
-    def __init__(self, tell: Callable[[list[ResponseRecord]], None]) -> None:
-        self.tell = tell
-        self.pending: list[ResponseRecord] = []
+    def __init__(self, hand_on: Callable[[list[T]], None]) -> None:
+        self.hand_on = hand_on
+        self.pending: list[T] = []
 
-    def add(self, record: ResponseRecord) -> None:
+    def add(self, item: T) -> None:
         if not self.pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self.pending.append(record)
+        self.pending.append(item)
 
     def _flush(self) -> None:
-        records, self.pending = self.pending, []
-        self.tell(records)
+        items, self.pending = self.pending, []
+        self.hand_on(items)
 
 
 class FrameWriter:
@@ -139,15 +138,9 @@ class FrameWriter:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self.pending: list[Any] = []
+        self.send = PerTurn[Any](self._write).add
 
-    def send(self, message: Any) -> None:
-        if not self.pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self.pending.append(message)
-
-    def _flush(self) -> None:
-        messages, self.pending = self.pending, []
+    def _write(self, messages: list[Any]) -> None:
         if self.writer.is_closing():
             return
         try:
@@ -325,7 +318,9 @@ class RemoteEngine:
         self.reader_task: asyncio.Task[None] | None = None
         self.encoders: dict[str, asyncio.Future[SubwordEncoder]] = {}  # by PlanningRule.tokenizer
         self.refused_at = -math.inf  # when the engine last refused a request of this worker (loop time)
-        self.records = TurnRecords(lambda records: self._tell("records", records))
+        # the responses it answers in one turn of its loop, told to the engine as one message: a
+        # message a response took the engine's loop as long again as counting it
+        self.records = PerTurn[ResponseRecord](lambda records: self._tell("records", records))
 
     async def connect(self, timeout: float = 60.0) -> None:
         """Connects to the engine that started this process and takes its first state, waiting for
