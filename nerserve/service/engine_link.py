@@ -5,10 +5,10 @@ A worker asks (`call`, answered by a `reply` with the same id) or tells (no answ
 `release` for the edge admission of a large body, `run_planned` (a request the worker planned:
 sub-word units in, an entity set per unit out; the worker assembles the answer; a small body's
 admission travels with it), `cancel` (its client went away), `records` (the responses it answered
-in one turn of its loop, for /metrics), `metrics`, `stats`, `device_report`. The engine pushes its `state` (readiness, the
-models' states and facts) on connection and whenever it changes. The messages of one turn of a
-loop travel as one frame. The engine owns every count: what a worker had admitted is released
-when its connection closes."""
+in one turn of its loop, for /metrics), `metrics`, `stats`, `device_report`. The engine pushes its
+`state` (readiness, the models' states and facts) on connection and whenever it changes. The
+messages of one turn of a loop travel as one frame. The engine owns every count: what a worker had
+admitted is released when its connection closes."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from nerserve.service.pipeline import Planner
 
 log = logging.getLogger("nerserve")
 LENGTH = struct.Struct("!I")
+T = TypeVar("T")
 READ_BYTES = 1 << 16
 # How often the engine looks for a change worth pushing (a model ready or failed, draining): the
 # workers' view of readiness lags by at most this.
@@ -60,7 +61,6 @@ ADMIT_WITH_RUN_BYTES = 4096
 # body: under overload most requests are refused, and reading and planning each before refusing it
 # took the cores the graphs needed (goodput at 3x capacity fell from 0.95-1.06 to 0.83-0.88).
 ASK_FIRST_SECONDS = 2.0
-T = TypeVar("T")
 # Set, in a request's own task, when its admission travels with its run (RemoteEngine.admit).
 _admitted_with_run: ContextVar[bool] = ContextVar("admitted_with_run", default=False)
 
