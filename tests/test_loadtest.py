@@ -99,6 +99,8 @@ def test_smoke_against_a_real_server(data_root: Path, tmp_path: Path) -> None:
         assert [r["concurrency"] for r in summary["runs"]] == [1, 4]
         assert summary["meta"]["order"] == "shuffled"
         assert all(r["ok"] > 0 and r["errors"] == 0 for r in summary["runs"])
+        # the server's own CPU, from its /metrics: busy answering, and on at most this machine's cores
+        assert all(0 < r["server_process_cores_busy"] < 3 for r in summary["runs"])
         assert (tmp_path / "closed" / "throughput_latency.png").stat().st_size > 1000
         # --once: every request of the split answered exactly once, then the run ends
         few = tmp_path / "few"

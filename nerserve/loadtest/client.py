@@ -138,6 +138,12 @@ def metric_delta(before: dict[str, float], after: dict[str, float], name: str, m
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
+def process_cpu_seconds(before: dict[str, float], after: dict[str, float]) -> float:
+    """CPU seconds spent between two scrapes by the process that answers /metrics: the engine
+    process where HTTP workers front it, the whole server where it runs as one process."""
+    return after.get("process_cpu_seconds_total", 0.0) - before.get("process_cpu_seconds_total", 0.0)
+
+
 def server_split(before: dict[str, float], after: dict[str, float], model: str, seconds: float) -> dict[str, float]:
     """The server's own view of a run: queue vs inference time, batch size, tokens/s."""
 
@@ -157,6 +163,9 @@ def server_split(before: dict[str, float], after: dict[str, float], model: str, 
         # thread): the offline speed the service overhead is measured against.
         "server_graph_sentences_per_second": sentences / graph_seconds if graph_seconds else 0.0,
         "server_graph_busy_fraction": graph_seconds / seconds if seconds else 0.0,
+        # whether that process's cores are what limits it (its event loop, prepare and graph
+        # launches share one interpreter lock: near 1.0 and no further)
+        "server_process_cores_busy": process_cpu_seconds(before, after) / seconds if seconds else 0.0,
     }
 
 
