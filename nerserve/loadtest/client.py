@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+T = TypeVar("T")
+
 
 @dataclass
 class Sample:
@@ -138,12 +140,6 @@ def metric_delta(before: dict[str, float], after: dict[str, float], name: str, m
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-def process_cpu_seconds(before: dict[str, float], after: dict[str, float]) -> float:
-    """CPU seconds spent between two scrapes by the process that answers /metrics: the engine
-    process where HTTP workers front it, the whole server where it runs as one process."""
-    return after.get("process_cpu_seconds_total", 0.0) - before.get("process_cpu_seconds_total", 0.0)
-
-
 def server_split(before: dict[str, float], after: dict[str, float], model: str, seconds: float) -> dict[str, float]:
     """The server's own view of a run: queue vs inference time, batch size, tokens/s."""
 
@@ -152,6 +148,9 @@ def server_split(before: dict[str, float], after: dict[str, float], model: str, 
         return metric_delta(before, after, f"{name}_sum", model) / count if count else 0.0
 
     graph_seconds = metric_delta(before, after, "nerserve_inference_seconds_sum", model)
+    # the process that answers /metrics: the engine process where HTTP workers front it, the whole
+    # server where it runs as one process
+    cpu_seconds = after.get("process_cpu_seconds_total", 0.0) - before.get("process_cpu_seconds_total", 0.0)
     sentences = metric_delta(before, after, "nerserve_sentences_total", model)
     return {
         "server_queue_ms_mean": mean("nerserve_queue_seconds") * 1000,
@@ -165,7 +164,8 @@ def server_split(before: dict[str, float], after: dict[str, float], model: str, 
         "server_graph_busy_fraction": graph_seconds / seconds if seconds else 0.0,
         # whether that process's cores are what limits it (its event loop, prepare and graph
         # launches share one interpreter lock: near 1.0 and no further)
-        "server_process_cores_busy": process_cpu_seconds(before, after) / seconds if seconds else 0.0,
+        "server_process_cpu_seconds": cpu_seconds,
+        "server_process_cores_busy": cpu_seconds / seconds if seconds else 0.0,
     }
 
 
@@ -200,9 +200,6 @@ def model_row(spec: str) -> tuple[str, dict[str, Any]]:
         except json.JSONDecodeError:
             options[key] = value
     return name, options
-
-
-T = TypeVar("T")
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
