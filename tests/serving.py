@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -46,6 +47,24 @@ def poll_ready(url: str, still_running: Callable[[], None], timeout: float, ever
             pass
         time.sleep(every)
     return False
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The children the process started with multiprocessing's spawn (HTTP workers, graph
+    processes; not its resource tracker), from any of its threads, in the order they started."""
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            children += (task / "children").read_text().split()
+    spawned = [int(child) for child in children if b"spawn_main" in _command_line(child)]
+    return sorted(spawned)
+
+
+def _command_line(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # ended meanwhile
+        return b""
 
 
 class Server:

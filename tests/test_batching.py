@@ -13,7 +13,7 @@ import pytest
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
 from nerserve.service.batching.scheduler import Scheduler, SlidingMedian
-from nerserve.service.batching.work import DeadlineExceeded, Draining, QueueFull, WorkItem
+from nerserve.service.batching.work import DeadlineExceeded, Draining, ModelBroken, QueueFull, WorkItem
 
 
 @dataclass
@@ -592,22 +592,73 @@ def test_a_large_request_does_not_hold_the_queue() -> None:
     assert [i for i in order if i.startswith("L")] == [f"L{i}" for i in range(20)]
 
 
-def test_one_bad_item_fails_alone_not_its_batch() -> None:
+@pytest.mark.parametrize("probed", [False, True])
+def test_one_bad_item_fails_alone_not_its_batch(probed: bool) -> None:
+    """With a probe that still passes, the model is not broken: the batch is isolated as without one."""
+    told: list[str] = []
+
     async def scenario() -> list[object]:
         def run(prepared: list[str]) -> list[str]:
             if "bad" in prepared:
                 raise ValueError("cannot run 'bad'")
             return [p.upper() for p in prepared]
 
-        scheduler = Scheduler(prepare=lambda payloads: payloads, run=run, limits=BatchLimits(max_batch_size=8, max_wait_ms=50))
+        scheduler = Scheduler(
+            prepare=lambda payloads: payloads,
+            run=run,
+            limits=BatchLimits(max_batch_size=8, max_wait_ms=50),
+            probe=(lambda: run(["known"])) if probed else None,
+            on_broken=told.append,
+        )
         scheduler.start()
         futures = scheduler.submit([(w, 1) for w in ["a", "bad", "c"]])
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
         await scheduler.stop()
-        assert scheduler.in_flight == 0
+        assert scheduler.in_flight == 0 and scheduler.broken is None
         return [o.value if not isinstance(o, Exception) else type(o).__name__ for o in outcomes]
 
     assert asyncio.run(scenario()) == ["A", "ValueError", "C"]
+    assert told == []
+
+
+def test_a_model_whose_probe_fails_too_is_broken_at_once_and_takes_nothing_new() -> None:
+    """Graphs that stopped working fail every pass: the batch that found it and what is queued
+    behind it fail at once, after a probe and no pass a sentence, and nothing new is queued."""
+    passes: list[list[str]] = []
+    told: list[str] = []
+    first_pass_started = threading.Event()
+
+    def run(prepared: list[str]) -> list[str]:
+        passes.append(list(prepared))
+        first_pass_started.set()
+        time.sleep(0.05)  # the next request queues meanwhile
+        raise OSError("the graph process ended")
+
+    async def scenario() -> tuple[list[object], list[object]]:
+        scheduler = Scheduler(
+            prepare=lambda payloads: payloads,
+            run=run,
+            limits=BatchLimits(max_batch_size=8, max_wait_ms=1),
+            probe=lambda: run(["known"]),
+            on_broken=told.append,
+        )
+        scheduler.start()
+        running = scheduler.submit([(w, 1) for w in ["a", "b", "c"]])
+        await asyncio.to_thread(first_pass_started.wait)
+        queued = scheduler.submit([("d", 1)])
+        outcomes = await asyncio.gather(*running, *queued, return_exceptions=True)
+        with pytest.raises(ModelBroken, match="OSError: the graph process ended"):
+            scheduler.submit([("e", 1)])
+        in_flight = scheduler.in_flight
+        await scheduler.stop()
+        assert in_flight == 0 and scheduler.depth == 0
+        return outcomes[:3], outcomes[3:]
+
+    running, queued = asyncio.run(scenario())
+    assert all(isinstance(o, ModelBroken) for o in running + queued), running + queued
+    # the batch, the probe (and the batch handed over behind it, if it was, with its own probe): no sentence alone
+    assert passes[0] == ["a", "b", "c"] and ["known"] in passes and all(p in (["d"], ["known"]) for p in passes[1:])
+    assert told == ["OSError: the graph process ended"]
 
 
 EXTRACT_SCOPE = {"type": "http", "method": "POST", "path": "/extract", "headers": []}

@@ -1,6 +1,8 @@
 """A model's graphs in a process of their own: batches go over, the arrays decoding reads come
 back; a failure there is a GraphError here, never a hang. And a real server with --graph-process
-answers as the one-process server does, and exits cleanly on SIGTERM."""
+answers as the one-process server does, and exits cleanly on SIGTERM; when a model's graph process
+dies, its requests are refused saying so, and the server stops (or, told to skip failed models,
+serves the others on)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from nerserve.ner.graph import GraphError
 from nerserve.service.graph_process import GraphProcess
-from tests.serving import Server, assert_same_results
+from tests.serving import Server, assert_same_results, spawned_children
 
 
 class Doubling:
@@ -81,3 +83,54 @@ def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
         plain.stop()
         split.stop()
     assert split.process.returncode == 0
+
+
+SENTENCES = [["Peter", "Blackburn", "lives", "in", "Paris", "."]]
+
+
+def extract(server: Server, model: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/extract", json={"model": model, "tokens": SENTENCES}, timeout=60)
+
+
+def assert_stopped_working(response: httpx.Response) -> None:
+    error = response.json()["error"]
+    assert response.status_code == 503 and error["code"] == "model_failed", response.text
+    assert "stopped working while serving" in error["message"] and "the graph process ended" in error["message"]
+
+
+def test_a_model_whose_graph_process_dies_is_refused_saying_so_and_the_server_stops() -> None:
+    """Graphs that stop working while serving (a graph process gone; on a GPU, a device in an error
+    state alike) fail every pass: requests are answered 503 saying why, rather than a 500 each, and
+    by default the process stops, non-zero, for its supervisor to start it afresh."""
+    server = Server(models='["span-conll03"]', threads=1, graph_process="true")
+    try:
+        server.wait_ready()
+        assert extract(server, "span-conll03").status_code == 200
+        (graphs,) = spawned_children(server.process.pid)
+        os.kill(graphs, signal.SIGKILL)
+        assert_stopped_working(extract(server, "span-conll03"))
+        assert server.process.wait(60) != 0
+        said = server.process.stderr.read().decode()  # type: ignore[union-attr]
+        assert "model 'span-conll03' stopped working while serving" in said, said[-2000:]
+    finally:
+        server.stop()
+
+
+def test_told_to_skip_failed_models_the_others_serve_on_until_none_is_left() -> None:
+    server = Server(models='["span-conll03", "span-genia"]', threads=1, graph_process="true", on_model_error="skip")
+    try:
+        server.wait_ready()
+        default, other = spawned_children(server.process.pid)  # the default model loads first, alone
+        os.kill(default, signal.SIGKILL)
+        assert_stopped_working(extract(server, "span-conll03"))
+        assert_stopped_working(extract(server, "span-conll03"))  # refused before the batcher now
+        assert extract(server, "span-genia").status_code == 200
+        listed = {m["name"]: m for m in httpx.get(f"{server.url}/models").json()["models"]}
+        assert listed["span-conll03"]["state"] == "broken" and "graph process ended" in listed["span-conll03"]["error"]
+        assert listed["span-genia"]["state"] == "ready"
+        assert httpx.get(f"{server.url}/health/ready").status_code == 200
+        os.kill(other, signal.SIGKILL)
+        assert_stopped_working(extract(server, "span-genia"))
+        assert server.process.wait(60) != 0  # no model left that answers
+    finally:
+        server.stop()

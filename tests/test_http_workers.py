@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serving import Server, assert_same_results
+from tests.serving import Server, assert_same_results, spawned_children
 
 pytestmark = pytest.mark.e2e
 SENTENCES = [
@@ -48,12 +48,6 @@ def servers() -> Iterator[tuple[Server, Server]]:
 def post(server: Server, path: str, payload: object, key: str | None = KEY) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     return httpx.post(f"{server.url}{path}", json=payload, headers=headers, timeout=60)
-
-
-def worker_pids(engine: int) -> set[int]:
-    """The engine's HTTP worker children (not multiprocessing's resource tracker)."""
-    children = Path(f"/proc/{engine}/task/{engine}/children").read_text().split()
-    return {int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")}
 
 
 def running(pid: int) -> bool:
@@ -136,7 +130,7 @@ def test_one_metrics_for_every_worker_and_keys_at_their_door(servers: tuple[Serv
     assert stats["span-conll03"]["sentences"] >= 40 and stats["keys"]["team-a"]["requests"]["200"] >= 40
 
 
-def connections_held(pids: set[int], port: int) -> dict[int, int]:
+def connections_held(pids: list[int], port: int) -> dict[int, int]:
     """Established TCP connections to `port` that each process holds (its socket descriptors
     matched with the kernel's table by inode)."""
     established = set()
@@ -165,7 +159,7 @@ def test_connections_spread_over_the_workers(servers: tuple[Server, Server]) -> 
 
         writers = await asyncio.gather(*(one() for _ in range(16)))
         try:
-            return connections_held(worker_pids(split.process.pid), split.port)
+            return connections_held(spawned_children(split.process.pid), split.port)
         finally:
             for writer in writers:
                 writer.close()
@@ -187,15 +181,15 @@ def test_a_port_in_use_ends_the_server_saying_so() -> None:
 
 def test_a_worker_that_dies_is_replaced(servers: tuple[Server, Server]) -> None:
     _, split = servers
-    workers = worker_pids(split.process.pid)
+    workers = spawned_children(split.process.pid)
     assert len(workers) == 2
     victim = min(workers)
     os.kill(victim, signal.SIGKILL)
     end = time.monotonic() + 30
-    now = worker_pids(split.process.pid)
+    now = spawned_children(split.process.pid)
     while time.monotonic() < end and (len(now) < 2 or victim in now):  # one look at a time
         time.sleep(0.2)
-        now = worker_pids(split.process.pid)
+        now = spawned_children(split.process.pid)
     assert len(now) == 2 and victim not in now
     for _ in range(10):  # both serve again; the dead one's admissions were released
         assert post(split, "/extract", {"tokens": SENTENCES[:1]}).status_code == 200
@@ -228,7 +222,7 @@ def test_workers_stop_when_the_engine_is_gone() -> None:
     """A worker without its engine could answer nothing: it stops rather than hold the port."""
     server = Server(models="span-conll03", threads=1, http_workers=2)
     server.wait_ready()
-    workers = worker_pids(server.process.pid)
+    workers = spawned_children(server.process.pid)
     server.process.kill()
     server.process.wait(10)
     end = time.monotonic() + 15

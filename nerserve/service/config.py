@@ -187,8 +187,9 @@ class Settings(Locations):
     )
     on_model_error: Literal["exit", "skip"] = Field(
         "exit",
-        description="a model that cannot load ends the process with a non-zero exit naming it (exit), or is "
-        "listed as failed in GET /models while the others serve (skip)",
+        description="a model that cannot load, or whose graphs stop working while it serves (a graph process gone, "
+        "a device in an error state), ends the process with a non-zero exit naming it (exit), or is listed as "
+        "failed or broken in GET /models and answered 503 while the others serve (skip; with none left, it exits)",
     )
 
     @property

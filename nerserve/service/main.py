@@ -5,6 +5,7 @@ handlers, body-size limit, the API-key door and the edge admission around it. Pr
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -90,7 +91,14 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
     try:
         log.info("loading %s (%s)", name, state.settings.runtime.value)
         model = await asyncio.to_thread(
-            load_served_model, name, state.settings, state.metrics, state.exports, background, state.tenants.weight
+            load_served_model,
+            name,
+            state.settings,
+            state.metrics,
+            state.exports,
+            background,
+            state.tenants.weight,
+            functools.partial(_model_broke, state, name),
         )
         model.scheduler.start()
     except Exception as error:
@@ -107,6 +115,21 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
     settle_collector()  # what loading made lives as long as the process
     state.ready = True  # readiness: at least one model (the default first) answers
     log.info("ready: %s", name)
+
+
+def _model_broke(state: ServiceState, name: str, reason: str) -> None:
+    """A served model's graphs stopped working (Scheduler.probe): it answers 503 from now on. With
+    on_model_error=exit, or no model left that answers, the process stops, non-zero, for its
+    supervisor (Kubernetes, the container's restart policy) to start it afresh."""
+    state.model_states[name] = "broken"
+    state.model_errors[name] = reason
+    log.error("model %s stopped working while serving: %s", name, reason)
+    if state.fatal is not None:
+        return
+    still_serving = any(other in ("ready", "loading") for other in state.model_states.values())
+    if state.settings.on_model_error == "exit" or not still_serving:
+        state.fatal = f"model {name!r} stopped working while serving: {reason}"
+        os.kill(os.getpid(), signal.SIGTERM)  # graceful stop: the others' requests are answered; run() exits non-zero
 
 
 class BodyLimit:

@@ -7,6 +7,7 @@ errors (ModelLoadError, OptionError); the API maps them to HTTP.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from nerserve.service.memory import release_freed_memory
 from nerserve.service.metrics import Metrics, ModelObserver
 from nerserve.service.pipeline import Planner, PlanningRule
 from nerserve.service.start_up_exports import ModelLoadError, StartUpExports
-from nerserve.service.warm_up import FullBatch, WarmUp, warm_up
+from nerserve.service.warm_up import FullBatch, WarmUp, known_good_payload, warm_up
 
 log = logging.getLogger("nerserve")
 
@@ -166,8 +167,10 @@ def load_served_model(
     exports: StartUpExports,
     background: bool = False,
     tenant_weight: Callable[[str], float] = lambda tenant: 1.0,
+    on_broken: Callable[[str], None] | None = None,
 ) -> ServedModel:
-    """`background`: another model already answers (a missing export runs at a lower priority)."""
+    """`background`: another model already answers (a missing export runs at a lower priority);
+    `on_broken`, told why if its graphs stop working while it serves (Scheduler.probe)."""
     folder = settings.model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
     source = _graph_source(name, settings, background, exports)
@@ -204,20 +207,24 @@ def load_served_model(
         lanes=settings.lanes,
         lane_setup=_lane_stream(settings),
         lanes_drive_a_device=settings.batches_as_gpu,
+        on_broken=on_broken,
     )
     served = ServedModel(
         folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs
     )
 
     full_batch = FullBatch(settings.batch_size_bound, settings.batch_tokens_bound, window)
+    options = _warm_up_options(served)
     served.warmed_up = warm_up(
         served.name,
         stages.in_turn,
         program.subwords,
-        _warm_up_options(served),
+        options,
         full_batch if settings.warms_up_at_batch_limits else None,
     )
     log.info("%s: warmed up %s", served.name, served.warmed_up.as_dict())
+    # answered now: after a failed batch, whether the model still works
+    scheduler.probe = functools.partial(stages.in_turn, [known_good_payload(program.subwords, options)])
     scheduler.first_estimate(served.warmed_up.passes())
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)

@@ -79,6 +79,11 @@ def filler_sentence(subwords: SubwordEncoder, most: int) -> Tokenized:
     return Tokenized(tuple(words), tuple(pieces))
 
 
+def known_good_payload(subwords: SubwordEncoder, options: Any) -> tuple[Tokenized, Any]:
+    """The warm-up's lone sentence with OPTIONS: a model that served has answered it."""
+    return subwords.tokenize([list(ONE_SENTENCE)])[0], options
+
+
 def warm_up(
     name: str,
     passes: Callable[[list[tuple[Tokenized, Any]]], Any],
@@ -88,13 +93,13 @@ def warm_up(
 ) -> WarmUp:
     """PASSES: prepare → graphs → decode of payloads, as the scheduler runs them. Raises
     ModelLoadError naming the pass that failed (and the limits, for the full batch)."""
-    sentence = subwords.tokenize([list(ONE_SENTENCE)])[0]
+    payload = known_good_payload(subwords, options)
     try:
-        times = [_timed(passes, [(sentence, options)]) for _ in range(ONE_SENTENCE_PASSES)]
+        times = [_timed(passes, [payload]) for _ in range(ONE_SENTENCE_PASSES)]
     except Exception as error:  # whatever the runtime raises, the model cannot serve
         raise ModelLoadError(f"{name}: warming up on one sentence failed: {type(error).__name__}: {error}") from error
     one_sentence_ms = times[0], times[-1]
-    one_sentence_subwords = sentence.subwords + subwords.special_count
+    one_sentence_subwords = payload[0].subwords + subwords.special_count
     if full_batch is None:
         return WarmUp(one_sentence_ms, None, one_sentence_subwords)
     filler = filler_sentence(subwords, full_batch.sentence_subwords)

@@ -24,7 +24,7 @@ from nerserve.ner.types import EntitySet
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.auth import tenant_of
-from nerserve.service.batching.work import DeadlineExceeded, Draining, ItemResult, QueueFull
+from nerserve.service.batching.work import DeadlineExceeded, Draining, ItemResult, ModelBroken, QueueFull
 from nerserve.service.models import ServedModel
 from nerserve.service.pipeline import PlannedText, Planner, assemble, flatten, keep_labels
 from nerserve.service.tenants import retry_after
@@ -248,7 +248,15 @@ class PlannedRun:
 def _api_error(error: BaseException) -> BaseException:
     if isinstance(error, DeadlineExceeded):
         return ApiError("deadline_exceeded", "the request's deadline passed before it ran")
+    if isinstance(error, ModelBroken):
+        return model_broken(error)
+    if isinstance(error, Draining):
+        return ApiError("draining", "server is shutting down; retry on another replica")
     return error
+
+
+def model_broken(error: ModelBroken) -> ApiError:
+    return ApiError("model_failed", f"the model stopped working while serving: {error}", "model")
 
 
 def _enqueue(
@@ -269,6 +277,8 @@ def _enqueue(
         ) from None
     except Draining:
         raise ApiError("draining", "server is shutting down; retry on another replica") from None
+    except ModelBroken as broken:
+        raise model_broken(broken) from None
 
 
 def start_planned(

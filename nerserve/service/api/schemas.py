@@ -123,8 +123,8 @@ class ModelInfo(BaseModel):
     """A served model; while it loads or after it failed, only its name, state and error."""
 
     name: str
-    state: str = Field(description="loading, ready or failed")
-    error: str | None = Field(None, description="why it failed to load")
+    state: str = Field(description="loading, ready, failed (to load) or broken (its graphs stopped working while serving)")
+    error: str | None = Field(None, description="why it failed to load, or stopped working")
     architecture: str | None = None
     version: str | None = None
     labels: list[str] | None = None

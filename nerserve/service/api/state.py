@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from nerserve.service.engine import Engine
 
 
+# the states of a model that cannot answer, as a refusal says them
+FAILURES = {"failed": "failed to load", "broken": "stopped working while serving"}
+
+
 @dataclass
 class ServiceState:
     settings: Settings
@@ -27,7 +31,7 @@ class ServiceState:
     views: dict[str, ModelView] = field(default_factory=dict)  # every loaded model's facts
     ready: bool = False  # at least one model answers
     draining: bool = False
-    model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed
+    model_states: dict[str, str] = field(default_factory=dict)  # name → loading / ready / failed / broken
     model_errors: dict[str, str] = field(default_factory=dict)
     fatal: str | None = None  # the process cannot serve and is stopping (liveness fails)
     tenants: Tenants = field(default_factory=Tenants)  # API keys (none: every route open)
@@ -51,8 +55,9 @@ class ServiceState:
         chosen = name or self.default_model
         if chosen is not None and self.model_states.get(chosen) == "loading":
             raise ApiError("not_ready", f"model {chosen!r} is still loading", "model", headers={"Retry-After": "5"})
-        if chosen is not None and self.model_states.get(chosen) == "failed":
-            raise ApiError("model_failed", f"model {chosen!r} failed to load: {self.model_errors[chosen]}", "model")
+        failure = FAILURES.get(self.model_states.get(chosen or "", ""))
+        if chosen is not None and failure is not None:
+            raise ApiError("model_failed", f"model {chosen!r} {failure}: {self.model_errors[chosen]}", "model")
         if chosen is None or chosen not in self.views:
             known = ", ".join(self.views) or "none"
             raise ApiError("unknown_model", f"unknown model {chosen!r}; served models: {known}", "model")

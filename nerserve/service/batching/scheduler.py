@@ -48,6 +48,7 @@ from nerserve.service.batching.work import (
     Draining,
     ItemResult,
     LaneCall,
+    ModelBroken,
     NullObserver,
     PreparedBatch,
     QueueFull,
@@ -145,6 +146,13 @@ class Scheduler:
     # get the interpreter back, which at a lower priority on a busy core it did only once the loop
     # had answered the last batch. Graph threads that compute on the CPU run below the loop.
     lanes_drive_a_device: bool = False
+    # A pass on a sentence the model answered at start-up (the warm-up's), run after a batch fails.
+    # If it fails too, the model's graphs no longer work (a graph process gone, a device in an error
+    # state) and every request would fail, each after a pass a sentence: the model is broken instead
+    # (`broken` says why), what it holds fails at once, and `on_broken` is told, once.
+    probe: Callable[[], Any] | None = None
+    on_broken: Callable[[str], None] | None = None
+    broken: str | None = None
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
@@ -238,6 +246,8 @@ class Scheduler:
         sentence): all accepted, or QueueFull for all. `pending`: for a request not weighed at the
         edge (sent with its run), the requests let through there and not yet queued; it is then
         weighed once, here, by the edge's rule too."""
+        if self.broken is not None:
+            raise ModelBroken(self.broken)
         if not self._accepting:
             raise Draining("server is draining")
         if self.depth + len(payloads) > self.limits.max_queue:
@@ -768,7 +778,10 @@ class Scheduler:
 
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
-        alone and the others of its batch are answered."""
+        alone and the others of its batch are answered; unless the model is broken (`probe`)."""
+        if not await self._still_works():
+            self._fail(batch, ModelBroken(str(self.broken)))
+            return
         if len(batch) == 1:
             self._fail(batch, error)
             return
@@ -795,11 +808,28 @@ class Scheduler:
         prepared = self.prepare([payload])
         return self.finish(prepared, self.run(prepared))
 
-    def _fail(self, batch: list[WorkItem], error: Exception) -> None:
+    async def _still_works(self) -> bool:
+        """After a failed pass: whether the model still answers its probe (without one: assumed)."""
+        if self.broken is None and self.probe is not None:
+            try:
+                await self._on_a_lane(self.probe)
+            except Exception as error:
+                self._break(f"{type(error).__name__}: {error}")
+        return self.broken is None
+
+    def _break(self, reason: str) -> None:
+        if self.broken is not None:  # another lane's failed batch found it first
+            return
+        self.broken = reason
+        self._fail(self._queue.clear(), ModelBroken(reason), taken=False)
+        if self.on_broken is not None:
+            self.on_broken(reason)
+
+    def _fail(self, batch: list[WorkItem], error: Exception, taken: bool = True) -> None:
         for item in batch:
             if not item.future.done():
                 item.future.set_exception(error)
-        self._finish(batch)
+        self._finish(batch, taken)
 
 
 # The batch threads run at a lower OS priority than the event loop (nice +10, this thread only:

@@ -28,6 +28,11 @@ class Draining(RuntimeError):
     """The scheduler is draining or stopped: it takes nothing new (the API answers 503)."""
 
 
+class ModelBroken(RuntimeError):
+    """The model's passes fail even on the sentence they answered at start-up (a graph process gone,
+    a device in an error state): it takes nothing new, and what it held fails (the API answers 503)."""
+
+
 class ItemResult(NamedTuple):
     """What one queued sentence gets back: its result and where its time went."""
 
