@@ -661,6 +661,64 @@ def test_a_model_whose_probe_fails_too_is_broken_at_once_and_takes_nothing_new()
     assert told == ["OSError: the graph process ended"]
 
 
+def test_a_pass_that_hangs_breaks_the_model_and_its_sentences_are_answered_at_once() -> None:
+    release = threading.Event()
+    told: list[str] = []
+
+    def run(prepared: list[str]) -> list[str]:
+        release.wait(10)  # a device that stopped answering
+        return [p.upper() for p in prepared]
+
+    async def scenario() -> tuple[list[object], float, int]:
+        scheduler = Scheduler(
+            prepare=lambda payloads: payloads,
+            run=run,
+            limits=BatchLimits(max_batch_size=8, max_wait_ms=1),
+            on_broken=told.append,
+            pass_timeout=0.2,
+        )
+        scheduler.start()
+        started = time.monotonic()
+        outcomes = await asyncio.gather(*scheduler.submit([("a", 1), ("b", 1)]), return_exceptions=True)
+        waited = time.monotonic() - started
+        with pytest.raises(ModelBroken, match="hangs"):
+            scheduler.submit([("c", 1)])
+        release.set()  # the pass ends after all: its sentences are counted as answered, once
+        for _ in range(200):
+            if not scheduler.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        in_flight = scheduler.in_flight
+        await scheduler.stop()
+        return outcomes, waited, in_flight
+
+    outcomes, waited, in_flight = asyncio.run(scenario())
+    assert all(isinstance(o, ModelBroken) and "the device or the graph process hangs" in str(o) for o in outcomes)
+    assert 0.2 <= waited < 5 and in_flight == 0
+    assert len(told) == 1 and "hangs" in told[0]
+
+
+def test_a_pass_slower_than_the_timeout_but_within_ten_times_its_usual_time_does_not_hang() -> None:
+    durations = iter([0.05, 0.35])
+
+    def run(prepared: list[str]) -> list[str]:
+        time.sleep(next(durations))
+        return [p.upper() for p in prepared]
+
+    async def scenario() -> list[str]:
+        scheduler = Scheduler(
+            prepare=lambda payloads: payloads, run=run, limits=BatchLimits(max_batch_size=8, max_wait_ms=1), pass_timeout=0.2
+        )
+        scheduler.start()
+        results = [r.value for r in await asyncio.gather(*scheduler.submit([("a", 1)]))]
+        results += [r.value for r in await asyncio.gather(*scheduler.submit([("b", 1)]))]  # due in 0.5 s: 10 × 0.05
+        await scheduler.stop()
+        assert scheduler.broken is None
+        return results
+
+    assert asyncio.run(scenario()) == ["A", "B"]
+
+
 EXTRACT_SCOPE = {"type": "http", "method": "POST", "path": "/extract", "headers": []}
 
 

@@ -6,8 +6,10 @@ serves the others on)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from typing import Any
 
 import httpx
@@ -114,6 +116,28 @@ def test_a_model_whose_graph_process_dies_is_refused_saying_so_and_the_server_st
         assert "model 'span-conll03' stopped working while serving" in said, said[-2000:]
     finally:
         server.stop()
+
+
+def test_a_graph_process_that_hangs_is_found_out_and_the_server_stops() -> None:
+    """A pass that never ends (here its process is stopped; on a GPU, a device that stopped
+    answering) is noticed after --pass-timeout-seconds: its sentences are answered 503 rather than
+    left waiting, and the process stops for its supervisor to start it afresh."""
+    server = Server(models='["span-conll03"]', threads=1, graph_process="true", pass_timeout_seconds=2, drain_seconds=2)
+    stopped: list[int] = []
+    try:
+        server.wait_ready()
+        stopped += spawned_children(server.process.pid)
+        os.kill(stopped[0], signal.SIGSTOP)
+        started = time.monotonic()
+        response = extract(server, "span-conll03")
+        assert 2 <= time.monotonic() - started < 30
+        assert response.status_code == 503 and "the device or the graph process hangs" in response.text, response.text
+        assert server.process.wait(60) != 0
+    finally:
+        server.stop()
+        for pid in stopped:  # the server kills it as it stops; should it not have
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_told_to_skip_failed_models_the_others_serve_on_until_none_is_left() -> None:

@@ -154,6 +154,13 @@ class Settings(Locations):
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
     window_overlap_words: int = Field(24, ge=0, description="words two windows of a long sentence share")
     drain_seconds: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take to finish")
+    pass_timeout_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="a pass on a model's graphs still running after this long, and ten times its expected time, "
+        "means the device or graph process hangs: its sentences are answered 503 and the model is broken "
+        "(see on_model_error); 0: never",
+    )
     access_log: bool = Field(
         False,
         description="a log line per request (uvicorn's access log); off by default: /metrics counts every response "

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -79,6 +79,10 @@ REJOINED_SHARE = 0.9
 # waiting for the interpreter lock) costs a lone sentence more than its own host work; past this
 # the work would hold the loop's next requests longer than the hand-off saves.
 INLINE_HOST_SECONDS = 0.001
+# _watch_lanes: a graph call running this many times its expected time (and pass_timeout at least)
+# hangs; the factor leaves a slow model's large batches, whose times are extrapolated, their due
+HUNG_PASS_FACTOR = 10.0
+HUNG_CHECK_SECONDS = 1.0  # how often the lanes are looked at (more often for a short pass_timeout)
 
 
 class SlidingMedian:
@@ -153,6 +157,11 @@ class Scheduler:
     probe: Callable[[], Any] | None = None
     on_broken: Callable[[str], None] | None = None
     broken: str | None = None
+    # A graph call (a pass, a probe) still running after this many seconds, and HUNG_PASS_FACTOR
+    # times its expected time, hangs: the device or the graph process stopped answering, and no
+    # later pass will run. The model is then broken too, and the sentences of the calls running
+    # are answered at once rather than left waiting for ever. None: not watched.
+    pass_timeout: float | None = None
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
@@ -196,6 +205,10 @@ class Scheduler:
         self.decode_times = PassTimes()
         self._lane_ends: dict[int, float] = {}
         self._lane_freed = asyncio.Event()
+        # each lane's graph call, since when, and its batch's items (none for other calls): written
+        # by the lanes' threads, read by _watch_lanes
+        self._lane_busy: dict[int, tuple[float, list[WorkItem]]] = {}
+        self._isolating: list[list[WorkItem]] = []  # failed batches waiting for the probe
 
     @property
     def depth(self) -> int:
@@ -213,6 +226,8 @@ class Scheduler:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._collect_loop())]
+        if self.pass_timeout:
+            self._tasks.append(asyncio.create_task(self._watch_lanes(self.pass_timeout)))
         self._lane_threads = [
             threading.Thread(target=self._lane_main, args=(lane, loop), name=f"graphs_{lane}", daemon=True)
             for lane in range(self.lanes)
@@ -626,7 +641,8 @@ class Scheduler:
             if isinstance(work, LaneCall):
                 if work.outcome.set_running_or_notify_cancel():
                     try:
-                        work.outcome.set_result(work.call())
+                        with self._busy(lane, []):
+                            work.outcome.set_result(work.call())
                     except BaseException as raised:  # the caller, on the loop, decides
                         work.outcome.set_exception(raised)
                 continue
@@ -637,10 +653,41 @@ class Scheduler:
             wanted = work.wanted()
             if wanted:
                 try:
-                    outputs = self.run(work.prepared)
+                    with self._busy(lane, work.items):
+                        outputs = self.run(work.prepared)
                 except Exception as failure:
                     error = failure
             loop.call_soon_threadsafe(self._lane_ran, lane, work, wanted, outputs, error, started, self.clock())
+
+    @contextlib.contextmanager
+    def _busy(self, lane: int, items: list[WorkItem]) -> Iterator[None]:
+        """In a lane's thread: what it runs, for _watch_lanes."""
+        self._lane_busy[lane] = (self.clock(), items)
+        try:
+            yield
+        finally:
+            del self._lane_busy[lane]
+
+    async def _watch_lanes(self, timeout: float) -> None:
+        """Until the model is broken, a look at the lanes every so often for a graph call that hangs
+        (`pass_timeout`); then the sentences of the calls still running are answered."""
+        while self.broken is None:
+            await asyncio.sleep(min(HUNG_CHECK_SECONDS, timeout / 4))
+            now = self.clock()
+            for lane, (since, _) in dict(self._lane_busy).items():
+                expected = max(0.0, self._lane_ends.get(lane, since) - since)
+                if now - since > max(timeout, HUNG_PASS_FACTOR * expected):
+                    self._break(
+                        f"a call to the graphs has run {now - since:.0f} s ({expected:.1f} s expected): "
+                        "the device or the graph process hangs"
+                    )
+                    break
+        broken = ModelBroken(str(self.broken))
+        waiting = [items for _, items in dict(self._lane_busy).values()] + self._isolating
+        for items in waiting:
+            for item in items:  # counted as answered once (if ever) their lane or probe returns
+                if not item.future.done():
+                    item.future.set_exception(broken)
 
     def _lane_took(self, lane: int, tokens: int, sentences: int, started: float) -> None:
         """LANE took the handed batch of TOKENS sub-words and SENTENCES at STARTED: the slot is free
@@ -779,7 +826,12 @@ class Scheduler:
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
         alone and the others of its batch are answered; unless the model is broken (`probe`)."""
-        if not await self._still_works():
+        self._isolating.append(batch)
+        try:
+            still_works = await self._still_works()
+        finally:
+            self._isolating.remove(batch)
+        if not still_works:
             self._fail(batch, ModelBroken(str(self.broken)))
             return
         if len(batch) == 1:
