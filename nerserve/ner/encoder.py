@@ -264,6 +264,18 @@ class WordEncoder(nn.Module):
         row per sentence."""
         hidden = unpack_rows(self.backbone_states(input_ids, segment_ids, position_ids), token_index)
         words = pool_subwords(hidden, subword_index, subword_mask, self.config.pooling)
+        return self.word_states(words, char_stream, char_index, shape_ids, word_mask), hidden
+
+    def word_states(
+        self,
+        words: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
+        shape_ids: torch.Tensor,
+        word_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """The words' pooled sub-word states [B, N, H] with their characters and shapes, through the
+        BiLSTM: [B, N, 2·lstm_hidden]."""
         features = torch.cat([words, self.chars(char_stream, char_index), self.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
-        return self.lstm(self.dropout(features), lengths), hidden
+        return self.lstm(self.dropout(features), lengths)

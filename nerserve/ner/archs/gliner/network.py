@@ -90,9 +90,7 @@ class GlinerNetwork(nn.Module):
         labels = torch.cat([gather_positions(prompt_words, label_index - 1), gather_positions(prompt_words, label_index)], -1)
         label_vectors = self.label_projection(labels)  # [B, L, D]
         words = gather_positions(prompt_words, text_index)
-        features = torch.cat([words, encoder.chars(char_stream, char_index), encoder.shapes(shape_ids)], dim=-1)
-        lengths = word_mask.sum(dim=1).to(torch.int64)
-        states = encoder.lstm(encoder.dropout(features), lengths)  # [B, N, 2·lstm_hidden]
+        states = encoder.word_states(words, char_stream, char_index, shape_ids, word_mask)  # [B, N, 2·lstm_hidden]
         rows, starts, ends = spans[:, 0], spans[:, 1], spans[:, 2]
         first = rows * states.shape[1] + starts  # positions in the batch's words, flattened
         span_hidden = (
