@@ -32,6 +32,11 @@ DEVICE_GRAPH_LANES = 2
 # requests a second a core, a fraction of what a GPU computes (docs/gpu.md). By default, on CUDA,
 # every usable core but the engine's two (its event loop, prepare and decode), at most 8.
 ENGINE_CORES, MAX_DEFAULT_HTTP_WORKERS = 2, 8
+# How long a pass may run before the device is taken to hang (and ten times its expected time).
+# A GPU's passes take milliseconds: a minute is a hang, found soon enough for a restart to matter.
+# On the CPU a slow model's batch at its limits takes tens of seconds (gliner, 32 sentences of 256
+# sub-words: 33 s on one core of this 2-core machine), and a slower machine may double that.
+GPU_PASS_TIMEOUT_SECONDS, CPU_PASS_TIMEOUT_SECONDS = 60.0, 600.0
 
 
 # a container's CPU limit (cgroup v2): "max 100000", or "200000 100000" for two CPUs
@@ -154,12 +159,13 @@ class Settings(Locations):
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
     window_overlap_words: int = Field(24, ge=0, description="words two windows of a long sentence share")
     drain_seconds: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take to finish")
-    pass_timeout_seconds: float = Field(
-        120.0,
+    pass_timeout_seconds: float | None = Field(
+        None,
         ge=0,
         description="a pass on a model's graphs still running after this long, and ten times its expected time, "
         "means the device or graph process hangs: its sentences are answered 503 and the model is broken "
-        "(see on_model_error); 0: never",
+        f"(see on_model_error); 0: never; by default {GPU_PASS_TIMEOUT_SECONDS:g} s on a GPU, "
+        f"{CPU_PASS_TIMEOUT_SECONDS:g} s on the CPU",
     )
     access_log: bool = Field(
         False,
@@ -283,6 +289,13 @@ class Settings(Locations):
         if self.warm_up_at_batch_limits is not None:
             return self.warm_up_at_batch_limits
         return self.batches_as_gpu
+
+    @property
+    def pass_timeout(self) -> float | None:
+        """`pass_timeout_seconds`, or its default for the device; None: passes are not watched."""
+        if self.pass_timeout_seconds is not None:
+            return self.pass_timeout_seconds or None
+        return GPU_PASS_TIMEOUT_SECONDS if self.batches_as_gpu else CPU_PASS_TIMEOUT_SECONDS
 
     @property
     def batches_as_gpu(self) -> bool:

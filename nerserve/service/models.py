@@ -208,7 +208,7 @@ def load_served_model(
         lane_setup=_lane_stream(settings),
         lanes_drive_a_device=settings.batches_as_gpu,
         on_broken=on_broken,
-        pass_timeout=settings.pass_timeout_seconds or None,
+        pass_timeout=settings.pass_timeout,
     )
     served = ServedModel(
         folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs

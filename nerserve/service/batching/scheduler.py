@@ -208,7 +208,7 @@ class Scheduler:
         # each lane's graph call, since when, and its batch's items (none for other calls): written
         # by the lanes' threads, read by _watch_lanes
         self._lane_busy: dict[int, tuple[float, list[WorkItem]]] = {}
-        self._isolating: list[list[WorkItem]] = []  # failed batches waiting for the probe
+        self._isolating: dict[int, list[WorkItem]] = {}  # failed batches waiting for the probe, by id
 
     @property
     def depth(self) -> int:
@@ -683,7 +683,7 @@ class Scheduler:
                     )
                     break
         broken = ModelBroken(str(self.broken))
-        waiting = [items for _, items in dict(self._lane_busy).values()] + self._isolating
+        waiting = [items for _, items in dict(self._lane_busy).values()] + list(self._isolating.values())
         for items in waiting:
             for item in items:  # counted as answered once (if ever) their lane or probe returns
                 if not item.future.done():
@@ -826,11 +826,11 @@ class Scheduler:
     async def _isolate(self, batch: list[WorkItem], error: Exception) -> None:
         """A batch that failed: each of its sentences again on its own, so one bad item fails
         alone and the others of its batch are answered; unless the model is broken (`probe`)."""
-        self._isolating.append(batch)
+        self._isolating[id(batch)] = batch
         try:
             still_works = await self._still_works()
         finally:
-            self._isolating.remove(batch)
+            del self._isolating[id(batch)]
         if not still_works:
             self._fail(batch, ModelBroken(str(self.broken)))
             return
@@ -870,6 +870,7 @@ class Scheduler:
         return self.broken is None
 
     def _break(self, reason: str) -> None:
+        """The model can no longer serve: what is queued fails, and nothing new is taken."""
         if self.broken is not None:  # another lane's failed batch found it first
             return
         self.broken = reason
