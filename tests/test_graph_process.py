@@ -153,6 +153,10 @@ def test_told_to_skip_failed_models_the_others_serve_on_until_none_is_left() -> 
         assert listed["span-conll03"]["state"] == "broken" and "graph process ended" in listed["span-conll03"]["error"]
         assert listed["span-genia"]["state"] == "ready"
         assert httpx.get(f"{server.url}/health/ready").status_code == 200
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'nerserve_model_state{model="span-conll03",state="broken"} 1.0' in metrics
+        assert 'nerserve_model_state{model="span-genia",state="ready"} 1.0' in metrics
+        assert 'nerserve_model_state{model="span-genia",state="broken"} 0.0' in metrics
         os.kill(other, signal.SIGKILL)
         assert_stopped_working(extract(server, "span-genia"))
         assert server.process.wait(60) != 0  # no model left that answers

@@ -25,7 +25,7 @@ from nerserve.service.api.extraction import (
     extract,
     start_planned,
 )
-from nerserve.service.api.state import ServiceState
+from nerserve.service.api.state import MODEL_STATES, ServiceState
 from nerserve.service.models import ModelView, ServedModel
 
 
@@ -146,6 +146,9 @@ class LocalEngine:
     async def metrics_text(self) -> bytes:
         metrics = self.state.metrics
         metrics.admitted.set(self.edge.in_flight)
+        for name, now in self.state.model_states.items():
+            for state in MODEL_STATES:
+                metrics.model_state.labels(name, state).set(float(state == now))
         for name, model in self.state.models.items():
             metrics.queue_depth.labels(name).set(model.scheduler.depth)
             metrics.in_flight.labels(name).set(model.scheduler.in_flight)

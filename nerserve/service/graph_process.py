@@ -89,11 +89,11 @@ class GraphProcess:
         outputs: dict[str, np.ndarray] = detail
         return outputs
 
-    def close(self) -> None:
-        """Ask the child to stop, then make sure it has."""
+    def close(self, wait: float = 10.0) -> None:
+        """Ask the child to stop, then make sure it has, within WAIT seconds."""
         with contextlib.suppress(BrokenPipeError, OSError):
             self._connection.send(None)
-        self._process.join(timeout=10)
+        self._process.join(timeout=wait)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()

@@ -81,6 +81,12 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("nerserve_in_flight", "Sentences accepted and not yet answered", ["model"], registry=r)
+        self.model_state = Gauge(
+            "nerserve_model_state",
+            "1 for each model's state (loading, ready, failed to load, broken while serving), 0 for the others",
+            ["model", "state"],
+            registry=r,
+        )
         self.admitted = Gauge(
             "nerserve_admitted_requests", "Requests let through admission and not yet answered, every model", registry=r
         )

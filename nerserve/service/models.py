@@ -72,9 +72,10 @@ class ServedModel:
         return self.graphs.execution_providers if self.graphs else execution_providers(self.program.graphs)
 
     def close(self) -> None:
-        """After the scheduler has stopped: the graph process, if any, ends."""
+        """After the scheduler has stopped: the graph process, if any, ends (at once if the model
+        is broken: a child that hangs would not read the request to stop)."""
         if self.graphs is not None:
-            self.graphs.close()
+            self.graphs.close(wait=0.0 if self.scheduler.broken else 10.0)
 
     @property
     def defaults(self) -> Any:

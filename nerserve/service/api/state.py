@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 # the states of a model that cannot answer, as a refusal says them
 FAILURES = {"failed": "failed to load", "broken": "stopped working while serving"}
+MODEL_STATES = ("loading", "ready", *FAILURES)
 
 
 @dataclass
