@@ -90,10 +90,13 @@ class GraphProcess:
         return outputs
 
     def close(self, wait: float = 10.0) -> None:
-        """Ask the child to stop, then make sure it has, within WAIT seconds."""
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self._connection.send(None)
-        self._process.join(timeout=wait)
+        """Ask the child to stop and give it WAIT seconds to, then make sure it has (WAIT 0: killed
+        at once, unasked: a child that hangs reads nothing, and writing to a pipe it no longer
+        drains could block)."""
+        if wait > 0:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._connection.send(None)
+            self._process.join(timeout=wait)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
