@@ -66,9 +66,8 @@ async def _load_models(state: ServiceState) -> None:
     try:
         names = loading_order(state)
     except Exception as error:
-        state.fatal = f"{type(error).__name__}: {error}"
-        log.error("cannot serve: %s", state.fatal)
-        os.kill(os.getpid(), signal.SIGTERM)
+        log.error("cannot serve: %s: %s", type(error).__name__, error)
+        _stop_serving(state, f"{type(error).__name__}: {error}")
         return
     state.model_states = dict.fromkeys(names, "loading")
     first, *others = names
@@ -81,8 +80,7 @@ async def _load_models(state: ServiceState) -> None:
 
     await asyncio.gather(*(load_in_background(name) for name in others))
     if not state.models and state.fatal is None:
-        state.fatal = "no model could be loaded: " + "; ".join(f"{n}: {e}" for n, e in state.model_errors.items())
-        os.kill(os.getpid(), signal.SIGTERM)
+        _stop_serving(state, "no model could be loaded: " + "; ".join(f"{n}: {e}" for n, e in state.model_errors.items()))
 
 
 async def _load_model(state: ServiceState, name: str, background: bool) -> None:
@@ -106,8 +104,7 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
         state.model_errors[name] = f"{type(error).__name__}: {error}"
         log.error("model %s failed to load: %s", name, state.model_errors[name])
         if state.settings.on_model_error == "exit" and state.fatal is None:
-            state.fatal = f"model {name!r} failed to load: {state.model_errors[name]}"
-            os.kill(os.getpid(), signal.SIGTERM)  # graceful stop; run() exits non-zero
+            _stop_serving(state, f"model {name!r} failed to load: {state.model_errors[name]}")
         return
     state.models[model.name] = model
     state.views[model.name] = model.view()
@@ -128,8 +125,14 @@ def _model_broke(state: ServiceState, name: str, reason: str) -> None:
         return
     still_serving = any(other in ("ready", "loading") for other in state.model_states.values())
     if state.settings.on_model_error == "exit" or not still_serving:
-        state.fatal = f"model {name!r} stopped working while serving: {reason}"
-        os.kill(os.getpid(), signal.SIGTERM)  # graceful stop: the others' requests are answered; run() exits non-zero
+        _stop_serving(state, f"model {name!r} stopped working while serving: {reason}")
+
+
+def _stop_serving(state: ServiceState, reason: str) -> None:
+    """The process cannot serve: liveness fails from now on, and a graceful stop follows (what was
+    admitted is answered), after which run() exits non-zero naming REASON."""
+    state.fatal = reason
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class BodyLimit:
