@@ -310,6 +310,34 @@ def test_a_graph_traced_on_the_cpu_makes_its_tensors_on_the_device_it_is_loaded_
     assert {t.device.type for t in made} == {"meta"} and made[0].shape == (5,)
 
 
+def test_a_bound_read_from_a_shape_reaches_a_traced_graph_as_one_cuda_takes() -> None:
+    """Traced, `clamp(max=n - 1)` takes the size as a 0-dim host tensor beside the device's values,
+    which CUDA refuses (span-conll03's TorchScript graphs stopped on a GPU so); `at_most` makes the
+    bound on the values' device. Followed on the CPU by tests/device_tags.py."""
+    import torch
+
+    from nerserve.ner.archs.span.graphs import at_most
+    from tests.device_tags import DeviceTags
+
+    class Clamped(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.clamp(x, max=x.shape[0] - 1)
+
+    class Bounded(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return at_most(x, x.shape[0] - 1)
+
+    example, feed = torch.arange(4), torch.tensor([0, 3, 7, 2, 9])
+    for module, refused in ((Clamped(), {"clamp"}), (Bounded(), set())):
+        traced = torch.jit.trace(module, (example,))
+        tags = DeviceTags()
+        tags.mark([feed])
+        with tags, torch.inference_mode():
+            got = traced(feed)
+        assert got.tolist() == [0, 3, 4, 2, 4]
+        assert {operator for operator, _ in tags.refused} == refused
+
+
 def test_an_eager_graph_evaluates_a_training_module_and_leaves_a_served_one_alone() -> None:
     """A module lent mid-training runs with dropout off and goes back to training; a module in
     eval mode (as every served one is loaded) is run as it is, its submodules never revisited."""

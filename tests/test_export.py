@@ -37,6 +37,7 @@ from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.runtime.onnx import OPTIMIZATION_LEVELS
 from nerserve.ner.runtime.torchscript import retarget_device_constants, traced_graphs
 from nerserve.ner.types import EntitySet
+from tests.device_tags import refused_on_a_gpu
 
 TINY_ENCODER = {"lstm_hidden": 16, "char_filters": 8}
 # A tiny config per registered architecture, with loose decoding thresholds so that random
@@ -174,6 +175,7 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
         check_device_resident_path(folder, sentences, [e.keys() for e in expected], info["architecture"])
     else:
         check_device_constants_follow_the_device(folder, info)
+        assert not refused_on_a_gpu(load_graph_set(folder).program, sentences)
 
     graph = folder / info["graphs"]["encoder"]["file"]
     graph.write_bytes(b"not a graph")

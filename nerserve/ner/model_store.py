@@ -130,8 +130,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # step graph reads its inputs per row, its `rows` graph selects them; 10: the label-matching graph
 # scores packed spans; 11: the character CNN reads a stream of the batch's characters; 12: the span
 # proposal's range-max levels come from a table, so no reduction meets an empty candidate set; 13: that
-# table is a constant of the graph, not computed in it)
-EXPORT_VERSION = "13"
+# table is a constant of the graph, not computed in it; 14: bounds read from shapes (span, gner) are
+# numbers or made on the device: traced, a `clamp` took a host tensor there, which CUDA refuses)
+EXPORT_VERSION = "14"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
 INT8_VERSION = "int8-4"
 

@@ -144,6 +144,9 @@ class BackboneDecoder(StepDecoder):
         self.head_dim = int(settings.hidden_size) // self.heads
         self.register_buffer("word_embeddings", embeddings.word_embeddings.weight.detach().clone(), persistent=False)
         self.register_buffer("position_embeddings", embeddings.position_embeddings.weight.detach().clone(), persistent=False)
+        # a number, not the table's size read in `states`: a trace would make that size a host
+        # tensor, which `clamp` on a GPU refuses beside the positions
+        self.last_position = int(self.position_embeddings.shape[0]) - 1
         self.register_buffer("type_embedding", embeddings.token_type_embeddings.weight[0].detach().clone(), persistent=False)
         self.embedding_norm = layer_norm_copy(embeddings.LayerNorm)
         self.layers = nn.ModuleList(
@@ -183,8 +186,8 @@ class BackboneDecoder(StepDecoder):
         positions: torch.Tensor,
         past: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        limit = self.position_embeddings.shape[0] - 1
-        x = F.embedding(tokens, self.word_embeddings) + F.embedding(positions.clamp(max=limit), self.position_embeddings)
+        positions = positions.clamp(max=self.last_position)
+        x = F.embedding(tokens, self.word_embeddings) + F.embedding(positions, self.position_embeddings)
         x = self.embedding_norm(x + self.type_embedding)
         present: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):

@@ -40,12 +40,20 @@ def range_max_table(states: torch.Tensor, word_mask: torch.Tensor, levels: int) 
     if levels == 1:
         return level
     steps = 2 ** torch.arange(levels - 1, device=states.device).unsqueeze(1)
-    shifted = torch.clamp(torch.arange(n, device=states.device) + steps, max=n - 1)  # [levels - 1, N]
+    shifted = at_most(torch.arange(n, device=states.device) + steps, n - 1)  # [levels - 1, N]
     tables = [level]
     for j in range(levels - 1):
         level = torch.maximum(level, level.index_select(1, shifted[j]))
         tables.append(level)
     return torch.cat(tables, dim=1)
+
+
+def at_most(values: torch.Tensor, bound: int) -> torch.Tensor:
+    """min(VALUES, BOUND) for a BOUND read from a shape. Not `clamp(max=bound)`: a trace records the
+    shape as a 0-dim host tensor, which `clamp` would then take as a tensor bound, and CUDA refuses a
+    host tensor there (a TorchScript graph traced on the CPU stopped on a GPU); a bound made on the
+    values' device is one that every device takes."""
+    return torch.minimum(values, values.new_full((), bound))
 
 
 def levels_for(words: int, levels: int) -> int:
@@ -162,7 +170,7 @@ class SpanScorer(nn.Module):
         n = layers.left.shape[1]
         starts, ends = spans[:, 0], spans[:, 1]
         if self.outer:
-            left, right = torch.clamp(starts - 1, min=0), torch.clamp(ends, max=n - 1)
+            left, right = torch.clamp(starts - 1, min=0), at_most(ends, n - 1)
         else:
             left, right = starts, ends - 1
         base = sentence * n
