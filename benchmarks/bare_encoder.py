@@ -1,22 +1,30 @@
 """The most a model's sentences/s can reach on a device: the backbone alone (transformers AutoModel,
 no LoRA, no heads, no decoding), on sentences tokenised beforehand and sorted by length, so that
 every batch is as short as the data allows. A served or offline figure is judged as a share of this.
-Precisions: fp32; fp16 or bf16, the weights converted once (as `--precision` serves); and
-fp16-autocast or bf16-autocast, the fp32 weights under autocast, for comparison.
+Precisions: fp32; fp16 or bf16, the weights converted once (as `--precision` serves);
+fp16-autocast or bf16-autocast, the fp32 weights under autocast, for comparison; and
+fp16-no-cudnn-attention (or bf16-…), converted weights with scaled-dot-product attention kept off
+cuDNN's kernels. Each row also times its first batch again, five times over (`repeat_batch_ms`
+beside `mean_batch_ms`): a precision that pays for every new shape (torch prefers cuDNN attention
+on Hopper in half precision, and cuDNN builds a plan per shape) is fast there and slow on the
+length-sorted batches, whose shapes are all new.
 
     python benchmarks/bare_encoder.py --device cuda --data ../shared/data/conll03 --sizes 1,32,128,512
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
 import typer
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoTokenizer
 
 from nerserve.loadtest.client import ORDER_HELP, Order, arrange
@@ -43,31 +51,56 @@ def _batches(encoded: list[list[int]], size: int, device: torch.device) -> list[
     return batches
 
 
-def in_precision(model: Any, precision: str) -> tuple[Any, torch.dtype | None]:
-    """The model to time for PRECISION and the dtype to autocast to (None: no autocast)."""
+# attention's kernels but cuDNN's (the "no-cudnn-attention" precisions)
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@dataclass
+class Timed:
+    model: Any
+    autocast: torch.dtype | None = None  # the dtype to autocast to; None: no autocast
+    attention: list[SDPBackend] | None = None  # the kernels attention may use; None: torch's choice
+
+
+def in_precision(model: Any, precision: str) -> Timed:
+    """The model to time for PRECISION, and how."""
     name, _, mode = precision.partition("-")
     if name == "fp32":
-        return model, None
+        return Timed(model)
     if mode == "autocast":
-        return model, HALF_DTYPES[name]
-    return copy.deepcopy(model).to(HALF_DTYPES[name]), None
+        return Timed(model, autocast=HALF_DTYPES[name])
+    converted = copy.deepcopy(model).to(HALF_DTYPES[name])
+    return Timed(converted, attention=WITHOUT_CUDNN if mode == "no-cudnn-attention" else None)
 
 
-def sentences_per_second(
-    model: Any, encoded: list[list[int]], size: int, device: torch.device, dtype: torch.dtype | None
-) -> float:
-    """MODEL's rate at batch SIZE, under autocast to DTYPE where it is given."""
+def _wait(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timings(timed: Timed, encoded: list[list[int]], size: int, device: torch.device) -> dict[str, float]:
+    """sentences/s at batch SIZE, the mean batch's ms, and the first batch's ms when run again."""
     batches = _batches(encoded, size, device)
-    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+    model, dtype = timed.model, timed.autocast
+    attention = sdpa_kernel(timed.attention) if timed.attention else contextlib.nullcontext()
+    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), attention:
         model(input_ids=batches[0][0], attention_mask=batches[0][1])  # warm-up (kernels, allocator)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _wait(device)
         started = time.perf_counter()
         for ids, mask in batches:
             model(input_ids=ids, attention_mask=mask)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return len(encoded) / (time.perf_counter() - started)
+        _wait(device)
+        elapsed = time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(5):
+            model(input_ids=batches[0][0], attention_mask=batches[0][1])
+        _wait(device)
+        repeated = (time.perf_counter() - started) / 5
+    return {
+        "sentences_per_second": round(len(encoded) / elapsed, 1),
+        "mean_batch_ms": round(1000 * elapsed / len(batches), 3),
+        "repeat_batch_ms": round(1000 * repeated, 3),
+    }
 
 
 @app.command()
@@ -77,7 +110,7 @@ def main(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cuda",
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,32,128,512",
     precisions: Annotated[
-        str, typer.Option(help="fp32, fp16, bf16, fp16-autocast, bf16-autocast (comma-separated)")
+        str, typer.Option(help="fp32, fp16, bf16, fp16-autocast, fp16-no-cudnn-attention, … (comma-separated)")
     ] = "fp32,fp16,fp16-autocast",
     limit: Annotated[int, typer.Option(min=32, help="test sentences (batch 1 runs at most 512 of them)")] = 3453,
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
@@ -91,11 +124,10 @@ def main(
     encoded = sorted(tokenizer(words, is_split_into_words=True, truncation=True, max_length=512)["input_ids"], key=len)
     rows: list[dict[str, Any]] = []
     for precision in precisions.split(","):
-        timed, dtype = in_precision(model, precision)  # converted once for all its batch sizes
+        timed = in_precision(model, precision)  # converted once for all its batch sizes
         for size in (int(n) for n in sizes.split(",")):
             subset = encoded[:: max(1, len(encoded) // 512)] if size == 1 else encoded
-            rate = sentences_per_second(timed, subset, size, torch_device, dtype)
-            rows.append({"precision": precision, "batch_size": size, "sentences_per_second": round(rate, 1)})
+            rows.append({"precision": precision, "batch_size": size, **timings(timed, subset, size, torch_device)})
             typer.echo(json.dumps(rows[-1]), err=True)
     result = {
         "backbone": info.name,
