@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# The GPU figures (docs/gpu.md) in one run, on one device, most important first, so that a run cut
-# short still holds the headline ratios:
+# The GPU figures (docs/gpu.md) in one run, on one device, every bar's figures first, so that a
+# run cut short still holds them:
 #   1. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted; autocast, and
 #      converted with attention off cuDNN's kernels, beside it), batch 1/32/128/512, length-sorted;
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
-#      length-sorted and in arrival order; again at 128/256/512 with two batches in flight;
+#      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
-#      at c = 16, the same with the graphs in their own process (--graph-process), the same again
-#      with HTTP worker processes in front of the engine process (--http-workers), with one graph
-#      lane instead of the device's default two (--graph-lanes 1), then the batch-1
-#      server at c = 64; setgen- and bartner-conll03 served at c = 64;
-#      the load client in its own processes on its own cores, with its ceiling (served_check.py);
-#   4. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
-#      and setgen-conll03, and span served in it (the split layout, as 3);
-#   5. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
+#      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
+#      engine, two graph lanes), then with the graphs in a process of their own (--graph-process);
+#      setgen- and bartner-conll03 served at c = 64; the batch-1 server at c = 64; the load client
+#      in its own processes on its own cores, with its ceiling (served_check.py);
+#   4. span-conll03 through TorchScript on the device (exported here), offline and served;
+#   — every bar has its figures by here; the rest explains them —
+#   5. span served with the front in the engine's process, and with one graph lane; offline with
+#      two batches in flight; a profile of its batches;
+#   6. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
+#      and setgen-conll03, and span served in it (graph process, as 3);
+#   7. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
-#   6. span-conll03 through TorchScript on the device, offline and served (the split layout);
-#   7. nag, setgen, bartner and diffusion (1 step) offline, as 2;
-#   8. summary.json: the ratios the engine issue asks for.
+#   8. nag, setgen, bartner and diffusion (1 step) offline, as 2;
+#   9. summary.json: the ratios the engine issue asks for.
 # Offline, bare and served figures all take samples of CoNLL-2003 test (the split shuffled, seeded:
 # --order in batching_ceiling.py, bare_encoder.py and served_check.py), so that the ratios divide
 # figures taken on the same kind of sentences (the split's first 2,048 average 14.8 words, the
@@ -138,51 +140,30 @@ if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
   --sizes "1,$SIZES" --precisions "fp32,$HALF,$HALF-autocast,$HALF-no-cudnn-attention" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
-# two batches in flight, each from a thread (and CUDA stream) of its own: host work beside the device's
-step offline-span-conll03-lanes2 300 $PY benchmarks/batching_ceiling.py --model span-conll03 --data "$DATA/conll03" \
-  --runtime eager --device "$DEVICE" --sizes "${SIZES#*,}" --limit "$LIMIT" --lanes 2 --json
-step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
-  --sizes "1,${SIZES##*,}"
-
-if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
-  served span-1 span-conll03 "$LEVELS" 1
-  served span-32 span-conll03 16 32
+# the service's own layout on a device (no flags): HTTP worker processes in front of the engine,
+# two graph lanes
+if todo served-span-workers-1 served-span-workers-32 \
+  && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS"; then
+  served span-workers-1 span-conll03 "$LEVELS" 1
+  served span-workers-32 span-conll03 16 32
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
   stop
 fi
-# the graphs in a process of their own: their Python launches no longer share the HTTP front's lock
-if todo served-span-graph-process && serve span-graph-process span-conll03 eager --graph-process; then
-  served span-graph-process span-conll03 "$LEVELS" 1
-  stop
-fi
-# one graph lane against the device's default two, each launching on a CUDA stream of its own
-if todo served-span-one-lane && serve span-one-lane span-conll03 eager --graph-lanes 1; then
-  served span-one-lane span-conll03 "$LEVELS" 1
-  stop
-fi
-# several HTTP worker processes in front of the engine process, the graphs in their own process
+# the same with the graphs in a process of their own: their Python launches no longer share the
+# engine's interpreter lock
 if todo served-span-split-1 served-span-split-32 \
   && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
   served span-split-1 span-conll03 "$LEVELS" 1
   served span-split-32 span-conll03 16 32
   stop
 fi
-if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
 for model in $SERVED_MODELS; do
-  if todo "served-$model" && serve "$model" "$model" eager; then served "$model" "$model" 64 1; stop; fi
+  if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS"; then served "$model" "$model" 64 1; stop; fi
 done
-step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
-  --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
-# half precision served as the split layout above serves fp32 (the CPU serves fp32 only)
-if [ "$DEVICE" != cpu ] && todo served-span-half served-span-half-32 && serve span-half span-conll03 eager --precision "$HALF" --graph-process --http-workers "$HTTP_WORKERS"; then
-  served span-half span-conll03 "$LEVELS" 1
-  served span-half-32 span-conll03 16 32
-  stop
-fi
-onnx_steps
+if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
 # the traced graphs on the device (traced on the CPU, their device constants retargeted at load):
 # operators dispatched from C++, not Python, so a lone sentence's pass is not bound by launches
-# from the interpreter; served in the split layout (no graph process: TorchScript runs without
+# from the interpreter; served in the service's layout (no graph process: TorchScript runs without
 # the interpreter lock)
 step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript --parity-sentences 32
 step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
@@ -193,6 +174,32 @@ if todo served-span-torchscript-1 served-span-torchscript-32 \
   served span-torchscript-32 span-conll03 16 32
   stop
 fi
+# every bar has its figures by here; what follows explains them
+# the front and the engine in one process
+if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
+  served span-1 span-conll03 "$LEVELS" 1
+  served span-32 span-conll03 16 32
+  stop
+fi
+# one graph lane against the device's default two, each launching on a CUDA stream of its own
+if todo served-span-one-lane && serve span-one-lane span-conll03 eager --http-workers "$HTTP_WORKERS" --graph-lanes 1; then
+  served span-one-lane span-conll03 "$LEVELS" 1
+  stop
+fi
+# two batches in flight, each from a thread (and CUDA stream) of its own: host work beside the device's
+step offline-span-conll03-lanes2 300 $PY benchmarks/batching_ceiling.py --model span-conll03 --data "$DATA/conll03" \
+  --runtime eager --device "$DEVICE" --sizes "${SIZES#*,}" --limit "$LIMIT" --lanes 2 --json
+step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
+  --sizes "1,${SIZES##*,}"
+step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
+  --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
+# half precision served as the split layout above serves fp32 (the CPU serves fp32 only)
+if [ "$DEVICE" != cpu ] && todo served-span-half served-span-half-32 && serve span-half span-conll03 eager --precision "$HALF" --graph-process --http-workers "$HTTP_WORKERS"; then
+  served span-half span-conll03 "$LEVELS" 1
+  served span-half-32 span-conll03 16 32
+  stop
+fi
+onnx_steps
 for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
 offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
 fi

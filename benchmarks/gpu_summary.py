@@ -91,6 +91,8 @@ def summary(folder: Path) -> dict[str, Any]:
         "served": {
             name: _read(folder, f"served-{name}")
             for name in (
+                "span-workers-1",
+                "span-workers-32",
                 "span-1",
                 "span-32",
                 "span-graph-process",
@@ -118,16 +120,17 @@ def summary(folder: Path) -> dict[str, Any]:
         "two_lanes_offline_over_bare_encoder": _ratio(
             two_lanes["sentences_per_second_sorted"] if two_lanes else None, bare_best
         ),
-        # the served bars for each way of serving: one process; HTTP workers in front of an engine
-        # process with the graphs in a process of their own; the same in half precision; HTTP
-        # workers in front of TorchScript graphs
+        # the served bars for each way of serving: the service's own on a device (HTTP workers in
+        # front of the engine process); the same with the graphs in a process of their own; that in
+        # half precision; the service's own with TorchScript graphs; the front in the engine's process
         "served_bars": {
             layout: _served_bars(folder, one, many, span_best)
             for layout, one, many in (
-                ("one-process", "span-1", "span-32"),
+                ("workers", "span-workers-1", "span-workers-32"),
                 ("split", "span-split-1", "span-split-32"),
                 ("split-half", "span-half", "span-half-32"),
-                ("split-torchscript", "span-torchscript-1", "span-torchscript-32"),
+                ("workers-torchscript", "span-torchscript-1", "span-torchscript-32"),
+                ("one-process", "span-1", "span-32"),
             )
         },
     }
