@@ -1,10 +1,10 @@
 """The most a model's sentences/s can reach on a device: the backbone alone (transformers AutoModel,
 no LoRA, no heads, no decoding), on sentences tokenised beforehand and sorted by length, so that
 every batch is as short as the data allows. A served or offline figure is judged as a share of this.
-Precisions: fp32; fp16 or bf16, the weights converted once (as `--precision` serves);
-fp16-autocast or bf16-autocast, the fp32 weights under autocast, for comparison; and
-fp16-no-cudnn-attention (or bf16-…), converted weights with scaled-dot-product attention kept off
-cuDNN's kernels. Each row also times its first batch again, five times over (`repeat_batch_ms`
+Precisions: fp32; fp16 or bf16, the weights converted once, attention's kernels torch's choice;
+fp16-no-cudnn-attention (or bf16-…), converted, with attention kept off cuDNN's kernels (as
+`--precision` serves on CUDA); and fp16-autocast or bf16-autocast, the fp32 weights under autocast,
+for comparison. Each row also times its first batch again, five times over (`repeat_batch_ms`
 beside `mean_batch_ms`): a precision that pays for every new shape (torch prefers cuDNN attention
 on Hopper in half precision, and cuDNN builds a plan per shape) is fast there and slow on the
 length-sorted batches, whose shapes are all new.
@@ -31,7 +31,7 @@ from nerserve.loadtest.client import ORDER_HELP, Order, arrange
 from nerserve.ner.backbone import DEFAULT_BACKBONE, resolve_backbone
 from nerserve.ner.data import read_split
 from nerserve.ner.encoder import load_backbone
-from nerserve.ner.torch_graph import HALF_DTYPES
+from nerserve.ner.torch_graph import HALF_DTYPES, SHAPE_FREE_ATTENTION
 
 app = typer.Typer(add_completion=False)
 
@@ -51,10 +51,6 @@ def _batches(encoded: list[list[int]], size: int, device: torch.device) -> list[
     return batches
 
 
-# attention's kernels but cuDNN's (the "no-cudnn-attention" precisions)
-WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
 @dataclass
 class Timed:
     model: Any
@@ -70,7 +66,7 @@ def in_precision(model: Any, precision: str) -> Timed:
     if mode == "autocast":
         return Timed(model, autocast=HALF_DTYPES[name])
     converted = copy.deepcopy(model).to(HALF_DTYPES[name])
-    return Timed(converted, attention=WITHOUT_CUDNN if mode == "no-cudnn-attention" else None)
+    return Timed(converted, attention=SHAPE_FREE_ATTENTION if mode == "no-cudnn-attention" else None)
 
 
 def _wait(device: torch.device) -> None:

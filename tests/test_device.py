@@ -310,6 +310,24 @@ def test_a_graph_traced_on_the_cpu_makes_its_tensors_on_the_device_it_is_loaded_
     assert {t.device.type for t in made} == {"meta"} and made[0].shape == (5,)
 
 
+def test_half_precision_on_cuda_keeps_attention_off_cudnn() -> None:
+    """cuDNN's attention builds a plan per shape (see torch_graph.SHAPE_FREE_ATTENTION): a half-
+    precision graph on CUDA turns it off; fp32, or the CPU, keep torch's choice."""
+    import torch
+
+    from nerserve.ner.torch_graph import choose_attention_kernels
+
+    try:
+        for precision, device in (("fp32", "cuda"), ("bf16", "cpu")):
+            choose_attention_kernels(precision, torch.device(device))
+            assert torch.backends.cuda.cudnn_sdp_enabled()
+        choose_attention_kernels("fp16", torch.device("cuda"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 def test_a_bound_read_from_a_shape_reaches_a_traced_graph_as_one_cuda_takes() -> None:
     """Traced, `clamp(max=n - 1)` takes the size as a 0-dim host tensor beside the device's values,
     which CUDA refuses (span-conll03's TorchScript graphs stopped on a GPU so); `at_most` makes the

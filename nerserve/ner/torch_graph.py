@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend
 
 from nerserve.ner.graph import Value
 
@@ -67,6 +68,22 @@ def _host_array(out: torch.Tensor) -> np.ndarray:
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+# Attention's kernels for half precision on CUDA: every one but cuDNN's. On Hopper and Blackwell
+# torch tries cuDNN's first for half precision (sdp_utils.cpp, check_prefer_cudnn_attention), and
+# cuDNN builds an execution graph for each new batch size and sequence length (tens of ms of host),
+# which a served batch nearly always is: converted fp16 took 17x fp32's time at batch 32 on an H200,
+# length-sorted, every batch a new shape (docs/gpu.md). gpu_check.sh's bare-encoder rows time both.
+SHAPE_FREE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def choose_attention_kernels(precision: str, device: torch.device) -> None:
+    """Half precision on CUDA: attention off cuDNN's kernels, for the whole process (a switch per
+    pass would race between lanes; cuDNN's attention takes half precision only, so an fp32 graph
+    beside it loses nothing)."""
+    if precision != "fp32" and device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def half_dtype(precision: str) -> torch.dtype | None:
     """fp16 / bf16 → its dtype; fp32 → None (the weights as trained)."""
     if precision == "fp32":
@@ -93,6 +110,7 @@ class EagerGraph:
         self.device = torch.device(device)
         self.device_resident = self.device.type != "cpu"
         self.execution_provider = f"torch eager on {self.device}" + ("" if precision == "fp32" else f" ({precision} weights)")
+        choose_attention_kernels(precision, self.device)
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
         tensors = [to_tensor(inputs[name], self.device, self.floats) for name in self.input_names]
