@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU figures (docs/gpu.md) in one run, on one device, every bar's figures first, so that a
 # run cut short still holds them:
-#   1. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted; autocast, and
-#      converted with attention off cuDNN's kernels, beside it), batch 1/32/128/512, length-sorted;
+#   1. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted with attention
+#      off cuDNN's kernels, as the service runs it; then torch's choice of kernels, whose cuDNN
+#      execution graphs, built per shape, the autocast row after it finds built), batch
+#      1/32/128/512, length-sorted;
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
@@ -138,7 +140,7 @@ onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this on
 if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
 if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
-  --sizes "1,$SIZES" --precisions "fp32,$HALF,$HALF-autocast,$HALF-no-cudnn-attention" --limit "$LIMIT"
+  --sizes "1,$SIZES" --precisions "fp32,$HALF-no-cudnn-attention,$HALF,$HALF-autocast" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
 # the service's own layout on a device (no flags): HTTP worker processes in front of the engine,
 # two graph lanes
