@@ -78,13 +78,31 @@ have() {  # have NAME...: with RESUME=1, every step NAME wrote its JSON already
   for name in "$@"; do grep -qs '^{' "$OUT/$name.json" || return 1; done
 }
 todo() { ! have "$@"; }  # todo NAME...: some step NAME is still to run
+STEP=""  # the running step's timeout process
+SERVER=""
 step() {  # step NAME TIMEOUT_SECONDS COMMAND...: stdout to $OUT/NAME.json, stderr to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
   if have "$name"; then log "kept $name"; return; fi
   log "start $name"
-  timeout "$limit" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log" || log "FAILED $name (exit $?)"
+  # in the background, so that a cut (below) reaches it at once; written aside and moved once the
+  # step has ended, so that a run cut mid-step leaves no JSON for RESUME to keep
+  timeout "$limit" "$@" > "$OUT/$name.json.part" 2> "$OUT/$name.log" &
+  STEP=$!
+  wait "$STEP" || log "FAILED $name (exit $?)"
+  STEP=""
+  mv "$OUT/$name.json.part" "$OUT/$name.json"
   log "end $name"
 }
+# cut short (the call's `timeout`, or ^C): the running step and server stop too, so that nothing
+# holds the device or the port when RESUME=1 continues. `timeout` puts each step in a process group
+# of its own, which a signal to this script's group does not reach.
+cut() {
+  log "cut short: stopping ${STEP:+the running step }${SERVER:+and the server}"
+  [ -n "$STEP" ] && kill -TERM "$STEP" 2>/dev/null && wait "$STEP" 2>/dev/null
+  stop
+  exit 143
+}
+trap cut TERM INT
 
 log "device $DEVICE, $CORES cores (server $SERVER_CORES, client ${CLIENT_CORES:-shared}), quick=$QUICK"
 log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: $([ "$QUICK" = 1 ] && echo "about 7 minutes" || echo "over 10 minutes (the H100's first run was cut at its call's 10)"); cut short, RESUME=1 continues"
@@ -104,7 +122,7 @@ serve() {  # serve NAME MODEL RUNTIME [flags…]: a server pinned to the server 
   SERVER=$!
   ready || { log "FAILED server $name (see server-$name.log)"; stop; return 1; }
 }
-stop() { kill -TERM "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; }
+stop() { [ -n "$SERVER" ] && kill -TERM "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null; SERVER=""; }
 served() {  # served NAME MODEL LEVELS PER_REQUEST
   step "served-$1" 300 $PY benchmarks/served_check.py --url "$URL" --model "$2" --data "$DATA/conll03" \
     --levels "$3" --per-request "$4" --duration "$SECONDS_PER_LEVEL" --processes 4 --cores "$CLIENT_CORES"
