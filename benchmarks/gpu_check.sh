@@ -97,7 +97,7 @@ step() {  # step NAME TIMEOUT_SECONDS COMMAND...: stdout to $OUT/NAME.json, stde
 # holds the device or the port when RESUME=1 continues. `timeout` puts each step in a process group
 # of its own, which a signal to this script's group does not reach.
 cut() {
-  log "cut short: stopping ${STEP:+the running step }${SERVER:+and the server}"
+  log "cut short: stopping what runs${STEP:+ (a step)}${SERVER:+ (a server)}"
   [ -n "$STEP" ] && kill -TERM "$STEP" 2>/dev/null && wait "$STEP" 2>/dev/null
   stop
   exit 143
@@ -160,8 +160,8 @@ if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
   --sizes "1,$SIZES" --precisions "fp32,$HALF-no-cudnn-attention,$HALF,$HALF-autocast" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
-# the service's own layout on a device (no flags): HTTP worker processes in front of the engine,
-# two graph lanes
+# the service's own layout on a device: HTTP worker processes in front of the engine, two graph
+# lanes (serve() pins one worker, so the default count is named here)
 if todo served-span-workers-1 served-span-workers-32 \
   && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS"; then
   served span-workers-1 span-conll03 "$LEVELS" 1

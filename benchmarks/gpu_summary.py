@@ -95,7 +95,6 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-workers-32",
                 "span-1",
                 "span-32",
-                "span-graph-process",
                 "span-one-lane",
                 "span-split-1",
                 "span-split-32",
