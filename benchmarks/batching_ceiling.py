@@ -37,12 +37,19 @@ app = typer.Typer(add_completion=False)
 
 
 def load_program(
-    model: str, runtime: str, device: str, threads: int | None, precision: str = "fp32", int8: bool = False
+    model: str,
+    runtime: str,
+    device: str,
+    threads: int | None,
+    precision: str = "fp32",
+    int8: bool = False,
+    cuda_graphs: bool = False,
 ) -> Any:
     if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
         from nerserve.ner.loading import load_model
 
-        return load_model(LOCATIONS.model_dir(model), device, precision=precision, merged=True).program
+        folder = LOCATIONS.model_dir(model)
+        return load_model(folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs).program
     return load_graph_set(LOCATIONS.graph_set_folder(model, runtime, int8), device, threads).program
 
 
@@ -94,10 +101,13 @@ def main(
     options: Annotated[str, typer.Option(help="decoding options over the manifest's, as JSON: '{\"steps\": 1}'")] = "",
     int8: Annotated[bool, typer.Option("--int8", help="the ONNX export with INT8 weights (`nerserve export --int8`)")] = False,
     lanes: Annotated[int, typer.Option(min=1, help="batches in flight at once, each from a thread of its own")] = 1,
+    cuda_graphs: Annotated[
+        bool, typer.Option("--cuda-graphs", help="eager on CUDA: the backbone replayed from CUDA graphs (as serve's)")
+    ] = False,
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    program = load_program(model, runtime, device, threads, precision, int8)
+    program = load_program(model, runtime, device, threads, precision, int8, cuda_graphs)
     chosen = dataclasses.replace(program.config.decode, **json.loads(options)) if options else None
     arrival = arrange([list(s.tokens) for s in read_split(data, "test")], order)[:limit]
     by_length = sorted(arrival, key=len)
@@ -122,6 +132,7 @@ def main(
         "precision": precision,
         "int8": int8,
         "lanes": lanes,
+        "cuda_graphs": cuda_graphs,
         "options": json.loads(options) if options else {},
         "rows": rows,
         "best_gain_over_batch_1": max(max(r["arrival_order"], r["length_sorted"]) for r in rows) / base,

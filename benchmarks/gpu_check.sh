@@ -12,6 +12,8 @@
 #      engine, two graph lanes), then with the graphs in a process of their own (--graph-process);
 #      setgen- and bartner-conll03 served at c = 64; the batch-1 server at c = 64; the load client
 #      in its own processes on its own cores, with its ceiling (served_check.py);
+#   3b. span-conll03 with the backbone replayed from CUDA graphs (--cuda-graphs), offline and served
+#      in the service's layout;
 #   4. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
 #   5. span served with the front in the engine's process, and with one graph lane; offline with
@@ -128,10 +130,13 @@ served() {  # served NAME MODEL LEVELS PER_REQUEST
     --levels "$3" --per-request "$4" --duration "$SECONDS_PER_LEVEL" --processes 4 --cores "$CLIENT_CORES"
 }
 offline() {  # offline MODEL SENTENCES [batching_ceiling flags…]: batch 1 on fewer sentences, the rest on SENTENCES
-  local model=$1 sentences=$2; shift 2
-  step "offline-$model-batch1" 300 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
+  offline_as "$1" "$@"
+}
+offline_as() {  # offline_as NAME MODEL SENTENCES [flags…]: offline's steps, named offline-NAME…
+  local name=$1 model=$2 sentences=$3; shift 3
+  step "offline-$name-batch1" 300 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
     --runtime eager --device "$DEVICE" --sizes 1 --limit "$BATCH1_LIMIT" --json "$@"
-  step "offline-$model" 600 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
+  step "offline-$name" 600 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
     --runtime eager --device "$DEVICE" --sizes "$SIZES" --limit "$sentences" --json "$@"
 }
 
@@ -168,6 +173,18 @@ if todo served-span-workers-1 served-span-workers-32 \
   served span-workers-32 span-conll03 16 32
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
   stop
+fi
+# the backbone replayed from CUDA graphs captured at load (a small batch's kernels launched at once,
+# not one by one from Python): offline, and served in the service's layout (a capture needs a GPU)
+if [ "$DEVICE" != cpu ]; then
+  offline_as span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs
+  if todo served-span-graphs-1 served-span-graphs-32 \
+    && serve span-graphs span-conll03 eager --http-workers "$HTTP_WORKERS" --cuda-graphs; then
+    served span-graphs-1 span-conll03 "$LEVELS" 1
+    served span-graphs-32 span-conll03 16 32
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span-cuda-graphs.csv" 2>&1
+    stop
+  fi
 fi
 # the same with the graphs in a process of their own: their Python launches no longer share the
 # engine's interpreter lock

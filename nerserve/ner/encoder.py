@@ -11,7 +11,7 @@ it influence a sentence's vectors: they do not depend on what it is batched with
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -216,6 +216,8 @@ class WordEncoder(nn.Module):
         self.output_size = 2 * config.lstm_hidden
         self.context_size = hidden_size
         self.position_offset = position_offset(backbone)
+        # the backbone's states replayed from CUDA graphs (eager inference on CUDA, opt-in: replay_from_cuda_graphs)
+        self.static_backbone: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(
         self,
@@ -234,8 +236,23 @@ class WordEncoder(nn.Module):
         states, hidden = self.encode(*subwords, char_stream, char_index, shape_ids, word_mask)
         return states, hidden[:, 0]
 
+    def replay_from_cuda_graphs(self) -> None:
+        """For eager inference on CUDA: the backbone's pass replayed from CUDA graphs captured now,
+        one per bucket of shapes (ner.cuda_graphs). Training and export never call it."""
+        from nerserve.ner.cuda_graphs import StaticShapeBackbone
+
+        static = StaticShapeBackbone(self.backbone_layers, next(self.backbone.parameters()).device)
+        static.capture_all()
+        self.static_backbone = static
+
     def backbone_states(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Packed rows → [R, S, H]: the mean of the backbone's last layers."""
+        if self.static_backbone is not None:
+            return self.static_backbone(input_ids, segment_ids, position_ids)
+        return self.backbone_layers(input_ids, segment_ids, position_ids)
+
+    def backbone_layers(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """backbone_states, run by the backbone's modules."""
         dtype = next(self.backbone.parameters()).dtype
         extra = {} if self.position_offset is None else {"position_ids": position_ids + self.position_offset}
         outputs = self.backbone(

@@ -65,6 +65,14 @@ def fuse_for_eager(network: nn.Module) -> None:
             fuse()
 
 
+def replay_from_cuda_graphs(network: nn.Module) -> None:
+    """Each encoder of NETWORK replays its backbone from CUDA graphs (ner.cuda_graphs)."""
+    for module in list(network.modules()):
+        replay = getattr(module, "replay_from_cuda_graphs", None)
+        if callable(replay):
+            replay()
+
+
 @dataclass
 class LoadedModel:
     folder: Path
@@ -81,12 +89,17 @@ def load_model(
     backbone_path: str | None = None,
     precision: str = "fp32",
     merged: bool = False,
+    cuda_graphs: bool = False,
 ) -> LoadedModel:
     """The trained model in FOLDER (a model store's entry) as eager torch; `precision` fp16 or bf16:
     its weights converted to that type once, here. `merged`: loaded for inference, LoRA folded into
     the backbone's weights (a third fewer kernels a layer, which on a GPU is most of a small
     batch's time) and its parts in their fused forms (fuse_for_eager). Neither can be trained on
-    or exported."""
+    or exported. `cuda_graphs` (merged, on CUDA): the backbone's pass replayed from CUDA graphs,
+    captured here (ner.cuda_graphs)."""
+    chosen = device_name(device)
+    if cuda_graphs and not (merged and chosen.startswith("cuda")):
+        raise ValueError(f"CUDA graphs are for a model loaded merged on CUDA (asked for {chosen}, merged={merged})")
     manifest = read_manifest(folder)
     try:
         spec = architecture(manifest.architecture)
@@ -103,6 +116,7 @@ def load_model(
     if merged:
         network = merge_adapters(network)
         fuse_for_eager(network)
-    chosen = device_name(device)
     network.to(chosen, half_dtype(precision)).eval()
+    if cuda_graphs:
+        replay_from_cuda_graphs(network)
     return LoadedModel(folder, manifest, spec, backbone, network, eager_program(spec, network, backbone, chosen, precision))

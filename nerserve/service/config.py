@@ -88,6 +88,11 @@ class Settings(Locations):
         description="fp16 or bf16: the model's weights converted to it once at load, and its graphs run in it "
         "(eager runtime on CUDA only; docs/gpu.md has the entity-set agreement and F1 each reached against fp32)",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="the backbone's pass replayed from CUDA graphs captured at load, one per bucket of batch shapes "
+        "(eager runtime on CUDA only): a small batch's kernels launched at once instead of one by one from Python",
+    )
     graph_process: bool = Field(
         False,
         description="run each model's graphs in a process of its own, so that a runtime that launches its "
@@ -249,6 +254,15 @@ class Settings(Locations):
         if self.precision != "fp32" and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
             raise ValueError(
                 f"precision {self.precision} runs on CUDA with the eager runtime only "
+                f"(asked for runtime {self.runtime.value} on device {self.device})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def cuda_graphs_on_cuda(self) -> Settings:
+        if self.cuda_graphs and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
+            raise ValueError(
+                "cuda_graphs runs on CUDA with the eager runtime only "
                 f"(asked for runtime {self.runtime.value} on device {self.device})"
             )
         return self

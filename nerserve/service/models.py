@@ -125,13 +125,21 @@ class GraphSource:
     threads: int | None = None
     precision: str = "fp32"
     simulated_device_costs: Path | None = None
+    cuda_graphs: bool = False
 
     def load(self, device: str | None = None) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
         on = device or self.device
         if self.runtime == Runtime.eager:
             from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
 
-            loaded = load_model(self.folder, on, precision=self.precision if on == self.device else "fp32", merged=True)
+            on_own_device = on == self.device  # not this process's CPU copy beside a graph process
+            loaded = load_model(
+                self.folder,
+                on,
+                precision=self.precision if on_own_device else "fp32",
+                merged=True,
+                cuda_graphs=self.cuda_graphs and on_own_device,
+            )
             return loaded.manifest, loaded.program
         loaded_set = load_graph_set(self.folder, on, self.threads, self.simulated_device_costs)
         return loaded_set.manifest, loaded_set.program
@@ -157,7 +165,13 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
                 raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
             folder = exports.run(name, settings.runtime.value, background)
     return GraphSource(
-        settings.runtime, folder, settings.device, settings.graph_threads, settings.precision, settings.simulated_device_costs
+        settings.runtime,
+        folder,
+        settings.device,
+        settings.graph_threads,
+        settings.precision,
+        settings.simulated_device_costs,
+        settings.cuda_graphs,
     )
 
 

@@ -1,0 +1,130 @@
+"""The backbone replayed from CUDA graphs (ner.cuda_graphs), checked on the CPU: the buckets, the
+padding (a sentence's states and entity sets are those it gets unpadded, through a stand-in for
+the capture that recomputes its output buffer in place, as a replay does), and that the backbone's
+pass holds nothing a capture refuses (an operator that reads a device value on the host). The
+capture itself needs a GPU: gpu_check.sh serves span with `--cuda-graphs`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nerserve.ner.cuda_graphs import MAX_POSITIONS, ROW_BUCKETS, States, StaticShapeBackbone, bucket, every_bucket
+from nerserve.ner.data import read_split
+from nerserve.ner.loading import load_model
+from nerserve.ner.model_store import Locations
+
+# operators whose result the host reads (a synchronisation, refused while a stream is capturing)
+READ_ON_THE_HOST = {
+    "_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "_unique2", "unique_consecutive",
+}  # fmt: skip
+
+
+def stand_in_capture(states: States, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Callable[[], None]]:
+    output = states(*inputs)
+
+    def replay() -> None:
+        output.copy_(states(*inputs))
+
+    return output, replay
+
+
+class OperatorNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def backbone_feeds(model: Any, sentences: list[list[str]]) -> list[torch.Tensor]:
+    """The packed rows the backbone takes for SENTENCES: ids, segment ids, positions."""
+    packed = model.program.subwords.encode(sentences)
+    return [torch.from_numpy(rows) for rows in (packed.input_ids, packed.segment_ids, packed.position_ids)]
+
+
+@pytest.fixture(scope="module")
+def span() -> Any:
+    return load_model(Locations().model_dir("span-conll03"), "cpu", merged=True)
+
+
+def test_each_batch_shape_up_to_the_largest_bucket_has_one_and_beyond_it_none() -> None:
+    assert bucket(1, 7) == (1, 32)
+    assert bucket(5, 33) == (6, 64)
+    assert bucket(ROW_BUCKETS[-1], MAX_POSITIONS) == (ROW_BUCKETS[-1], MAX_POSITIONS)
+    assert bucket(ROW_BUCKETS[-1] + 1, 10) is None
+    assert bucket(1, MAX_POSITIONS + 1) is None
+    shapes = every_bucket()
+    assert len(shapes) == len(set(shapes)) == len(ROW_BUCKETS) * MAX_POSITIONS // 32
+
+
+def test_padded_replays_give_each_sentence_its_own_states_and_entities(span: Any, data_root: Path) -> None:
+    encoder = span.network.encoder
+    sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 40)]
+    expected = [span.program.predict(sentences[:count]) for count in (1, 7, 40)]
+    captured: list[tuple[int, int]] = []
+
+    def counted_capture(states: States, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Callable[[], None]]:
+        captured.append(tuple(inputs[0].shape))  # type: ignore[arg-type]
+        return stand_in_capture(states, inputs)
+
+    static = StaticShapeBackbone(encoder.backbone_layers, torch.device("cpu"), counted_capture)
+    for count in (1, 7, 40):
+        feeds = backbone_feeds(span, sentences[:count])
+        with torch.inference_mode():
+            direct, replayed = encoder.backbone_layers(*feeds), static(*feeds)
+        assert bucket(*feeds[0].shape) is not None and replayed.shape == direct.shape
+        real = feeds[1] > 0  # padding's states are nobody's
+        torch.testing.assert_close(replayed[real], direct[real], atol=1e-5, rtol=1e-5)
+    encoder.static_backbone = static
+    try:
+        assert [span.program.predict(sentences[:count]) for count in (1, 7, 40)] == expected
+    finally:
+        encoder.static_backbone = None
+    assert captured and len(captured) == len(set(captured)) == len(static.replays)  # each bucket once
+
+
+def test_a_batch_beyond_the_largest_bucket_runs_the_backbone_itself() -> None:
+    calls: list[tuple[int, ...]] = []
+
+    def states(ids: torch.Tensor, segments: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(ids.shape))
+        return ids.unsqueeze(-1).float()
+
+    static = StaticShapeBackbone(states, torch.device("cpu"), stand_in_capture)
+    rows = ROW_BUCKETS[-1] + 1
+    ids = torch.ones(rows, 8, dtype=torch.int64)
+    assert static(ids, ids, ids).shape == (rows, 8, 1)
+    assert calls == [(rows, 8)] and not static.replays
+
+
+def test_the_backbones_pass_reads_nothing_on_the_host(span: Any, data_root: Path) -> None:
+    """A capture fails on an operator that waits for the device to hand the host a value: the
+    backbone's pass (what is captured) has none, whatever the batch."""
+    sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 9)]
+    feeds = backbone_feeds(span, sentences)
+    with OperatorNames() as seen, torch.inference_mode():
+        span.network.encoder.backbone_layers(*feeds)
+    assert seen.names and not READ_ON_THE_HOST & set(seen.names), seen.names
+
+
+def test_cuda_graphs_are_for_the_eager_runtime_on_cuda() -> None:
+    from pydantic import ValidationError
+
+    from nerserve.service.config import Settings
+
+    assert Settings(device="cuda", runtime="eager", cuda_graphs=True).cuda_graphs
+    with pytest.raises(ValidationError, match="cuda_graphs runs on CUDA with the eager runtime only"):
+        Settings(device="cpu", runtime="eager", cuda_graphs=True)
+    with pytest.raises(ValidationError, match="asked for runtime onnx on device cuda"):
+        Settings(device="cuda", cuda_graphs=True)
+    with pytest.raises(ValueError, match="CUDA graphs are for a model loaded merged on CUDA"):
+        load_model(Locations().model_dir("span-conll03"), "cpu", merged=True, cuda_graphs=True)
