@@ -19,6 +19,7 @@ from nerserve.ner.cuda_graphs import MAX_POSITIONS, ROW_BUCKETS, States, StaticS
 from nerserve.ner.data import read_split
 from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import Locations
+from nerserve.ner.torch_graph import EagerGraph
 
 # operators whose result the host reads (a synchronisation, refused while a stream is capturing)
 READ_ON_THE_HOST = {
@@ -87,8 +88,11 @@ def test_padded_replays_give_each_sentence_its_own_states_and_entities(span: Any
     encoder.static_backbone = static
     try:
         assert [span.program.predict(sentences[:count]) for count in (1, 7, 40)] == expected
+        graph = EagerGraph(encoder, ("input_ids",), ("word_states",))
+        assert graph.execution_provider == "torch eager on cpu, backbone replayed from CUDA graphs"  # as /info says
     finally:
         encoder.static_backbone = None
+    assert EagerGraph(encoder, ("input_ids",), ("word_states",)).execution_provider == "torch eager on cpu"
     assert captured and len(captured) == len(set(captured)) == len(static.replays)  # each bucket once
 
 

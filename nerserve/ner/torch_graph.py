@@ -109,7 +109,12 @@ class EagerGraph:
         self.output_names = output_names
         self.device = torch.device(device)
         self.device_resident = self.device.type != "cpu"
-        self.execution_provider = f"torch eager on {self.device}" + ("" if precision == "fp32" else f" ({precision} weights)")
+        replayed = any(getattr(part, "static_backbone", None) is not None for part in module.modules())
+        self.execution_provider = (
+            f"torch eager on {self.device}"
+            + ("" if precision == "fp32" else f" ({precision} weights)")
+            + (", backbone replayed from CUDA graphs" if replayed else "")
+        )
         choose_attention_kernels(precision, self.device)
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
