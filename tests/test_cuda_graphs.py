@@ -110,6 +110,20 @@ def test_a_batch_beyond_the_largest_bucket_runs_the_backbone_itself() -> None:
     assert calls == [(rows, 8)] and not static.replays
 
 
+def test_a_smaller_batch_after_a_full_one_finds_its_bucket_padded_again() -> None:
+    """A batch that fills its bucket overwrites every static position; the next, smaller one of that
+    bucket must find padding (zeros) there again, not the last batch's ids."""
+
+    def row_sums(ids: torch.Tensor, segments: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return (ids + segments + positions).sum(dim=1, keepdim=True).expand_as(ids).unsqueeze(-1).float()
+
+    static = StaticShapeBackbone(row_sums, torch.device("cpu"), stand_in_capture)
+    full, part = torch.ones(3, 64, dtype=torch.int64), torch.ones(3, 40, dtype=torch.int64)
+    assert bucket(3, 64) == bucket(3, 40) == (3, 64)
+    assert static(full, full, full).unique().tolist() == [192.0]
+    assert static(part, part, part).unique().tolist() == [120.0]
+
+
 def test_the_backbones_pass_reads_nothing_on_the_host(span: Any, data_root: Path) -> None:
     """A capture fails on an operator that waits for the device to hand the host a value: the
     backbone's pass (what is captured) has none, whatever the batch."""

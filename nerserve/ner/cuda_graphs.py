@@ -78,13 +78,14 @@ class Replay:
 
     def __call__(self, feeds: tuple[torch.Tensor, ...]) -> torch.Tensor:
         rows, positions = feeds[0].shape
-        with self.lock:
+        with self.lock, torch.inference_mode():  # the static buffers are inference tensors
             on_cuda = self.output.device.type == "cuda"
             stream = torch.cuda.current_stream(self.output.device) if on_cuda else None
             if stream is not None and self.copied is not None:
                 stream.wait_event(self.copied)
             for static, feed in zip(self.inputs, feeds, strict=True):
-                static.zero_()  # padding: id 0, segment 0 (seen by no sentence), position 0
+                if feed.shape != static.shape:
+                    static.zero_()  # padding: id 0, segment 0 (seen by no sentence), position 0
                 static[:rows, :positions].copy_(feed)
             self.replay()
             states = self.output[:rows, :positions].clone()
