@@ -13,7 +13,7 @@
 #      setgen- and bartner-conll03 served at c = 64; the batch-1 server at c = 64; the load client
 #      in its own processes on its own cores, with its ceiling (served_check.py);
 #   3b. the backbone replayed from CUDA graphs (--cuda-graphs): entity sets against the plain
-#      program's (span, setgen), span offline, and served in the service's layout;
+#      program's, offline (span-conll03), and served in the service's layout;
 #   4. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
 #   5. span served with the front in the engine's process, and with one graph lane; offline with
@@ -178,7 +178,7 @@ fi
 # not one by one from Python): offline, and served in the service's layout (a capture needs a GPU)
 if [ "$DEVICE" != cpu ]; then
   # its entity sets against the plain program's on the whole test split, speed, load time, memory
-  step cuda-graphs-check 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03,setgen-conll03 \
+  step cuda-graphs-check 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
     --data "$DATA/conll03" --device "$DEVICE"
   offline_as span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs
   if todo served-span-graphs-1 served-span-graphs-32 \
