@@ -10,7 +10,8 @@
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
 #      engine, two graph lanes), then with the graphs in a process of their own (--graph-process);
-#      setgen- and bartner-conll03 served at c = 64; the batch-1 server at c = 64; the load client
+#      setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 3b found it exact
+#      and faster); the batch-1 server at c = 64; the load client
 #      in its own processes on its own cores, with its ceiling (served_check.py);
 #   3b. the backbone replayed from CUDA graphs (--cuda-graphs): entity sets against the plain
 #      program's, offline (span-conll03), and served in the service's layout;
@@ -197,8 +198,19 @@ if todo served-span-split-1 served-span-split-32 \
   served span-split-32 span-conll03 16 32
   stop
 fi
+# setgen and bartner (the pair of one bar) served alike: with CUDA graphs where the comparison above
+# found span's entity sets kept and its batches of 8 faster with them (each served JSON's
+# `served_as` names what ran)
+GRAPHS_FLAG=$($PY - "$OUT/cuda-graphs-check.json" <<'PICK' 2>/dev/null
+import json, sys
+report = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+at_8 = {row["batch_size"]: row for row in report["sentences_per_second"]}.get(8)
+print("--cuda-graphs" if report["passes"] and at_8 and at_8["cuda_graphs"] > at_8["plain"] else "")
+PICK
+)
+log "setgen and bartner served with: ${GRAPHS_FLAG:-no CUDA graphs}"
 for model in $SERVED_MODELS; do
-  if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS"; then served "$model" "$model" 64 1; stop; fi
+  if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS" $GRAPHS_FLAG; then served "$model" "$model" 64 1; stop; fi
 done
 if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
 # the traced graphs on the device (traced on the CPU, their device constants retargeted at load):

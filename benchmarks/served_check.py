@@ -13,6 +13,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import urllib.request
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -129,6 +130,15 @@ def client_ceiling(url: str, clients: int, seconds: float, processes: int, cores
     return float(sum(rates))
 
 
+def served_as(url: str, model: str) -> dict[str, Any] | None:
+    """How the server runs MODEL, from its `GET /models` entry (runtime, each graph's execution
+    provider: the device, precision, CUDA graphs), so that a figure names what it measured."""
+    with urllib.request.urlopen(f"{url}/models", timeout=10) as response:
+        listed = json.load(response)["models"]
+    entry = next((m for m in listed if m["name"] == model), None)
+    return None if entry is None else {key: entry.get(key) for key in ("runtime", "execution_providers", "warm_up")}
+
+
 def _cores(spec: str) -> list[int]:
     if not spec:
         return []
@@ -165,6 +175,7 @@ def main(
         "url": url,
         "order": order.value,
         "client_ceiling_requests_per_second": round(ceiling, 1),
+        "served_as": served_as(url, model),
         "levels": rows,
     }
     typer.echo(json.dumps(report))
