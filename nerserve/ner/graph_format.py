@@ -18,7 +18,8 @@ class GraphFormat(StrEnum):
 
 
 class Runtime(StrEnum):
-    """What runs a model's graphs: an exported format, or the eager torch modules (debugging)."""
+    """What runs a model's graphs: an exported format, or the eager torch modules (on CUDA the GPU path;
+    on the CPU for debugging)."""
 
     onnx = "onnx"
     torchscript = "torchscript"

@@ -1,5 +1,6 @@
 """Eager torch modules behind the runtime-neutral Graph interface (training-time evaluation,
-export parity's reference side, and the service's eager runtime for debugging)."""
+export parity's reference side, and the service's eager runtime: on CUDA its GPU path, with
+intermediates on the device, half precision and CUDA graphs; on the CPU for debugging)."""
 
 from __future__ import annotations
 

@@ -69,7 +69,9 @@ class Settings(Locations):
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     runtime: Runtime = Field(
-        Runtime.onnx, description="how graphs run: exported ONNX or TorchScript, or eager torch (debugging)"
+        Runtime.onnx,
+        description="how graphs run: exported ONNX or TorchScript, or eager torch (on CUDA the GPU path: "
+        "docs/gpu.md; on the CPU for debugging)",
     )
     device: str = Field(
         "cpu",

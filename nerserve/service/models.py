@@ -130,7 +130,7 @@ class GraphSource:
     def load(self, device: str | None = None) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
         on = device or self.device
         if self.runtime == Runtime.eager:
-            from nerserve.ner.loading import load_model  # torch only here: the eager runtime is for debugging
+            from nerserve.ner.loading import load_model  # torch only here: the eager runtime (on CUDA the GPU path)
 
             on_own_device = on == self.device  # not this process's CPU copy beside a graph process
             loaded = load_model(

@@ -1,6 +1,7 @@
 """Graph runtimes (design layer 5): load an exported graph file and run it on a device behind the
 runtime-neutral `ner.graph.Graph` interface. ONNX Runtime and TorchScript here; eager torch is
-`ner.torch_graph.EagerGraph` (debugging, and the reference side of parity checks)."""
+`ner.torch_graph.EagerGraph` (the GPU path's runtime, measured in docs/gpu.md; on the CPU for
+debugging; and the reference side of parity checks)."""
 
 from __future__ import annotations
 
