@@ -9,22 +9,23 @@
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
-#      engine, two graph lanes), then with the graphs in a process of their own (--graph-process);
-#      setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 3b found it exact
-#      and faster); the batch-1 server at c = 64; the load client
-#      in its own processes on its own cores, with its ceiling (served_check.py);
-#   3b. the backbone replayed from CUDA graphs (--cuda-graphs): entity sets against the plain
-#      program's, offline (span-conll03), and served in the service's layout;
-#   4. span-conll03 through TorchScript on the device (exported here), offline and served;
+#      engine, two graph lanes); the load client in its own processes on its own cores, with its
+#      ceiling (served_check.py);
+#   4. the backbone replayed from CUDA graphs (--cuda-graphs): entity sets against the plain
+#      program's, span-conll03 offline, and served as 3;
+#   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 4 found it exact
+#      and faster); the batch-1 server at c = 64;
+#   6. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
-#   5. span served with the front in the engine's process, and with one graph lane; offline with
-#      two batches in flight; a profile of its batches;
-#   6. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
-#      and setgen-conll03, and span served in it (graph process, as 3);
-#   7. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
+#   7. span served as 3 with the graphs in a process of their own (--graph-process), with the front
+#      in the engine's process, and with one graph lane; offline with two batches in flight; a
+#      profile of its batches;
+#   8. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
+#      and setgen-conll03, and span served in it (graph process, as 7);
+#   9. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
-#   8. nag, setgen, bartner and diffusion (1 step) offline, as 2;
-#   9. summary.json: the ratios the engine issue asks for.
+#   10. nag, setgen, bartner and diffusion (1 step) offline, as 2;
+#   11. summary.json: the ratios the engine issue asks for.
 # Offline, bare and served figures all take samples of CoNLL-2003 test (the split shuffled, seeded:
 # --order in batching_ceiling.py, bare_encoder.py and served_check.py), so that the ratios divide
 # figures taken on the same kind of sentences (the split's first 2,048 average 14.8 words, the
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    --onnx-only) ONNX_ONLY=1; shift ;;  # step 5 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
+    --onnx-only) ONNX_ONLY=1; shift ;;  # step 9 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
     *) echo "usage: gpu_check.sh [--device cuda|cpu] [--quick] [--onnx-only]" >&2; exit 2 ;;
   esac
 done
@@ -141,7 +142,7 @@ offline_as() {  # offline_as NAME MODEL SENTENCES [flags…]: offline's steps, n
     --runtime eager --device "$DEVICE" --sizes "$SIZES" --limit "$sentences" --json "$@"
 }
 
-onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 5)
+onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 9)
   if [ "$DEVICE" != cpu ] && ! $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null; then
     log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
     return
@@ -190,14 +191,6 @@ if [ "$DEVICE" != cpu ]; then
     stop
   fi
 fi
-# the same with the graphs in a process of their own: their Python launches no longer share the
-# engine's interpreter lock
-if todo served-span-split-1 served-span-split-32 \
-  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
-  served span-split-1 span-conll03 "$LEVELS" 1
-  served span-split-32 span-conll03 16 32
-  stop
-fi
 # setgen and bartner (the pair of one bar) served alike: with CUDA graphs where the comparison above
 # found span's entity sets kept and its batches of 8 faster with them (each served JSON's
 # `served_as` names what ran)
@@ -227,6 +220,14 @@ if todo served-span-torchscript-1 served-span-torchscript-32 \
   stop
 fi
 # every bar has its figures by here; what follows explains them
+# the service's layout with the graphs in a process of their own: their Python launches no longer share the
+# engine's interpreter lock
+if todo served-span-split-1 served-span-split-32 \
+  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
+  served span-split-1 span-conll03 "$LEVELS" 1
+  served span-split-32 span-conll03 16 32
+  stop
+fi
 # the front and the engine in one process
 if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
   served span-1 span-conll03 "$LEVELS" 1
