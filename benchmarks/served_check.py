@@ -133,9 +133,12 @@ def client_ceiling(url: str, clients: int, seconds: float, processes: int, cores
 def served_as(url: str, model: str) -> dict[str, Any] | None:
     """How the server runs MODEL, from its `GET /models` entry (runtime, each graph's execution
     provider: the device, precision, CUDA graphs), so that a figure names what it measured."""
-    with urllib.request.urlopen(f"{url}/models", timeout=10) as response:
-        listed = json.load(response)["models"]
-    entry = next((m for m in listed if m["name"] == model), None)
+    try:  # asked after the levels: a server gone by then costs this field, not the figures
+        with urllib.request.urlopen(f"{url}/models", timeout=10) as response:
+            listed = json.load(response)["models"]
+    except (OSError, ValueError, KeyError):
+        return None
+    entry = next((m for m in listed if m.get("name") == model), None)
     return None if entry is None else {key: entry.get(key) for key in ("runtime", "execution_providers", "warm_up")}
 
 
