@@ -74,7 +74,7 @@ class Replay:
     output: torch.Tensor
     replay: Callable[[], None]
     lock: threading.Lock = field(default_factory=threading.Lock)
-    copied: torch.cuda.Event | None = None
+    copied: torch.cuda.Event | None = None  # recorded again by each caller; a wait is for its latest record
 
     def __call__(self, feeds: tuple[torch.Tensor, ...]) -> torch.Tensor:
         rows, positions = feeds[0].shape
@@ -90,7 +90,7 @@ class Replay:
             self.replay()
             states = self.output[:rows, :positions].clone()
             if stream is not None:
-                self.copied = torch.cuda.Event()
+                self.copied = self.copied or torch.cuda.Event()
                 self.copied.record(stream)
             return states
 

@@ -59,18 +59,16 @@ def fuse_for_eager(network: nn.Module) -> None:
     dispatches each operator, as the eager runtime does on a GPU, each one saved is a kernel launch
     saved. Exported graphs keep the trained form: their runtime fuses on its own, and on the CPU
     ONNX Runtime ran span's fused products slower (docs/decisions/cpu-inference.md)."""
-    for module in list(network.modules()):
-        fuse = getattr(module, "fuse_for_eager", None)
-        if callable(fuse):
-            fuse()
+    each_part_that_can(network, "fuse_for_eager")
 
 
-def replay_from_cuda_graphs(network: nn.Module) -> None:
-    """Each encoder of NETWORK replays its backbone from CUDA graphs (ner.cuda_graphs)."""
+def each_part_that_can(network: nn.Module, method: str) -> None:
+    """Every part of NETWORK with an inference-only METHOD calls it (fuse_for_eager; the encoders'
+    replay_from_cuda_graphs, ner.cuda_graphs)."""
     for module in list(network.modules()):
-        replay = getattr(module, "replay_from_cuda_graphs", None)
-        if callable(replay):
-            replay()
+        call = getattr(module, method, None)
+        if callable(call):
+            call()
 
 
 @dataclass
@@ -118,5 +116,5 @@ def load_model(
         fuse_for_eager(network)
     network.to(chosen, half_dtype(precision)).eval()
     if cuda_graphs:
-        replay_from_cuda_graphs(network)
+        each_part_that_can(network, "replay_from_cuda_graphs")
     return LoadedModel(folder, manifest, spec, backbone, network, eager_program(spec, network, backbone, chosen, precision))

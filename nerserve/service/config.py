@@ -252,19 +252,14 @@ class Settings(Locations):
         return self
 
     @model_validator(mode="after")
-    def half_precision_on_cuda(self) -> Settings:
-        if self.precision != "fp32" and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
+    def eager_cuda_options_on_eager_cuda(self) -> Settings:
+        """Half precision and CUDA graphs are the eager runtime's on CUDA (a capture needs a GPU;
+        the exported graphs keep the trained precision)."""
+        asked = [f"precision {self.precision}"] if self.precision != "fp32" else []
+        asked += ["cuda_graphs"] if self.cuda_graphs else []
+        if asked and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
             raise ValueError(
-                f"precision {self.precision} runs on CUDA with the eager runtime only "
-                f"(asked for runtime {self.runtime.value} on device {self.device})"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def cuda_graphs_on_cuda(self) -> Settings:
-        if self.cuda_graphs and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
-            raise ValueError(
-                "cuda_graphs runs on CUDA with the eager runtime only "
+                f"{' and '.join(asked)} {'run' if len(asked) > 1 else 'runs'} on CUDA with the eager runtime only "
                 f"(asked for runtime {self.runtime.value} on device {self.device})"
             )
         return self
