@@ -9,15 +9,15 @@
 #      length-sorted and in arrival order;
 #   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
-#      engine, two graph lanes); the load client in its own processes on its own cores, with its
-#      ceiling (served_check.py);
-#   4. the backbone replayed from CUDA graphs (--cuda-graphs): entity sets against the plain
-#      program's, span-conll03 offline, and served as 3;
+#      engine, two graph lanes), the plain program (--no-cuda-graphs); the load client in its own
+#      processes on its own cores, with its ceiling (served_check.py);
+#   4. the backbone replayed from CUDA graphs (serve's default in fp32 on CUDA): entity sets against
+#      the plain program's, span-conll03 offline, and served as 3;
 #   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 4 found it exact
 #      and faster); the batch-1 server at c = 64;
 #   6. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
-#   7. span served as 3 with the graphs in a process of their own (--graph-process), with the front
+#   7. span served as 4 (serve's defaults) with the graphs in a process of their own (--graph-process), with the front
 #      in the engine's process, and with one graph lane; offline with two batches in flight; a
 #      profile of its batches;
 #   8. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
@@ -168,16 +168,18 @@ step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "
   --sizes "1,$SIZES" --precisions "fp32,$HALF-no-cudnn-attention,$HALF,$HALF-autocast" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
 # the service's own layout on a device: HTTP worker processes in front of the engine, two graph
-# lanes (serve() pins one worker, so the default count is named here)
+# lanes (serve() pins one worker, so the default count is named here); the plain program, which
+# the backbone's CUDA graphs below are compared with
 if todo served-span-workers-1 served-span-workers-32 \
-  && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS"; then
+  && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS" --no-cuda-graphs; then
   served span-workers-1 span-conll03 "$LEVELS" 1
   served span-workers-32 span-conll03 16 32
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
   stop
 fi
 # the backbone replayed from CUDA graphs captured at load (a small batch's kernels launched at once,
-# not one by one from Python): offline, and served in the service's layout (a capture needs a GPU)
+# not one by one from Python; serve's default for fp32 eager on CUDA): offline, and served in the
+# service's layout (a capture needs a GPU)
 if [ "$DEVICE" != cpu ]; then
   # its entity sets against the plain program's on the whole test split, speed, load time, memory
   step cuda-graphs-check 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
@@ -198,10 +200,11 @@ GRAPHS_FLAG=$($PY - "$OUT/cuda-graphs-check.json" <<'PICK' 2>/dev/null
 import json, sys
 report = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 at_8 = {row["batch_size"]: row for row in report["sentences_per_second"]}.get(8)
-print("--cuda-graphs" if report["passes"] and at_8 and at_8["cuda_graphs"] > at_8["plain"] else "")
+print("--cuda-graphs" if report["passes"] and at_8 and at_8["cuda_graphs"] > at_8["plain"] else "--no-cuda-graphs")
 PICK
 )
-log "setgen and bartner served with: ${GRAPHS_FLAG:-no CUDA graphs}"
+GRAPHS_FLAG=${GRAPHS_FLAG:---no-cuda-graphs}  # no comparison (the CPU, or the check failed)
+log "setgen and bartner served with: $GRAPHS_FLAG"
 for model in $SERVED_MODELS; do
   if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS" $GRAPHS_FLAG; then served "$model" "$model" 64 1; stop; fi
 done

@@ -132,14 +132,14 @@ def summary(folder: Path) -> dict[str, Any]:
             two_lanes["sentences_per_second_sorted"] if two_lanes else None, bare_best
         ),
         # the served bars for each way of serving: the service's own on a device (HTTP workers in
-        # front of the engine process); that with the backbone replayed from CUDA graphs; the same
-        # with the graphs in a process of their own; that in
-        # half precision; the service's own with TorchScript graphs; the front in the engine's process
+        # front of the engine process, the backbone replayed from CUDA graphs); that without CUDA
+        # graphs; with the graphs in a process of their own; that in half precision; the service's
+        # own with TorchScript graphs; the front in the engine's process
         "served_bars": {
             layout: _served_bars(folder, one, many, span_best)
             for layout, one, many in (
-                ("workers", "span-workers-1", "span-workers-32"),
-                ("workers-cuda-graphs", "span-graphs-1", "span-graphs-32"),
+                ("workers", "span-graphs-1", "span-graphs-32"),
+                ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32"),
                 ("split", "span-split-1", "span-split-32"),
                 ("split-half", "span-half", "span-half-32"),
                 ("workers-torchscript", "span-torchscript-1", "span-torchscript-32"),

@@ -1,4 +1,5 @@
-"""The backbone replayed from CUDA graphs at a few fixed shapes (eager runtime on CUDA, opt-in).
+"""The backbone replayed from CUDA graphs at a few fixed shapes (eager runtime on CUDA; serve's
+`cuda_graphs`, by default on in fp32).
 
 A small batch's pass on a GPU is bound by Python launching the backbone's kernels, not by the
 kernels: the bare MiniLM-L6 took 3.1 ms for one sentence on an H200, where 32 took 3.4 ms
@@ -112,8 +113,16 @@ class StaticShapeBackbone:
         return self.replay_for(shape)((input_ids, segment_ids, position_ids))
 
     def capture_all(self) -> None:
-        for shape in every_bucket():
-            self.replay_for(shape)
+        """Every bucket's graph; a device without the memory for them is an error that says what to
+        change, not a stack trace from inside the capture."""
+        try:
+            for shape in every_bucket():
+                self.replay_for(shape)
+        except torch.OutOfMemoryError as error:
+            raise RuntimeError(
+                f"capturing the backbone's CUDA graphs ran out of memory on {self.device} ({error}); "
+                "serve fewer models on this device, or serve without CUDA graphs (--no-cuda-graphs)"
+            ) from error
 
     def replay_for(self, shape: tuple[int, int]) -> Replay:
         replay = self.replays.get(shape)

@@ -216,7 +216,7 @@ class WordEncoder(nn.Module):
         self.output_size = 2 * config.lstm_hidden
         self.context_size = hidden_size
         self.position_offset = position_offset(backbone)
-        # the backbone's states replayed from CUDA graphs (eager inference on CUDA, opt-in: replay_from_cuda_graphs)
+        # the backbone's states replayed from CUDA graphs (eager inference on CUDA: replay_from_cuda_graphs)
         self.static_backbone: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(

@@ -90,10 +90,12 @@ class Settings(Locations):
         description="fp16 or bf16: the model's weights converted to it once at load, and its graphs run in it "
         "(eager runtime on CUDA only; docs/gpu.md has the entity-set agreement and F1 each reached against fp32)",
     )
-    cuda_graphs: bool = Field(
-        False,
+    cuda_graphs: bool | None = Field(
+        None,
         description="the backbone's pass replayed from CUDA graphs captured at load, one per bucket of batch shapes "
-        "(eager runtime on CUDA only): a small batch's kernels launched at once instead of one by one from Python",
+        "(eager runtime on CUDA only): a small batch's kernels launched at once instead of one by one from Python; "
+        "default: on for the eager runtime on CUDA in fp32, where its entity sets matched the plain pass's on a GPU "
+        "(docs/gpu.md), off in half precision (not yet compared there)",
     )
     graph_process: bool = Field(
         False,
@@ -263,6 +265,14 @@ class Settings(Locations):
                 f"(asked for runtime {self.runtime.value} on device {self.device})"
             )
         return self
+
+    @property
+    def replays_cuda_graphs(self) -> bool:
+        """`cuda_graphs`, or its default: on for fp32 eager on CUDA (exact and faster at every served load
+        measured, for a few GiB of device memory: docs/gpu.md)."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs
+        return self.runtime == Runtime.eager and self.device.startswith("cuda") and self.precision == "fp32"
 
     @property
     def lanes(self) -> int:

@@ -171,7 +171,7 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
         settings.graph_threads,
         settings.precision,
         settings.simulated_device_costs,
-        settings.cuda_graphs,
+        settings.replays_cuda_graphs,
     )
 
 
