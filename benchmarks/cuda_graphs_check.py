@@ -1,5 +1,5 @@
 """The backbone replayed from CUDA graphs (`--cuda-graphs`) against the plain eager program, on one
-GPU, per model: the share of test sentences whose entity set is identical, both test F1s, both
+GPU, per model, both in one precision: the share of test sentences whose entity set is identical, both test F1s, both
 programs' offline sentences/s (batches of similar lengths) at small batch sizes (where launches, not kernels, take the time),
 each program's load time (the captures are made at load) and the GPU memory each holds after it.
 Padding to a bucket changes no sentence's states beyond float noise, so the entity sets should be
@@ -29,19 +29,22 @@ SENTENCES_IDENTICAL, F1_WITHIN = 0.999, 0.001
 app = typer.Typer(add_completion=False)
 
 
-def loaded(model: str, device: str, cuda_graphs: bool) -> tuple[Any, float, float]:
+def loaded(model: str, device: str, precision: str, cuda_graphs: bool) -> tuple[Any, float, float]:
     """→ the program, its load seconds, and the GPU memory torch holds once it is loaded (MiB)."""
     import torch
 
     started = time.perf_counter()
-    program = load_model(LOCATIONS.model_dir(model), device, merged=True, cuda_graphs=cuda_graphs).program
+    folder = LOCATIONS.model_dir(model)
+    program = load_model(folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs).program
     torch.cuda.synchronize(device)
     return program, time.perf_counter() - started, torch.cuda.memory_reserved(device) / 2**20
 
 
-def compare(model: str, data: Path, device: str, batch_size: int, sizes: list[int], timed: int) -> dict[str, Any]:
-    plain, plain_load, plain_mib = loaded(model, device, False)
-    replayed, replayed_load, replayed_mib = loaded(model, device, True)
+def compare(
+    model: str, data: Path, device: str, precision: str, batch_size: int, sizes: list[int], timed: int
+) -> dict[str, Any]:
+    plain, plain_load, plain_mib = loaded(model, device, precision, False)
+    replayed, replayed_load, replayed_mib = loaded(model, device, precision, True)
     sentences = read_split(data, "test")
     by_length = sorted(sentences, key=lambda s: len(s.tokens))
     for program in (plain, replayed):  # warm-up of both at every size timed
@@ -65,6 +68,7 @@ def compare(model: str, data: Path, device: str, batch_size: int, sizes: list[in
     return {
         "model": model,
         "device": device,
+        "precision": precision,
         "sentences": len(sentences),
         "identical_entity_sets": round(identical, 5),
         "f1_plain": round(f1_plain, 5),
@@ -82,6 +86,7 @@ def main(
     models: Annotated[str, typer.Option(help="comma-separated model names")] = "span-conll03",
     data: Annotated[Path, typer.Option()] = Path("../shared/data/conll03"),
     device: Annotated[str, typer.Option(help="a CUDA device: a capture needs one")] = "cuda",
+    precision: Annotated[str, typer.Option(help="both programs' precision: fp32, or fp16/bf16 (converted at load)")] = "fp32",
     batch_size: Annotated[int, typer.Option(min=1, help="batch size of the entity-set comparison")] = 64,
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes timed")] = "1,8,32,128",
     timed: Annotated[int, typer.Option(min=1, help="sentences timed at each size")] = 512,
@@ -89,7 +94,8 @@ def main(
     if not device.startswith("cuda"):
         raise typer.BadParameter(f"{device}: CUDA graphs need a CUDA device", param_hint="--device")
     for model in models.split(","):
-        typer.echo(json.dumps(compare(model, data, device, batch_size, [int(n) for n in sizes.split(",")], timed)))
+        sized = [int(n) for n in sizes.split(",")]
+        typer.echo(json.dumps(compare(model, data, device, precision, batch_size, sized, timed)))
 
 
 if __name__ == "__main__":

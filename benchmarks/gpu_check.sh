@@ -17,11 +17,12 @@
 #      and faster); the batch-1 server at c = 64;
 #   6. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
-#   7. span served as 4 (serve's defaults) with the graphs in a process of their own (--graph-process), with the front
-#      in the engine's process, and with one graph lane; offline with two batches in flight; a
-#      profile of its batches;
-#   8. half precision (weights converted at load) against fp32 (entity sets, F1, speed) for span-
-#      and setgen-conll03, and span served in it (graph process, as 7);
+#   7. span in half precision (weights converted at load): the backbone's replay against its plain
+#      pass in half, then offline and served as 4 (replayed where that kept the entity sets);
+#   8. span served as 4 (serve's defaults) with the graphs in a process of their own (--graph-process),
+#      with the front in the engine's process, and with one graph lane; offline with two batches in
+#      flight; a profile of its batches; half precision against fp32 (entity sets, F1, speed) for
+#      span- and setgen-conll03;
 #   9. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
 #   10. nag, setgen, bartner and diffusion (1 step) offline, as 2;
@@ -109,9 +110,10 @@ cut() {
 trap cut TERM INT
 
 log "device $DEVICE, $CORES cores (server $SERVER_CORES, client ${CLIENT_CORES:-shared}), quick=$QUICK"
-log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: $([ "$QUICK" = 1 ] && echo "about 7 minutes" || echo "over 10 minutes (the H100's first run was cut at its call's 10)"); cut short, RESUME=1 continues"
+log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: $([ "$QUICK" = 1 ] && echo "about 7 minutes" || echo "over 12 minutes (an H200 ran 545 s, then 185 s resumed, with steps left)"); cut short, RESUME=1 continues"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+  lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\)|CPU max MHz)'  # the host whose interpreter launches the passes
   $PY -c 'import torch, onnxruntime as o; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available()); print("onnxruntime", o.__version__, o.get_available_providers())'
 } > "$OUT/environment.txt" 2>&1
 
@@ -140,6 +142,21 @@ offline_as() {  # offline_as NAME MODEL SENTENCES [flags…]: offline's steps, n
     --runtime eager --device "$DEVICE" --sizes 1 --limit "$BATCH1_LIMIT" --json "$@"
   step "offline-$name" 600 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
     --runtime eager --device "$DEVICE" --sizes "$SIZES" --limit "$sentences" --json "$@"
+}
+
+replay_flag() {  # replay_flag CHECK faster|any FALLBACK: --cuda-graphs where CHECK's comparison kept the
+  # entity sets (and, with `faster`, ran batches of 8 faster), else FALLBACK (also with no comparison:
+  # the CPU, or the check failed)
+  local flag
+  flag=$($PY - "$OUT/$1.json" "$2" <<'PICK' 2>/dev/null
+import json, sys
+report = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+at_8 = {row["batch_size"]: row for row in report["sentences_per_second"]}.get(8)
+faster = sys.argv[2] != "faster" or (at_8 and at_8["cuda_graphs"] > at_8["plain"])
+print("--cuda-graphs" if report["passes"] and faster else "")
+PICK
+)
+  echo "${flag:-${3:-}}"
 }
 
 onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 9)
@@ -196,14 +213,7 @@ fi
 # setgen and bartner (the pair of one bar) served alike: with CUDA graphs where the comparison above
 # found span's entity sets kept and its batches of 8 faster with them (each served JSON's
 # `served_as` names what ran)
-GRAPHS_FLAG=$($PY - "$OUT/cuda-graphs-check.json" <<'PICK' 2>/dev/null
-import json, sys
-report = json.loads(open(sys.argv[1]).read().splitlines()[-1])
-at_8 = {row["batch_size"]: row for row in report["sentences_per_second"]}.get(8)
-print("--cuda-graphs" if report["passes"] and at_8 and at_8["cuda_graphs"] > at_8["plain"] else "--no-cuda-graphs")
-PICK
-)
-GRAPHS_FLAG=${GRAPHS_FLAG:---no-cuda-graphs}  # no comparison (the CPU, or the check failed)
+GRAPHS_FLAG=$(replay_flag cuda-graphs-check faster --no-cuda-graphs)
 log "setgen and bartner served with: $GRAPHS_FLAG"
 for model in $SERVED_MODELS; do
   if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS" $GRAPHS_FLAG; then served "$model" "$model" 64 1; stop; fi
@@ -223,6 +233,22 @@ if todo served-span-torchscript-1 served-span-torchscript-32 \
   stop
 fi
 # every bar has its figures by here; what follows explains them
+# half precision (weights converted at load; the CPU serves fp32 only) in the service's layout: the
+# backbone's replay against its plain pass in half first (padded shapes may pick other kernels,
+# whose rounding differs more in half), then offline and served, replayed where that kept the entity sets
+if [ "$DEVICE" != cpu ]; then
+  step cuda-graphs-check-half 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF"
+  HALF_GRAPHS_FLAG=$(replay_flag cuda-graphs-check-half any "")
+  log "half precision with: ${HALF_GRAPHS_FLAG:-no CUDA graphs}"
+  offline_as span-conll03-half span-conll03 "$LIMIT" --precision "$HALF" $HALF_GRAPHS_FLAG
+  if todo served-span-half served-span-half-32 \
+    && serve span-half span-conll03 eager --precision "$HALF" --http-workers "$HTTP_WORKERS" $HALF_GRAPHS_FLAG; then
+    served span-half span-conll03 "$LEVELS" 1
+    served span-half-32 span-conll03 16 32
+    stop
+  fi
+fi
 # the service's layout with the graphs in a process of their own: their Python launches no longer share the
 # engine's interpreter lock
 if todo served-span-split-1 served-span-split-32 \
@@ -249,12 +275,6 @@ step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --dat
   --sizes "1,${SIZES##*,}"
 step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
   --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
-# half precision served as the split layout above serves fp32 (the CPU serves fp32 only)
-if [ "$DEVICE" != cpu ] && todo served-span-half served-span-half-32 && serve span-half span-conll03 eager --precision "$HALF" --graph-process --http-workers "$HTTP_WORKERS"; then
-  served span-half span-conll03 "$LEVELS" 1
-  served span-half-32 span-conll03 16 32
-  stop
-fi
 onnx_steps
 for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
 offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'

@@ -77,6 +77,9 @@ def summary(folder: Path) -> dict[str, Any]:
     replayed = _offline_best(folder, *_offline_steps("span-conll03-cuda-graphs"))
     # the served bars divide by the best the program reaches offline, with CUDA graphs or without
     span_best = max((run["sentences_per_second_sorted"] for run in (span, replayed) if run), default=None)
+    # half precision's served figures divide by its own offline best
+    half = _offline_best(folder, *_offline_steps("span-conll03-half"))
+    half_best = half["sentences_per_second_sorted"] if half else None
     two_lanes = _offline_best(folder, "offline-span-conll03-lanes2")
     setgen, bartner = _level(folder, "setgen-conll03", 64), _level(folder, "bartner-conll03", 64)
     return {
@@ -87,6 +90,7 @@ def summary(folder: Path) -> dict[str, Any]:
             for model in (
                 "span-conll03",
                 "span-conll03-cuda-graphs",
+                "span-conll03-half",
                 "nag-conll03",
                 "setgen-conll03",
                 "bartner-conll03",
@@ -122,7 +126,7 @@ def summary(folder: Path) -> dict[str, Any]:
             )
         },
         "half_precision": _lines(folder, "half-precision"),
-        "cuda_graphs": _lines(folder, "cuda-graphs-check"),
+        "cuda_graphs": _lines(folder, "cuda-graphs-check") + _lines(folder, "cuda-graphs-check-half"),
         "bars": {
             "offline_over_bare_encoder": _bar(_ratio(span_best, bare_best), 1 / 3),
             "setgen_over_bartner_c64": _bar(_ratio(_rate(setgen), _rate(bartner)), 2),
@@ -133,15 +137,15 @@ def summary(folder: Path) -> dict[str, Any]:
         ),
         # the served bars for each way of serving: the service's own on a device (HTTP workers in
         # front of the engine process, the backbone replayed from CUDA graphs); that without CUDA
-        # graphs; with the graphs in a process of their own; that in half precision; the service's
-        # own with TorchScript graphs; the front in the engine's process
+        # graphs; that in half precision (against half's offline best); with the graphs in a process
+        # of their own; the service's own with TorchScript graphs; the front in the engine's process
         "served_bars": {
-            layout: _served_bars(folder, one, many, span_best)
+            layout: _served_bars(folder, one, many, half_best if layout == "workers-half" else span_best)
             for layout, one, many in (
                 ("workers", "span-graphs-1", "span-graphs-32"),
                 ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32"),
+                ("workers-half", "span-half", "span-half-32"),
                 ("split", "span-split-1", "span-split-32"),
-                ("split-half", "span-half", "span-half-32"),
                 ("workers-torchscript", "span-torchscript-1", "span-torchscript-32"),
                 ("one-process", "span-1", "span-32"),
             )
