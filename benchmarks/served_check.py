@@ -19,7 +19,16 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import ORDER_HELP, Order, arrange, make_client, read_sentences, scrape, server_split
+from nerserve.loadtest.client import (
+    ORDER_HELP,
+    Order,
+    arrange,
+    make_client,
+    read_sentences,
+    scrape,
+    server_split,
+    thread_cpu_split,
+)
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 from nerserve.loadtest.stats import summarize
 
@@ -121,6 +130,11 @@ def level(
         # process that owns the device, and how many of its cores it kept busy
         "server_process_cpu_ms_per_request": round(1000 * server["server_process_cpu_seconds"] / max(len(latencies), 1), 4),
         "server_process_cores_busy": round(server["server_process_cores_busy"], 3),
+        # which of that process's threads spent it: the event loop, prepare, graphs (the lanes), decode
+        "server_thread_cpu_ms_per_request": {
+            role: round(1000 * spent / max(len(latencies), 1), 4)
+            for role, spent in sorted(thread_cpu_split(before, after).items())
+        },
     }
 
 

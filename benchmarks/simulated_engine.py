@@ -34,7 +34,6 @@ import platform
 import resource
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter, PerTurn
 from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import create_app
-from nerserve.service.metrics import ResponseRecord
+from nerserve.service.metrics import ResponseRecord, thread_cpu_seconds
 
 app = typer.Typer(add_completion=False)
 
@@ -62,22 +61,6 @@ def cpu_seconds() -> float:
     """This process's user + system CPU time so far (every thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far by thread role, read from /proc (Linux; empty elsewhere): the event loop
-    (the main thread) and the batcher's prepare, graphs and decode threads (by their name's prefix)."""
-    roles = {thread.native_id: thread.name.split("_")[0] for thread in threading.enumerate()}
-    ticks = os.sysconf("SC_CLK_TCK")
-    seconds: dict[str, float] = {}
-    for tid, role in roles.items():
-        try:
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        role = "loop" if role == "MainThread" else role
-        seconds[role] = seconds.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
-    return seconds
 
 
 async def closed_loop(

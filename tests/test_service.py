@@ -336,6 +336,7 @@ def test_models_metrics_stats(server: Server) -> None:
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'nerserve_requests_total{model="span-conll03",status="200"}' in metrics
     assert "nerserve_batch_sentences_bucket" in metrics
+    assert 'nerserve_thread_cpu_seconds_total{role="loop"}' in metrics
     stats = httpx.get(f"{server.url}/stats").json()
     assert stats["span-conll03"]["sentences"] > 0 and stats["span-conll03"]["mean_batch_size"] >= 1
 

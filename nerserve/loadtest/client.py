@@ -169,6 +169,13 @@ def server_split(before: dict[str, float], after: dict[str, float], model: str, 
     }
 
 
+def thread_cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The CPU seconds the process that answers /metrics spent between two scrapes, by thread role
+    (`nerserve_thread_cpu_seconds_total{role}`: the event loop, prepare, graphs, decode, other)."""
+    prefix = 'nerserve_thread_cpu_seconds_total{role="'
+    return {key[len(prefix) : -2]: value - before.get(key, 0.0) for key, value in after.items() if key.startswith(prefix)}
+
+
 async def model_info(client: aiohttp.ClientSession, model: str | None) -> dict[str, Any]:
     async with client.get("/models", raise_for_status=True) as response:
         body = await response.json()

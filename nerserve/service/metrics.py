@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -18,6 +21,8 @@ from prometheus_client import (
     Histogram,
     Info,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from nerserve import __version__
 from nerserve.service.batching.work import BatchRecord
@@ -27,9 +32,45 @@ from nerserve.service.batching.work import BatchRecord
 ResponseRecorder = Callable[[str, int, str | None, float | None], None]
 ResponseRecord = tuple[str, int, str | None, float | None]  # a ResponseRecorder's arguments
 
+# the batcher's threads by their names' prefix (service.batching.scheduler); the main thread runs
+# the event loop; any other Python thread is "other"
+THREAD_ROLES = ("prepare", "graphs", "decode")
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process's Python threads, by role: the event loop (the main
+    thread), the batcher's prepare, graphs (the lanes, which launch a device's passes) and decode
+    threads, and other; read from /proc (Linux; empty elsewhere)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:  # not Linux, or the thread ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+        prefix = thread.name.split("_")[0]
+        role = "loop" if thread is threading.main_thread() else prefix if prefix in THREAD_ROLES else "other"
+        seconds[role] = seconds.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+class ThreadCpuCollector(Collector):
+    """`nerserve_thread_cpu_seconds_total{role}`: where a process whose interpreter is the limit (an
+    engine launching a GPU's passes from Python, its loop and host work sharing one lock) spends
+    its CPU. Read at each scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "nerserve_thread_cpu_seconds", "CPU seconds of this process's Python threads by role", labels=["role"]
+        )
+        for role, seconds in sorted(thread_cpu_seconds().items()):
+            family.add_metric([role], seconds)
+        yield family
 
 
 class Metrics:
@@ -39,7 +80,7 @@ class Metrics:
         r = self.registry
         # the default collectors (process memory and CPU, open files, GC, Python version) that a
         # Prometheus user expects beside the service's own series; and which build answers
-        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, ThreadCpuCollector()):
             r.register(collector)
         Info("nerserve_build", "The running build", registry=r).info({"version": __version__})
         self.requests = Counter("nerserve_requests", "Requests by model and HTTP status", ["model", "status"], registry=r)
