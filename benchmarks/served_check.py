@@ -23,14 +23,16 @@ from nerserve.loadtest.client import (
     ORDER_HELP,
     Order,
     arrange,
+    growth_by_label,
     make_client,
     read_sentences,
     scrape,
     server_split,
-    thread_cpu_split,
 )
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 from nerserve.loadtest.stats import summarize
+
+BATCHES_CLOSED = "nerserve_batches_closed_total"
 
 app = typer.Typer(add_completion=False)
 
@@ -133,7 +135,13 @@ def level(
         # which of that process's threads spent it: the event loop, prepare, graphs (the lanes), decode
         "server_thread_cpu_ms_per_request": {
             role: round(1000 * spent / max(len(latencies), 1), 4)
-            for role, spent in sorted(thread_cpu_split(before, after).items())
+            for role, spent in sorted(growth_by_label(before, after, "nerserve_thread_cpu_seconds_total", "role").items())
+        },
+        # why the batches of the level closed (full, idle, clients_back, waited, halves): how the
+        # batcher split the clients into batches
+        "server_batches_closed": {
+            reason: round(count)
+            for reason, count in sorted(growth_by_label(before, after, BATCHES_CLOSED, "reason", model).items())
         },
     }
 

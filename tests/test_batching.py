@@ -13,7 +13,15 @@ import pytest
 
 from nerserve.service.batching.packing import BatchLimits, select_batch
 from nerserve.service.batching.scheduler import Scheduler, SlidingMedian
-from nerserve.service.batching.work import DeadlineExceeded, Draining, ModelBroken, QueueFull, WorkItem
+from nerserve.service.batching.work import (
+    BatchRecord,
+    DeadlineExceeded,
+    Draining,
+    ModelBroken,
+    NullObserver,
+    QueueFull,
+    WorkItem,
+)
 
 
 @dataclass
@@ -1070,13 +1078,20 @@ def closed_loop(
     max_wait_ms: float = 5.0,
     per_request: int = 1,
     staggered: bool = False,
+    closed: list[str] | None = None,
 ) -> tuple[list[int], float]:
     """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
     send a request of PER_REQUEST sentences again once answered, for 1.6 s, after a request alone
     (whose pass tells the scheduler what a small pass costs), and the share of that time the device
     was busy once every client had started; a batch's prepare takes PREPARE_MS. STAGGERED: each
-    client starts once the one before has had a pass on the device."""
+    client starts once the one before has had a pass on the device. CLOSED: filled with why each
+    batch closed (BatchRecord.closed), in order."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    class Reasons(NullObserver):
+        def batch_done(self, record: BatchRecord) -> None:
+            if closed is not None:
+                closed.append(record.closed)
 
     device = SimulatedDevice("card", "test", np.array(sentences), np.array(milliseconds))
     passes: list[int] = []
@@ -1100,7 +1115,13 @@ def closed_loop(
             max_batch_size=batch_limit, max_wait_ms=max_wait_ms, close_when_idle=True, close_as_device_frees=True
         )
         scheduler = Scheduler(
-            prepare=prepare, run=run, limits=limits, answer_per_turn=False, lanes=2, lanes_drive_a_device=True
+            prepare=prepare,
+            run=run,
+            limits=limits,
+            observer=Reasons(),
+            answer_per_turn=False,
+            lanes=2,
+            lanes_drive_a_device=True,
         )
         scheduler.start()
         await asyncio.gather(*scheduler.submit([("first", 1)]))
@@ -1148,6 +1169,16 @@ def test_on_a_device_a_closed_loop_travels_in_halves_where_halves_cost_it_little
     passes, _ = closed_loop([1.0, 16.0], [fixed_ms, 80.0])
     # halves: 8 and 8, or a late host's uneven parts (each split again as the device idles)
     assert_settled_in_halves(passes, split)
+
+
+def test_each_batch_says_why_it_closed() -> None:
+    """The lone first request on an idle device closes at once (idle); the closed loop split in
+    halves that follows has batches closed as halves; every reason is one of the five that
+    /metrics counts (nerserve_batches_closed_total), none left unsaid."""
+    reasons: list[str] = []
+    closed_loop([1.0, 16.0], [20.0, 80.0], closed=reasons)
+    assert reasons[0] == "idle" and "halves" in reasons
+    assert set(reasons) <= {"full", "idle", "clients_back", "waited", "halves"}, set(reasons)
 
 
 @pytest.mark.parametrize("batch_limit, split", [(16, True), (32, False)])
@@ -1217,7 +1248,7 @@ def test_a_split_is_forgotten_once_a_batch_holds_more_than_the_batch_split() -> 
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         scheduler._split_whole = 4.0
         scheduler.submit([(f"s{index}", 1) for index in range(20)])
-        batch = await scheduler._wait_for_batch()
+        batch, _ = await scheduler._wait_for_batch()
         return len(batch), scheduler._split_whole
 
     assert asyncio.run(taken_and_split()) == (20, None)

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nerserve.loadtest.client import parse_metrics, thread_cpu_split
+from nerserve.loadtest.client import growth_by_label, parse_metrics
 from tests.serving import Server, assert_same_results, spawned_children
 
 pytestmark = pytest.mark.e2e
@@ -128,7 +128,7 @@ def test_one_metrics_for_every_worker_and_keys_at_their_door(servers: tuple[Serv
         assert counted(after, series) - counted(before, series) == more, series
     assert KEY not in after
     # the engine's threads by role: its graphs ran the 40 sentences, in the engine process
-    by_role = thread_cpu_split(parse_metrics(before), parse_metrics(after))
+    by_role = growth_by_label(parse_metrics(before), parse_metrics(after), "nerserve_thread_cpu_seconds_total", "role")
     assert {"loop", "graphs"} <= set(by_role) and by_role["graphs"] > 0, by_role
     stats = httpx.get(f"{split.url}/stats", headers={"authorization": f"Bearer {KEY}"}).json()
     assert stats["span-conll03"]["sentences"] >= 40 and stats["keys"]["team-a"]["requests"]["200"] >= 40

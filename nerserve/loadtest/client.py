@@ -169,11 +169,22 @@ def server_split(before: dict[str, float], after: dict[str, float], model: str, 
     }
 
 
-def thread_cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The CPU seconds the process that answers /metrics spent between two scrapes, by thread role
-    (`nerserve_thread_cpu_seconds_total{role}`: the event loop, prepare, graphs, decode, other)."""
-    prefix = 'nerserve_thread_cpu_seconds_total{role="'
-    return {key[len(prefix) : -2]: value - before.get(key, 0.0) for key, value in after.items() if key.startswith(prefix)}
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def growth_by_label(
+    before: dict[str, float], after: dict[str, float], name: str, label: str, model: str | None = None
+) -> dict[str, float]:
+    """A counter's growth between two scrapes by one label's value (of MODEL's series only, where
+    given): `nerserve_thread_cpu_seconds_total` by "role" → {"loop": 1.2, "graphs": 3.4, …}."""
+    grown: dict[str, float] = {}
+    for key, value in after.items():
+        if not key.startswith(name + "{"):
+            continue
+        labels = dict(_LABEL.findall(key[len(name) :]))
+        if label in labels and (model is None or labels.get("model") == model):
+            grown[labels[label]] = grown.get(labels[label], 0.0) + value - before.get(key, 0.0)
+    return grown
 
 
 async def model_info(client: aiohttp.ClientSession, model: str | None) -> dict[str, Any]:

@@ -134,6 +134,13 @@ class Metrics:
         self.sentences = Counter("nerserve_sentences", "Sentences processed", ["model"], registry=r)
         self.tokens = Counter("nerserve_tokens", "Sub-word tokens processed (unpadded)", ["model"], registry=r)
         self.dropped = Counter("nerserve_dropped", "Sentences dropped before running", ["model", "reason"], registry=r)
+        self.batches_closed = Counter(
+            "nerserve_batches_closed",
+            "Batches run, by why each closed: full, idle (graphs free), clients_back (a closed loop's clients back as "
+            "the device frees), waited (max_wait, then the device's turn), halves (half of what an idle device had)",
+            ["model", "reason"],
+            registry=r,
+        )
         # by API key name (configured names, and "unknown" for a missing or wrong key): never a key
         self.key_requests = Counter(
             "nerserve_key_requests", "Requests by API key name and HTTP status", ["key", "status"], registry=r
@@ -261,6 +268,7 @@ class ModelObserver:
         self.padding_ratio.observe(1 - record.tokens / record.padded_tokens if record.padded_tokens else 0)
         self.sentences.inc(record.sentences)
         self.tokens.inc(record.tokens)
+        self.metrics.batches_closed.labels(self.model, record.closed or "unknown").inc()
         self.stats.add(record)
 
     def dropped(self, reason: str, count: int) -> None:

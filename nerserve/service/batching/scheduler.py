@@ -413,7 +413,9 @@ class Scheduler:
         if late:
             self.observer.dropped("deadline", len(late))
 
-    async def _wait_for_batch(self) -> list[WorkItem]:
+    async def _wait_for_batch(self) -> tuple[list[WorkItem], str]:
+        """The next batch out of the queue, and why it closed (BatchRecord.closed); none when the
+        queue emptied meanwhile (its items dropped as stale)."""
         while True:
             self._drop_stale()
             if self._queue:
@@ -426,7 +428,7 @@ class Scheduler:
         while True:
             self._drop_stale()
             if not self._queue:
-                return []
+                return [], ""
             full = len(self._queue) >= limits.max_batch_size or self._queue.tokens >= limits.max_batch_tokens
             remaining = close_at - self.clock()
             # Double buffering: while a prepared batch already waits for the graphs, this one keeps
@@ -438,11 +440,14 @@ class Scheduler:
             # not hold the device: a batch's answers, travelling back while the device idles, are
             # the company a waiting batch would wait for in vain.
             idle = limits.close_when_idle and self._graphs_free()
-            if full or idle or (limits.close_as_device_frees and self._clients_back()):
+            back = not (full or idle) and limits.close_as_device_frees and self._clients_back()
+            if full or idle or back:
+                closed = "full" if full else "idle" if idle else "clients_back"
                 break
             if remaining <= 0 and not self._handed:
                 gather = self._gathering_time() if limits.close_as_device_frees else 0.0
                 if gather <= 0:
+                    closed = "waited"
                     break
                 # the device is busy for a while yet: gather until then, woken early if it frees
                 self._lane_freed.clear()
@@ -452,7 +457,10 @@ class Scheduler:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
-        limits = self._pipelined_limits(self._lane_limits(limits))
+        lane_limits = self._lane_limits(limits)
+        limits = self._pipelined_limits(lane_limits)
+        if limits.max_batch_size < lane_limits.max_batch_size:
+            closed = "halves"
         answered_by = self.clock() + self._time_to_answer(self._formed(min(self._queue.tokens, limits.max_batch_tokens)))
         window = self._queue.order(limits.max_batch_size * limits.lookahead, answered_by)
         batch = [window[i] for i in sorted(select_batch(window, limits))]
@@ -461,7 +469,7 @@ class Scheduler:
         self._taken_tokens += taken
         if self._split_whole is not None and taken > SPLIT_FORGOTTEN * self._split_whole:
             self._split_whole = None  # far more than the closed loop that was split: the load is another
-        return batch
+        return batch, closed
 
     def _timed(self, work: Callable[..., Any], *arguments: Any) -> tuple[Any, float]:
         """WORK's result and its own seconds, taken where it runs, for `_inline`: a thread's hand-off
@@ -602,7 +610,7 @@ class Scheduler:
 
     async def _collect_loop(self) -> None:
         while True:
-            batch = await self._wait_for_batch()
+            batch, closed = await self._wait_for_batch()
             if not batch:
                 continue
             tokens, started = sum(item.cost for item in batch), self.clock()
@@ -626,7 +634,7 @@ class Scheduler:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
             self._handed += 1
-            self._lane_work.put(PreparedBatch(batch, prepared, tokens))
+            self._lane_work.put(PreparedBatch(batch, prepared, tokens, closed))
 
     def _lane_main(self, lane: int, loop: asyncio.AbstractEventLoop) -> None:
         """A graph thread: each prepared batch as soon as it is handed over and the lane's last pass
@@ -732,7 +740,7 @@ class Scheduler:
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
             self.rates.observe(tokens, rate)
-        self._spawn(self._decode(batch, tokens, work.prepared, outputs, started, finished, self._batches))
+        self._spawn(self._decode(work, outputs, started, finished, self._batches))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -745,12 +753,10 @@ class Scheduler:
         self._lane_work.put(LaneCall(call, outcome))
         return await asyncio.wrap_future(outcome)
 
-    async def _decode(
-        self, batch: list[WorkItem], tokens: int, prepared: Any, outputs: Any, started: float, ran: float, number: int
-    ) -> None:
+    async def _decode(self, work: PreparedBatch, outputs: Any, started: float, ran: float, number: int) -> None:
         """Outputs → results in the decode thread (on the loop where that is quick), then the
-        batch's answers and its record, once an idle device has its next batch (`_device_fed`).
-        TOKENS: the batch's sub-words, counted as it closed."""
+        batch's answers and its record, once an idle device has its next batch (`_device_fed`)."""
+        batch, tokens, prepared = work.items, work.tokens, work.prepared  # tokens: counted as it closed
         seconds = ran - started
         await self._device_fed()
         try:
@@ -777,6 +783,7 @@ class Scheduler:
                 [started - item.enqueued for item in batch],
                 seconds,
                 ran,
+                work.closed,
             )
         )
         await self._when_idle(self.clock())

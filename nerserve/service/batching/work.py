@@ -83,6 +83,7 @@ class PreparedBatch:
     items: list[WorkItem]
     prepared: Any
     tokens: int  # sub-words
+    closed: str = ""  # why the batch closed (BatchRecord.closed)
 
     def wanted(self) -> bool:
         """Whether any of its sentences is still waited for (read in the lane, just before its pass)."""
@@ -105,6 +106,10 @@ class BatchRecord:
     queue_seconds: list[float]
     run_seconds: float
     finished: float
+    # why it closed: full; idle (graphs free to take it at once); clients_back (a closed loop's
+    # batch back as the device frees); waited (max_wait passed, then the device's turn); halves
+    # (the first half of what an idle device would have taken whole)
+    closed: str = ""
 
 
 class BatchObserver(Protocol):
