@@ -198,9 +198,11 @@ fi
 # not one by one from Python; serve's default for fp32 eager on CUDA): offline, and served in the
 # service's layout (a capture needs a GPU)
 if [ "$DEVICE" != cpu ]; then
-  # its entity sets against the plain program's on the whole test split, speed, load time, memory
+  # its entity sets against the plain program's on the whole test split, speed (to batch 512, both
+  # programs in one process, beside the offline rows that take each in a process of its own: the
+  # two have disagreed from batch 128 on, docs/gpu.md), load time, memory
   step cuda-graphs-check 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
-    --data "$DATA/conll03" --device "$DEVICE"
+    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128,512 --timed 1024
   offline_as span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs
   if todo served-span-graphs-1 served-span-graphs-32 \
     && serve span-graphs span-conll03 eager --http-workers "$HTTP_WORKERS" --cuda-graphs; then
