@@ -20,11 +20,14 @@ import typer
 from nerserve.ner.data import read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.loading import load_model
-from nerserve.ner.model_store import Locations
+from nerserve.ner.model_store import Locations, read_manifest
 from nerserve.ner.runner import predict_all
 
 LOCATIONS = Locations()
 SENTENCES_IDENTICAL, F1_WITHIN = 0.999, 0.001
+# the plain program on the device against the test F1 its manifest records (measured where it was
+# trained, on the CPU): within this, the device's eager path answers as the trained model does
+MANIFEST_F1_WITHIN = 0.002
 
 app = typer.Typer(add_completion=False)
 
@@ -55,6 +58,7 @@ def compare(
     identical = sum(a == b for a, b in zip(found_plain, found_replayed, strict=True)) / len(sentences)
     f1_plain = float(evaluate((s.entities, p) for s, p in zip(sentences, found_plain, strict=True))["f1"])  # type: ignore[arg-type]
     f1_replayed = float(evaluate((s.entities, p) for s, p in zip(sentences, found_replayed, strict=True))["f1"])  # type: ignore[arg-type]
+    manifest_f1 = float(read_manifest(LOCATIONS.model_dir(model)).scores["test"]["f1"])
     rows = []
     for size in sizes:
         sample = sentences[: max(timed, size)]
@@ -73,6 +77,8 @@ def compare(
         "identical_entity_sets": round(identical, 5),
         "f1_plain": round(f1_plain, 5),
         "f1_cuda_graphs": round(f1_replayed, 5),
+        "f1_manifest": round(manifest_f1, 5),
+        "plain_matches_manifest": abs(f1_plain - manifest_f1) <= MANIFEST_F1_WITHIN,
         "load_seconds": {"plain": round(plain_load, 2), "cuda_graphs": round(replayed_load, 2)},
         # what torch reserved for each model as it loaded (the replayed one's: weights and graph pools)
         "gpu_reserved_mib": {"plain": round(plain_mib), "cuda_graphs": round(replayed_mib - plain_mib)},
