@@ -398,3 +398,43 @@ def test_a_model_loaded_in_half_precision_has_half_weights_and_finds_what_fp32_f
     expected, found = full.program.predict(sentences), half.program.predict(sentences)
     assert sum(len(entities) for entities in found) >= 0.9 * sum(len(entities) for entities in expected) > 0
     assert sum(a == b for a, b in zip(expected, found, strict=True)) >= 0.9 * len(sentences)
+
+
+def test_a_launch_bound_pass_holds_the_interpreter_for_its_launching() -> None:
+    """A table with `host_ms` (eager torch launching a pass's kernels from Python): the pass spends
+    that much of its thread's CPU time, so two lanes launching at once take turns on the interpreter
+    and each pass ends no sooner than its launching, while the device's share alone is its busy time."""
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice.from_file(Path("h200-span-conll03-launch-bound.json"))
+    assert "H200" in device.card and "simulated" in device.card
+    assert device.launch_seconds(19) == pytest.approx(0.00302) and device.batch_seconds(19) == pytest.approx(0.000941)
+    launch_bound = SimulatedDevice("card", "test", np.array([1.0, 100.0]), np.array([10.0, 10.0]), np.array([60.0, 60.0]))
+    cpu: list[float] = []
+
+    def pass_on_a_lane() -> None:
+        started = time.thread_time()
+        launch_bound.run(10)
+        cpu.append(time.thread_time() - started)
+
+    started = time.perf_counter()
+    lanes = [threading.Thread(target=pass_on_a_lane) for _ in range(2)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    assert time.perf_counter() - started >= 0.12  # two launchings of 60 ms, one interpreter
+    assert min(cpu) >= 0.06
+    assert launch_bound.passes == 2 and launch_bound.busy_seconds == pytest.approx(0.02)
+
+
+def test_a_cost_table_gives_the_launching_for_every_point_or_none(tmp_path: Path) -> None:
+    from nerserve.ner.graph import GraphError
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    table = tmp_path / "costs.json"
+    table.write_text(
+        '{"card": "c", "source": "s", "points": [{"subwords": 1, "ms": 1, "host_ms": 2}, {"subwords": 2, "ms": 2}]}'
+    )
+    with pytest.raises(GraphError, match="host_ms"):
+        SimulatedDevice.from_file(table)

@@ -5,9 +5,15 @@ Each graph set's graphs answer zeros of the shapes their export recorded, and th
 (the one fed packed sub-word rows) waits what a batch of that many sub-word positions cost on a
 measured card, from a table of batch costs (`device_costs/*.json`: the card, where the figures were
 measured, and the points). The wait is a sleep, which releases the GIL as a real device's
-synchronisation does. Like a GPU's graphs they are device-resident: outputs a program keeps on the
-device are `DeviceZeros`, a shape and a type and no memory, that only other stand-in graphs read, so
-the programs take their GPU paths (one span-proposal call a batch, no size groups on the host). Zeros
+synchronisation does. A table's points may also say how much of a pass is the host launching it
+(`host_ms`): eager torch on a GPU launches each kernel from Python, so a pass holds the interpreter
+lock for that long, in competition with the event loop and the other lane, while the device runs
+what has been launched. The stand-in spends that much of its thread's CPU time holding the lock, and
+its pass ends when both the launching and the device's share are done.
+
+Like a GPU's graphs the stand-ins are device-resident: outputs a program keeps on the device are
+`DeviceZeros`, a shape and a type and no memory, that only other stand-in graphs read, so the
+programs take their GPU paths (one span-proposal call a batch, no size groups on the host). Zeros
 make decoding find nothing, so host decoding costs less than with real outputs; every figure taken
 on this device is labelled simulated, never a GPU figure.
 """
@@ -40,7 +46,8 @@ class SimulatedDevice:
     card: str
     source: str
     subwords: np.ndarray  # batch sizes in sub-word positions, increasing
-    milliseconds: np.ndarray  # what a batch of that size cost
+    milliseconds: np.ndarray  # what a batch of that size cost the device
+    host_milliseconds: np.ndarray | None = None  # the host's CPU time launching it, under the interpreter lock
     busy_seconds: float = 0.0
     passes: int = 0
     _free_at: float = 0.0  # when the last pass launched ends (perf_counter)
@@ -56,33 +63,67 @@ class SimulatedDevice:
         else:
             text = bundled.read_text()
         table = json.loads(text)
-        points = sorted((float(p["subwords"]), float(p["ms"])) for p in table["points"])
+        name = path or DEFAULT_COSTS
+        points = sorted((float(p["subwords"]), float(p["ms"]), p.get("host_ms")) for p in table["points"])
         if len(points) < 2:
-            raise GraphError(f"{path or DEFAULT_COSTS}: a cost table needs two points or more")
-        subwords, milliseconds = (np.array(column) for column in zip(*points, strict=True))
-        return cls(table["card"], table["source"], subwords, milliseconds)
+            raise GraphError(f"{name}: a cost table needs two points or more")
+        hosts = [host for _, _, host in points]
+        if any(host is None for host in hosts) and any(host is not None for host in hosts):
+            raise GraphError(f"{name}: host_ms is given for every point or for none")
+        subwords, milliseconds = (np.array([point[i] for point in points]) for i in (0, 1))
+        host = None if hosts[0] is None else np.array(hosts, dtype=float)
+        return cls(table["card"], table["source"], subwords, milliseconds, host)
 
     def batch_seconds(self, subwords: int) -> float:
-        """Interpolated between the measured points; past the last, at the last two's slope."""
-        if subwords <= self.subwords[-1]:
-            return float(np.interp(subwords, self.subwords, self.milliseconds)) / 1000
-        slope = (self.milliseconds[-1] - self.milliseconds[-2]) / (self.subwords[-1] - self.subwords[-2])
-        return float(self.milliseconds[-1] + slope * (subwords - self.subwords[-1])) / 1000
+        """The device's share of a pass, interpolated between the measured points; past the last,
+        at the last two's slope."""
+        return _interpolated(self.subwords, self.milliseconds, subwords) / 1000
+
+    def launch_seconds(self, subwords: int) -> float:
+        """The host's CPU time launching a pass (0 where the table has no `host_ms`)."""
+        if self.host_milliseconds is None:
+            return 0.0
+        return _interpolated(self.subwords, self.host_milliseconds, subwords) / 1000
 
     def run(self, subwords: int) -> None:
-        """A pass of SUBWORDS positions, returning when it ends. A pass launched while another runs
-        is queued behind it, as a GPU runs the work launched on it in order: it starts the moment
-        the last one ends, without waiting for the thread that launched it."""
+        """A pass of SUBWORDS positions, returning when it ends. Its launching first (the calling
+        thread's CPU, under the interpreter lock), with the device taking up the work as it comes;
+        a pass launched while another runs is queued behind it, as a GPU runs the work launched on
+        it in order: it starts the moment the last one ends, without waiting for the thread that
+        launched it, and ends no sooner than its launching does."""
         seconds = self.batch_seconds(subwords)
+        launched_from = time.perf_counter()
+        _hold_the_interpreter(self.launch_seconds(subwords))
         with self._lock:
-            start = max(time.perf_counter(), self._free_at)
-            self._free_at = start + seconds
+            start = max(launched_from, self._free_at)
+            end = max(start + seconds, time.perf_counter())
+            self._free_at = end
             self.busy_seconds += seconds
             self.passes += 1
-        time.sleep(max(0.0, start + seconds - time.perf_counter()))
+        time.sleep(max(0.0, end - time.perf_counter()))
 
     def report(self) -> dict[str, Any]:
         return {"card": self.card, "source": self.source, "busy_seconds": round(self.busy_seconds, 6), "passes": self.passes}
+
+
+def _interpolated(sizes: np.ndarray, values: np.ndarray, size: int) -> float:
+    """VALUES at SIZE, between the points; past the last, at the last two's slope."""
+    if size <= sizes[-1]:
+        return float(np.interp(size, sizes, values))
+    slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
+    return float(values[-1] + slope * (size - sizes[-1]))
+
+
+def _hold_the_interpreter(seconds: float) -> None:
+    """Spend SECONDS of this thread's CPU time in Python, as a launch does: the interpreter lock is
+    held throughout but for its switch interval, so the time this takes grows with what else in
+    the process wants the lock, and with what else wants the core."""
+    if seconds <= 0:
+        return
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        for _ in range(100):
+            pass
 
 
 _device: SimulatedDevice | None = None
