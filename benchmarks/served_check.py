@@ -137,7 +137,7 @@ def level(
             role: round(1000 * spent / max(len(latencies), 1), 4)
             for role, spent in sorted(growth_by_label(before, after, "nerserve_thread_cpu_seconds_total", "role").items())
         },
-        # why the batches of the level closed (full, idle, clients_back, waited, halves): how the
+        # why the batches of the level closed (full, idle, company, clients_back, waited, halves): how the
         # batcher split the clients into batches
         "server_batches_closed": {
             reason: round(count)

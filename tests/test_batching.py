@@ -1079,13 +1079,15 @@ def closed_loop(
     per_request: int = 1,
     staggered: bool = False,
     closed: list[str] | None = None,
+    resend_ms: Callable[[int], float] = lambda client: 0.0,
 ) -> tuple[list[int], float]:
     """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
     send a request of PER_REQUEST sentences again once answered, for 1.6 s, after a request alone
     (whose pass tells the scheduler what a small pass costs), and the share of that time the device
     was busy once every client had started; a batch's prepare takes PREPARE_MS. STAGGERED: each
     client starts once the one before has had a pass on the device. CLOSED: filled with why each
-    batch closed (BatchRecord.closed), in order."""
+    batch closed (BatchRecord.closed), in order. RESEND_MS: how long client i takes to send again
+    once answered (its share of the way back through the front)."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
     class Reasons(NullObserver):
@@ -1106,9 +1108,11 @@ def closed_loop(
         time.sleep(prepare_ms / 1000)
         return payloads
 
-    async def client(scheduler: Scheduler, name: str, until: float) -> None:
+    async def client(scheduler: Scheduler, number: int, until: float) -> None:
         while time.monotonic() < until:
-            await asyncio.gather(*scheduler.submit([(f"{name}.{index}", 1) for index in range(per_request)]))
+            await asyncio.gather(*scheduler.submit([(f"s{number}.{index}", 1) for index in range(per_request)]))
+            if resend_ms(number):
+                await asyncio.sleep(resend_ms(number) / 1000)
 
     async def scenario() -> None:
         limits = BatchLimits(
@@ -1128,7 +1132,7 @@ def closed_loop(
         until = time.monotonic() + 1.6
         running = []
         for index in range(clients):
-            running.append(asyncio.create_task(client(scheduler, f"s{index}", until)))
+            running.append(asyncio.create_task(client(scheduler, index, until)))
             passes_before = len(passes)
             while staggered and len(passes) == passes_before:
                 await asyncio.sleep(0.001)
@@ -1178,7 +1182,69 @@ def test_each_batch_says_why_it_closed() -> None:
     reasons: list[str] = []
     closed_loop([1.0, 16.0], [20.0, 80.0], closed=reasons)
     assert reasons[0] == "idle" and "halves" in reasons
-    assert set(reasons) <= {"full", "idle", "clients_back", "waited", "halves"}, set(reasons)
+    assert set(reasons) <= {"full", "idle", "company", "clients_back", "waited", "halves"}, set(reasons)
+
+
+@pytest.mark.parametrize(
+    "pass_ms, in_flight, waits",
+    [
+        ((10.0, 11.0), 4, True),  # launch-bound: the loop's 16 cost little more than the 4 queued
+        ((1.0, 16.0), 4, False),  # a pass costs by sentence: the 4 go at once
+        ((10.0, 11.0), 16, False),  # the whole loop is in flight: nothing to wait for
+    ],
+)
+def test_an_idle_device_waits_for_the_rest_of_a_closed_loop_where_a_pass_costs_mostly_its_launches(
+    pass_ms: tuple[float, float], in_flight: int, waits: bool
+) -> None:
+    """A load of 16 sentences in flight at once over the last batches, 4 of them queued on an idle
+    device (the first of a closed loop's clients back). Where a pass of 16 costs less than two of 4
+    (10 ms for one sentence, 11 for sixteen: a GPU launching a small batch's kernels one by one from
+    Python) the batch waits for the rest: until a pass of its own, at most max_wait (5 ms), after
+    its first sentence came. Where passes cost by the sentence, or the whole load is in flight, it
+    closes at once."""
+
+    async def company_until() -> tuple[float | None, float]:
+        limits = BatchLimits(max_batch_size=32, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
+        for sentences, milliseconds in zip((1, 16), pass_ms, strict=True):
+            scheduler.run_times.observe(sentences, milliseconds / 1000)
+        scheduler._populations.append(16)
+        scheduler.submit([(f"s{index}", 1) for index in range(4)])
+        if in_flight > 4:
+            scheduler.submit([(f"t{index}", 1) for index in range(in_flight - 4)])
+        return scheduler._company_until(), scheduler._queue.oldest_arrival()
+
+    until, first_arrival = asyncio.run(company_until())
+    if waits:
+        assert until == pytest.approx(first_arrival + 0.005)
+    else:
+        assert until is None
+
+
+def test_a_batch_split_in_halves_is_measured_as_it_ran() -> None:
+    """15 sentences queued on an idle device whose passes of 1, 8 and 16 ran at 10, 10.5 and 11 ms:
+    halves of 8 and 7 would cost the device twice a whole pass, so they stay whole. (Judged by half
+    of 15, 7.5, a size no batch had run, the halves were tried again and again: the first half, 8,
+    never measured 7.5's size, and the closed loop stayed split.)"""
+
+    async def size_limit_taken() -> int:
+        limits = BatchLimits(max_batch_size=16, close_when_idle=True, close_as_device_frees=True)
+        scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
+        for sentences, milliseconds in [(1, 10.0), (8, 10.5), (16, 11.0)]:
+            scheduler.run_times.observe(sentences, milliseconds / 1000)
+            scheduler.prepare_times.observe(sentences, 0.0005)
+        scheduler.submit([(f"s{index}", 1) for index in range(15)])
+        return scheduler._pipelined_limits(limits).max_batch_size
+
+    assert asyncio.run(size_limit_taken()) == 16
+
+
+def test_an_idle_device_does_not_wait_for_clients_that_are_not_coming() -> None:
+    """The same device with one client: all of the load is in flight, so its request goes at once
+    (closed as idle) and never waits for company."""
+    reasons: list[str] = []
+    passes, _ = closed_loop([1.0, 16.0], [10.0, 11.0], clients=1, closed=reasons)
+    assert set(passes) == {1} and set(reasons) == {"idle"}
 
 
 @pytest.mark.parametrize("batch_limit, split", [(16, True), (32, False)])

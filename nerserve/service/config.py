@@ -132,7 +132,8 @@ class Settings(Locations):
         5.0,
         ge=0,
         description="how long a batch that is not full waits for more sentences while the graphs are busy "
-        "(on idle graphs it closes at once)",
+        "(on idle graphs it closes at once, but on a device whose pass costs mostly its launches, where it waits "
+        "up to this long, and a pass, for the rest of a closed loop's clients)",
     )
     max_queue: int = Field(2048, ge=1, description="sentences waiting per model before 429")
     max_queue_seconds: float = Field(

@@ -136,7 +136,8 @@ class Metrics:
         self.dropped = Counter("nerserve_dropped", "Sentences dropped before running", ["model", "reason"], registry=r)
         self.batches_closed = Counter(
             "nerserve_batches_closed",
-            "Batches run, by why each closed: full, idle (graphs free), clients_back (a closed loop's clients back as "
+            "Batches run, by why each closed: full, idle (graphs free), company (graphs free, after waiting for the rest "
+            "of a closed loop's clients), clients_back (a closed loop's clients back as "
             "the device frees), waited (max_wait, then the device's turn), halves (half of what an idle device had)",
             ["model", "reason"],
             registry=r,

@@ -74,6 +74,9 @@ SPLIT_FORGOTTEN = 2.0
 # _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
 # (a few of its clients may have left, or send a little later)
 REJOINED_SHARE = 0.9
+# _company_until: the batches over which the sentences in flight at once are the load's population
+# (the largest of each batch's gathering); a load that shrinks is forgotten after as many batches
+POPULATION_WINDOW = 16
 # A batch's prepare or decode expected to take at most this long runs on the event loop itself. Each
 # hand-off to its thread and back (a wake-up of the thread, then of the loop through its pipe, each
 # waiting for the interpreter lock) costs a lone sentence more than its own host work; past this
@@ -167,7 +170,9 @@ class Scheduler:
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
     _device_free_at: float = 0.0  # when a device's last pass ended (lanes_drive_a_device)
     _split_whole: float | None = None  # the sub-words of the batch last split in halves (_pipelined_limits)
+    _split_half: float = 0.0  # and of its first half
     _on_device: int = 0  # the sentences of the batch a lane took last (on the device while a lane runs)
+    _in_flight_peak: int = 0  # the most sentences in flight while the batch now gathering did
     _preparing: asyncio.Future[Any] | None = None  # the prepare running in its thread, if one is
 
     def __post_init__(self) -> None:
@@ -209,6 +214,7 @@ class Scheduler:
         # by the lanes' threads, read by _watch_lanes
         self._lane_busy: dict[int, tuple[float, list[WorkItem]]] = {}
         self._isolating: dict[int, list[WorkItem]] = {}  # failed batches waiting for the probe, by id
+        self._populations: deque[int] = deque(maxlen=POPULATION_WINDOW)  # _in_flight_peak of the last batches
 
     @property
     def depth(self) -> int:
@@ -290,6 +296,7 @@ class Scheduler:
         if payloads:
             self._open[self._requests] = len(payloads)
         self._in_flight += len(payloads)
+        self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
         self._arrived.set()
 
     def first_estimate(self, passes: Sequence[tuple[int, float]]) -> None:
@@ -425,6 +432,7 @@ class Scheduler:
         await self._rejoin_halves()
         limits = self.limits
         close_at = self._queue.oldest_arrival() + limits.max_wait_ms / 1000
+        waited_for_company = False
         while True:
             self._drop_stale()
             if not self._queue:
@@ -440,9 +448,15 @@ class Scheduler:
             # not hold the device: a batch's answers, travelling back while the device idles, are
             # the company a waiting batch would wait for in vain.
             idle = limits.close_when_idle and self._graphs_free()
+            company_until = self._company_until() if idle and not full else None
+            if company_until is not None:  # the rest of a closed loop is on its way: worth a pass
+                idle = self.clock() >= company_until
+                if not idle:
+                    remaining = min(remaining, company_until - self.clock())
+                    waited_for_company = True
             back = not (full or idle) and limits.close_as_device_frees and self._clients_back()
             if full or idle or back:
-                closed = "full" if full else "idle" if idle else "clients_back"
+                closed = "full" if full else "company" if idle and waited_for_company else "idle" if idle else "clients_back"
                 break
             if remaining <= 0 and not self._handed:
                 gather = self._gathering_time() if limits.close_as_device_frees else 0.0
@@ -465,6 +479,8 @@ class Scheduler:
         window = self._queue.order(limits.max_batch_size * limits.lookahead, answered_by)
         batch = [window[i] for i in sorted(select_batch(window, limits))]
         self._queue.take(batch)
+        self._populations.append(self._in_flight_peak)
+        self._in_flight_peak = self._in_flight
         taken = sum(item.cost for item in batch)
         self._taken_tokens += taken
         if self._split_whole is not None and taken > SPLIT_FORGOTTEN * self._split_whole:
@@ -559,10 +575,34 @@ class Scheduler:
         if not self.run_times.has_run(whole):
             return limits
         full = count >= FULL_SHARE * limits.max_batch_size or whole >= FULL_SHARE * limits.max_batch_tokens
-        if self._halves_dearer(whole) or not (full or self._host_keeps_up(whole / 2)):
+        half = whole * math.ceil(count / 2) / count  # the first half as it will run, and be measured
+        if self._halves_dearer(whole, half) or not (full or self._host_keeps_up(half)):
             return limits
-        self._split_whole = whole
+        self._split_whole, self._split_half = whole, half
         return replace(limits, max_batch_size=math.ceil(count / 2))
+
+    def _company_until(self) -> float | None:
+        """Until when a batch for an idle device waits for the rest of a closed loop, or None where
+        it closes at once. On a device whose pass costs mostly a fixed part (the launches of a
+        small batch's kernels, which Python makes one by one), a loop's clients that come back a
+        few at a time would otherwise each find the device idle and go as a batch of their own,
+        each paying that part: the loop travels as a few small batches where one would cost the
+        device little more than any of them. So, where fewer than the sentences in flight at once
+        over the last batches (the load's population) are in flight now, and a
+        pass with the missing clients' sentences too would cost less than a second pass of what
+        is queued, the batch waits for them: for at most a pass of its own (what the clients still
+        out would wait behind it) and `max_wait_ms`, from its first sentence's arrival. A lone
+        client, or an open load at its steady level, is always all in flight: no wait."""
+        if not self.lanes_drive_a_device or not self.run_times or not self._queue:
+            return None
+        population = max(self._populations, default=0)
+        if self._in_flight >= population:  # all of it: a client left behind goes on as a batch of its own
+            return None
+        queued, count = self._queue.tokens, len(self._queue)
+        missing = population - self._in_flight
+        if self.run_times.seconds(queued * (count + missing) / count) >= 2 * self.run_times.seconds(queued):
+            return None
+        return self._queue.oldest_arrival() + min(self.limits.max_wait_ms / 1000, self.run_times.seconds(queued))
 
     def _clients_back(self) -> bool:
         """Whether, with a pass on the device that ends before a batch closed now could start after
@@ -584,11 +624,13 @@ class Scheduler:
         """Whether a batch of HALF sub-words can be prepared and handed over within a pass of its size."""
         return self._time_to_start(half) <= self.run_times.seconds(half)
 
-    def _halves_dearer(self, whole: float) -> bool:
-        """Whether two passes of half WHOLE sub-words, that size measured, cost the device more than
-        PIPELINE_COST_RATIO times one pass of WHOLE."""
-        half = self.run_times.seconds(whole / 2)
-        return self.run_times.measured(whole / 2) and 2 * half > PIPELINE_COST_RATIO * self.run_times.seconds(whole)
+    def _halves_dearer(self, whole: float, half: float) -> bool:
+        """Whether two passes of HALF sub-words, that size measured, cost the device more than
+        PIPELINE_COST_RATIO times one pass of WHOLE. HALF is the first half as split (the larger of
+        an odd count's two): the size the split's first pass measures, so that a split tried to
+        measure it never goes on untold for want of a size it does not run."""
+        twice = 2 * self.run_times.seconds(half)
+        return self.run_times.measured(half) and twice > PIPELINE_COST_RATIO * self.run_times.seconds(whole)
 
     async def _rejoin_halves(self) -> None:
         """A closed loop split in halves (`_pipelined_limits`) stays split: each half gathers while the
@@ -596,7 +638,7 @@ class Scheduler:
         the other and for that half's clients to send again (until the two fill the batch that was
         split, or max_wait after the device frees), so that they travel as one batch again."""
         whole = self._split_whole
-        if whole is None or not self._halves_dearer(whole):
+        if whole is None or not self._halves_dearer(whole, self._split_half):
             return
         self._split_whole = None
         while not self._device_idle():

@@ -106,9 +106,10 @@ class BatchRecord:
     queue_seconds: list[float]
     run_seconds: float
     finished: float
-    # why it closed: full; idle (graphs free to take it at once); clients_back (a closed loop's
-    # batch back as the device frees); waited (max_wait passed, then the device's turn); halves
-    # (the first half of what an idle device would have taken whole)
+    # why it closed: full; idle (graphs free to take it at once); company (graphs free, after
+    # waiting for the rest of a closed loop's clients); clients_back (a closed loop's batch back as
+    # the device frees); waited (max_wait passed, then the device's turn); halves (the first half
+    # of what an idle device would have taken whole)
     closed: str = ""
 
 
