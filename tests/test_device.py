@@ -438,3 +438,27 @@ def test_a_cost_table_gives_the_launching_for_every_point_or_none(tmp_path: Path
     )
     with pytest.raises(GraphError, match="host_ms"):
         SimulatedDevice.from_file(table)
+
+
+def test_host_feeds_of_one_dtype_go_up_together_and_come_apart_unchanged() -> None:
+    """A pass's host feeds go to a GPU packed by dtype (`torch_graph.upload_by_dtype`): one buffer,
+    one copy, a view for each feed. Followed here on the CPU without pinning: every feed comes back
+    with its dtype, shape and values (empty and strided ones too), and the feeds of one dtype share
+    one buffer."""
+    import torch
+
+    from nerserve.ner.torch_graph import upload_by_dtype
+
+    feeds = [
+        np.arange(12).reshape(3, 4),
+        np.zeros((0, 3), dtype=np.int64),
+        np.ones((2, 2), dtype=bool),
+        np.array([0.25, 0.5, 0.75], dtype=np.float32),
+        np.arange(6).reshape(2, 3)[:, ::2],
+    ]
+    tensors = [torch.from_numpy(np.ascontiguousarray(feed)) for feed in feeds]
+    uploaded = upload_by_dtype(tensors, torch.device("cpu"), pin=False)
+    for sent, received in zip(tensors, uploaded, strict=True):
+        assert received.dtype == sent.dtype and received.shape == sent.shape and torch.equal(received, sent)
+    int64 = [received for received in uploaded if received.dtype == torch.int64]
+    assert len(int64) == 3 and len({received.untyped_storage().data_ptr() for received in int64}) == 1

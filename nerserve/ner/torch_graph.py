@@ -4,7 +4,7 @@ intermediates on the device, half precision and CUDA graphs; on the CPU for debu
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +26,45 @@ def to_tensor(value: Value, device: torch.device, floats: torch.dtype | None = N
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, dtype, non_blocking=True)
     return tensor.to(device, dtype)
+
+
+def to_tensors(values: Sequence[Value], device: torch.device, floats: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Feeds on the device (`to_tensor` each). To a GPU, the host feeds of one dtype go up together,
+    packed into one pinned buffer: a pass's dozen feeds each pinned and copied on their own cost
+    the launching thread two operators and a copy's launch apiece, under the interpreter lock a
+    launch-bound pass is short of (docs/decisions/gpu-engine.md)."""
+    if device.type != "cuda":
+        return [to_tensor(value, device, floats) for value in values]
+    tensors = [value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value)) for value in values]
+    on_host = [index for index, tensor in enumerate(tensors) if tensor.device.type == "cpu"]
+    for index, uploaded in zip(on_host, upload_by_dtype([tensors[i] for i in on_host], device), strict=True):
+        tensors[index] = uploaded
+    return [tensor.to(floats) if floats is not None and tensor.is_floating_point() else tensor for tensor in tensors]
+
+
+def upload_by_dtype(tensors: Sequence[torch.Tensor], device: torch.device, pin: bool = True) -> list[torch.Tensor]:
+    """Host TENSORS on DEVICE, in order: those of one dtype copied into one buffer (pinned, where
+    PIN), which goes up in one copy without blocking, and comes apart there as views."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_dtype.setdefault(tensor.dtype, []).append(index)
+    uploaded: list[torch.Tensor | None] = [None] * len(tensors)
+    for dtype, indices in by_dtype.items():
+        if len(indices) == 1:  # alone of its dtype: nothing to pack
+            alone = tensors[indices[0]]
+            uploaded[indices[0]] = (alone.pin_memory() if pin else alone).to(device, non_blocking=pin)
+            continue
+        sizes = [tensors[i].numel() for i in indices]
+        packed = torch.empty(sum(sizes), dtype=dtype, pin_memory=pin)
+        host = packed.numpy()  # filled by numpy: one copy a feed, no operator dispatched
+        start = 0
+        for index, size in zip(indices, sizes, strict=True):
+            host[start : start + size] = tensors[index].reshape(-1).numpy()
+            start += size
+        parts = packed.to(device, non_blocking=pin).split(sizes)
+        for index, part in zip(indices, parts, strict=True):
+            uploaded[index] = part.view(tensors[index].shape)
+    return [tensor for tensor in uploaded if tensor is not None]
 
 
 def from_tensors(
@@ -119,7 +158,7 @@ class EagerGraph:
         choose_attention_kernels(precision, self.device)
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        tensors = [to_tensor(inputs[name], self.device, self.floats) for name in self.input_names]
+        tensors = to_tensors([inputs[name] for name in self.input_names], self.device, self.floats)
         with torch.inference_mode():
             outputs = self._run_in_eval_mode(tensors) if self.module.training else self.module(*tensors)
         return from_tensors(self.output_names, outputs, keep_on_device, self.device)

@@ -12,7 +12,7 @@ import torch
 
 from nerserve.ner.graph import GraphError, Value
 from nerserve.ner.graph_format import TORCHSCRIPT_IO
-from nerserve.ner.torch_graph import from_tensors, to_tensor
+from nerserve.ner.torch_graph import from_tensors, to_tensors
 
 
 class TorchScriptGraph:
@@ -39,7 +39,7 @@ class TorchScriptGraph:
             raise GraphError(f"{path}: TorchScript graph lacks its {TORCHSCRIPT_IO} (input/output names)") from None
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        tensors = [to_tensor(inputs[n], self.device) for n in self.input_names]
+        tensors = to_tensors([inputs[n] for n in self.input_names], self.device)
         with torch.inference_mode():
             outputs = self.module(*tensors)
         return from_tensors(self.output_names, outputs, keep_on_device, self.device)
