@@ -444,7 +444,9 @@ class Scheduler:
             # when full, and is prepared while the graphs still run the current batch, so the graph
             # thread never idles through a prepare. With `close_when_idle` and graphs free to take it
             # (_graphs_free) it closes at once: waiting for company would only delay a lone request,
-            # and under load company gathers while the graphs run. Batches still being decoded do
+            # and under load company gathers while the graphs run; but on a device whose pass costs
+            # mostly its launches, it waits a little for the rest of a closed loop (_company_until),
+            # whose next pass would otherwise cost as much again for a few. Batches still being decoded do
             # not hold the device: a batch's answers, travelling back while the device idles, are
             # the company a waiting batch would wait for in vain.
             idle = limits.close_when_idle and self._graphs_free()
@@ -587,12 +589,12 @@ class Scheduler:
         small batch's kernels, which Python makes one by one), a loop's clients that come back a
         few at a time would otherwise each find the device idle and go as a batch of their own,
         each paying that part: the loop travels as a few small batches where one would cost the
-        device little more than any of them. So, where fewer than the sentences in flight at once
-        over the last batches (the load's population) are in flight now, and a
-        pass with the missing clients' sentences too would cost less than a second pass of what
-        is queued, the batch waits for them: for at most a pass of its own (what the clients still
-        out would wait behind it) and `max_wait_ms`, from its first sentence's arrival. A lone
-        client, or an open load at its steady level, is always all in flight: no wait."""
+        device little more than any of them. So, where fewer sentences are in flight now than the
+        most in flight at once over the last batches (the load's population), and a pass with the
+        missing clients' sentences too would cost less than a second pass of what is queued, the
+        batch waits for them: for at most a pass of its own (what the clients still out would wait
+        behind it) and `max_wait_ms`, from its first sentence's arrival. A lone client, or an open
+        load at its steady level, is always all in flight: no wait."""
         if not self.lanes_drive_a_device or not self.run_times or not self._queue:
             return None
         population = max(self._populations, default=0)
