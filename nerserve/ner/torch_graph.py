@@ -14,32 +14,22 @@ from torch.nn.attention import SDPBackend
 from nerserve.ner.graph import Value
 
 
-def to_tensor(value: Value, device: torch.device, floats: torch.dtype | None = None) -> torch.Tensor:
-    """A feed on the device; with FLOATS (a half-precision graph's), a floating-point feed in it.
+def to_tensors(values: Sequence[Value], device: torch.device, floats: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Feeds on DEVICE; with FLOATS (a half-precision graph's), its floating-point feeds in it.
 
-    A host feed goes to a GPU from pinned memory without blocking: torch's blocking copy waits for
+    Host feeds go to a GPU from pinned memory without blocking: torch's blocking copy waits for
     every kernel queued on the stream before it, so the feeds of a batch's second graph (span's
     seeds, after its encoder was launched) would hold the host until the encoder had run, and the
-    device would then idle while the second graph's kernels were launched."""
-    tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
-    dtype = floats if floats is not None and tensor.is_floating_point() else tensor.dtype
-    if device.type == "cuda" and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, dtype, non_blocking=True)
-    return tensor.to(device, dtype)
-
-
-def to_tensors(values: Sequence[Value], device: torch.device, floats: torch.dtype | None = None) -> list[torch.Tensor]:
-    """Feeds on the device (`to_tensor` each). To a GPU, the host feeds of one dtype go up together,
-    packed into one pinned buffer: a pass's dozen feeds each pinned and copied on their own cost
-    the launching thread two operators and a copy's launch apiece, under the interpreter lock a
+    device would then idle while the second graph's kernels were launched. They go up packed by
+    dtype (`upload_by_dtype`): a pass's dozen feeds each pinned and copied on their own cost the
+    launching thread two operators and a copy's launch apiece, under the interpreter lock a
     launch-bound pass is short of (docs/decisions/gpu-engine.md)."""
-    if device.type != "cuda":
-        return [to_tensor(value, device, floats) for value in values]
     tensors = [value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value)) for value in values]
-    on_host = [index for index, tensor in enumerate(tensors) if tensor.device.type == "cpu"]
-    for index, uploaded in zip(on_host, upload_by_dtype([tensors[i] for i in on_host], device), strict=True):
-        tensors[index] = uploaded
-    return [tensor.to(floats) if floats is not None and tensor.is_floating_point() else tensor for tensor in tensors]
+    if device.type == "cuda":
+        on_host = [index for index, tensor in enumerate(tensors) if tensor.device.type == "cpu"]
+        for index, uploaded in zip(on_host, upload_by_dtype([tensors[i] for i in on_host], device), strict=True):
+            tensors[index] = uploaded
+    return [tensor.to(device, floats if floats and tensor.is_floating_point() else tensor.dtype) for tensor in tensors]
 
 
 def upload_by_dtype(tensors: Sequence[torch.Tensor], device: torch.device, pin: bool = True) -> list[torch.Tensor]:
@@ -48,12 +38,8 @@ def upload_by_dtype(tensors: Sequence[torch.Tensor], device: torch.device, pin: 
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
-    uploaded: list[torch.Tensor | None] = [None] * len(tensors)
+    uploaded: dict[int, torch.Tensor] = {}
     for dtype, indices in by_dtype.items():
-        if len(indices) == 1:  # alone of its dtype: nothing to pack
-            alone = tensors[indices[0]]
-            uploaded[indices[0]] = (alone.pin_memory() if pin else alone).to(device, non_blocking=pin)
-            continue
         sizes = [tensors[i].numel() for i in indices]
         packed = torch.empty(sum(sizes), dtype=dtype, pin_memory=pin)
         host = packed.numpy()  # filled by numpy: one copy a feed, no operator dispatched
@@ -64,7 +50,7 @@ def upload_by_dtype(tensors: Sequence[torch.Tensor], device: torch.device, pin: 
         parts = packed.to(device, non_blocking=pin).split(sizes)
         for index, part in zip(indices, parts, strict=True):
             uploaded[index] = part.view(tensors[index].shape)
-    return [tensor for tensor in uploaded if tensor is not None]
+    return [uploaded[index] for index in range(len(tensors))]
 
 
 def from_tensors(
