@@ -17,12 +17,16 @@
 #      and faster); the batch-1 server at c = 64;
 #   6. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
+#   6b. a pass alone, on fresh shapes, and beside a thread running Python or preparing, at three
+#      switch intervals (pass_anatomy.py), eager and with all but the backbone traced; span served
+#      as 4 with those traced heads (--traced-heads), and with every thread asking for the
+#      interpreter lock after 0.05 ms (--interpreter-switch-ms);
 #   7. span in half precision (weights converted at load): the backbone's replay against its plain
 #      pass in half, then offline and served as 4 (replayed where that kept the entity sets);
 #   8. span served as 4 (serve's defaults) with the graphs in a process of their own (--graph-process),
 #      with the front in the engine's process, and with one graph lane; offline with two batches in
-#      flight; a profile of its batches; half precision against fp32 (entity sets, F1, speed) for
-#      span- and setgen-conll03;
+#      flight; a profile of its batches; the pass anatomy of the TorchScript graphs; half precision
+#      against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
 #   9. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
 #   10. nag, setgen, bartner and diffusion (1 step) offline, as 2;
@@ -65,10 +69,10 @@ SERVER_CORE_COUNT=$([ "$CORES" -ge 8 ] && echo $((CORES - 4)) || echo "$CORES")
 HTTP_WORKERS=$(( SERVER_CORE_COUNT - 2 > 8 ? 8 : (SERVER_CORE_COUNT - 2 < 2 ? 2 : SERVER_CORE_COUNT - 2) ))
 if [ "$QUICK" = 1 ]; then
   SIZES=32; LIMIT=64; OTHER_LIMIT=64; BATCH1_LIMIT=32; SECONDS_PER_LEVEL=2; LEVELS=1,16
-  HALF_LIMIT=64; SERVED_MODELS="setgen-conll03"
+  HALF_LIMIT=64; SERVED_MODELS="setgen-conll03"; ANATOMY_SIZES=1,16; ANATOMY_BATCHES=4
 else
   SIZES=32,128,256,512; LIMIT=2048; OTHER_LIMIT=512; BATCH1_LIMIT=256; SECONDS_PER_LEVEL=5; LEVELS=1,16,64,256
-  HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"
+  HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"; ANATOMY_SIZES=1,16,64,128; ANATOMY_BATCHES=12
 fi
 HALF=$([ "$DEVICE" = cpu ] && echo bf16 || echo fp16)  # on the CPU bf16 (a dry run of the steps)
 mkdir -p "$OUT"
@@ -235,6 +239,27 @@ if todo served-span-torchscript-1 served-span-torchscript-32 \
   stop
 fi
 # every bar has its figures by here; what follows explains them
+# why a served pass takes longer than the same pass offline: the pass alone, on fresh shapes, and
+# beside a thread running Python or preparing, at the server's switch interval and lower ones (an
+# eager pass releases the interpreter lock at every operator), eager and with all but the backbone
+# traced (--traced-heads: a pass takes the lock a few times); then the service's layout with traced
+# heads, and with every thread asking for the lock after 0.05 ms
+REPLAYED=$([ "$DEVICE" = cpu ] && echo --no-cuda-graphs || echo --cuda-graphs)
+step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
+  --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+step pass-anatomy-traced 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --traced-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+if todo served-span-traced-1 served-span-traced-32 \
+  && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
+  served span-traced-1 span-conll03 "$LEVELS" 1
+  served span-traced-32 span-conll03 16 32
+  stop
+fi
+if todo served-span-graphs-switch && serve span-graphs-switch span-conll03 eager --http-workers "$HTTP_WORKERS" \
+  "$REPLAYED" --interpreter-switch-ms 0.05; then
+  served span-graphs-switch span-conll03 "$LEVELS" 1
+  stop
+fi
 # half precision (weights converted at load; the CPU serves fp32 only) in the service's layout: the
 # backbone's replay against its plain pass in half first (padded shapes may pick other kernels,
 # whose rounding differs more in half), then offline and served, replayed where that kept the entity sets
@@ -275,6 +300,9 @@ step offline-span-conll03-lanes2 300 $PY benchmarks/batching_ceiling.py --model 
   --runtime eager --device "$DEVICE" --sizes "${SIZES#*,}" --limit "$LIMIT" --lanes 2 --json
 step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "1,${SIZES##*,}"
+# the same anatomy for the traced graphs, whose operators are dispatched from C++
+step pass-anatomy-torchscript 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --runtime torchscript --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
   --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
 onnx_steps

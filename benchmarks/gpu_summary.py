@@ -70,6 +70,13 @@ def _bar(value: float | None, bar: float, at_most: bool = False) -> dict[str, An
     return {"value": value, "bar": f"{'<=' if at_most else '>='} {bar}", "met": met}
 
 
+PASS_ANATOMY_STEPS = (
+    ("eager", "pass-anatomy"),
+    ("eager-traced-heads", "pass-anatomy-traced"),
+    ("torchscript", "pass-anatomy-torchscript"),
+)
+
+
 def summary(folder: Path) -> dict[str, Any]:
     bare = _read(folder, "bare-encoder")
     bare_best = bare["best"].get("fp32") if bare else None
@@ -101,6 +108,8 @@ def summary(folder: Path) -> dict[str, Any]:
         "offline_onnx_span": (_read(folder, "offline-onnx-span-conll03") or {}).get("rows"),
         "offline_torchscript_span": (_read(folder, "offline-torchscript-span-conll03") or {}).get("rows"),
         "profile_span": _read(folder, "profile-span"),
+        # a pass alone, on fresh shapes, and beside a thread running Python or preparing
+        "pass_anatomy": {runtime: _read(folder, step) for runtime, step in PASS_ANATOMY_STEPS},
         "served": {
             name: _read(folder, f"served-{name}")
             for name in (
@@ -108,6 +117,9 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-workers-32",
                 "span-graphs-1",
                 "span-graphs-32",
+                "span-graphs-switch",
+                "span-traced-1",
+                "span-traced-32",
                 "span-1",
                 "span-32",
                 "span-one-lane",
@@ -136,13 +148,16 @@ def summary(folder: Path) -> dict[str, Any]:
             two_lanes["sentences_per_second_sorted"] if two_lanes else None, bare_best
         ),
         # the served bars for each way of serving: the service's own on a device (HTTP workers in
-        # front of the engine process, the backbone replayed from CUDA graphs); that without CUDA
-        # graphs; that in half precision (against half's offline best); with the graphs in a process
-        # of their own; the service's own with TorchScript graphs; the front in the engine's process
+        # front of the engine process, the backbone replayed from CUDA graphs); that with all but the
+        # backbone traced; that with a 0.05 ms switch interval; that without CUDA graphs; that in half
+        # precision (against half's offline best); with the graphs in a process of their own; the
+        # service's own with TorchScript graphs; the front in the engine's process
         "served_bars": {
             layout: _served_bars(folder, one, many, half_best if layout == "workers-half" else span_best)
             for layout, one, many in (
                 ("workers", "span-graphs-1", "span-graphs-32"),
+                ("workers-traced-heads", "span-traced-1", "span-traced-32"),
+                ("workers-switch-0.05-ms", "span-graphs-switch", ""),
                 ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32"),
                 ("workers-half", "span-half", "span-half-32"),
                 ("split", "span-split-1", "span-split-32"),

@@ -55,6 +55,23 @@ def test_serve_on_cuda_without_cuda_exits_non_zero_at_once_naming_cuda() -> None
     assert "--device cuda: CUDA cannot be used here" in done.stderr, done.stderr[-2000:]
 
 
+def test_the_server_sets_how_soon_a_thread_gets_the_interpreter_before_it_checks_the_device() -> None:
+    """`--interpreter-switch-ms` reaches the process (an eager lane beside a busy thread waits up to
+    it for the lock at every operator), set first thing, even where the device then ends the start."""
+    from nerserve.service.config import Settings
+    from nerserve.service.server import run
+
+    before = sys.getswitchinterval()
+    try:
+        with pytest.raises(SystemExit, match="CUDA cannot be used here"):
+            run(Settings(device="cuda", interpreter_switch_ms=0.25))
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(ValueError, match="greater than 0"):
+        Settings(interpreter_switch_ms=0)
+
+
 def test_batch_bounds_fit_the_device() -> None:
     from nerserve.service.config import Settings
 

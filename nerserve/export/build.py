@@ -31,44 +31,13 @@ from nerserve.export.parity import (
 from nerserve.export.session_tuning import lower_level_candidates, tune_graphs
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
+from nerserve.ner.examples import CHECK_SENTENCES, EXAMPLE_SENTENCES
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
 from nerserve.ner.lora import merge_adapters
 from nerserve.ner.model_store import MANIFEST, WEIGHTS, Locations, graph_set_folder
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.text.subword import packed_rows
-
-# Distinct sizes on every axis (batch, words, sub-words, pieces per word, characters; packed into
-# two rows by example_values) so that the exporter cannot mistake one axis for another or
-# specialise a size-1 axis.
-EXAMPLE_SENTENCES = [
-    ["Unbelievably", ",", "the", "EU", "rejects", "German", "call", "to", "boycott", "lamb", "."],
-    ["Peter", "Blackburn", "arrived", "in", "Washington"],
-    ["IL-2", "gene", "expression", "requires", "NF-kappa", "B", "activation", "."],
-]
-# Other sizes on every axis than the example's (four sentences, 14 words at most, one packed row), on which a
-# traced graph must still give the module's outputs (writers.write_onnx).
-CHECK_SENTENCES = [
-    [
-        "Germany",
-        "'s",
-        "representative",
-        "to",
-        "the",
-        "European",
-        "Union",
-        "'s",
-        "veterinary",
-        "committee",
-        "said",
-        "on",
-        "Wednesday",
-        ".",
-    ],
-    ["Shares", "rose"],
-    ["Activation", "of", "the", "CD28", "surface", "receptor", "provides", "a", "costimulatory", "signal", "."],
-    ["He", "took", "ibuprofen", "."],
-]
 
 
 def example_values(program: Any) -> dict[str, np.ndarray]:

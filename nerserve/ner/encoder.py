@@ -135,7 +135,8 @@ class LengthSafeBiLSTM(nn.Module):
         self.both_directions = both.to(weight.device, weight.dtype).requires_grad_(False)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        if self.both_directions is not None:
+        # traced (ner.traced_heads), the two directions as trained: packing branches on the batch's size
+        if self.both_directions is not None and not torch.jit.is_tracing():
             return self.run_packed(self.both_directions, x, lengths)
         if torch.is_autocast_enabled(x.device.type):
             # bf16 training: the recurrence stays fp32 (oneDNN has no bf16 LSTM primitive for every
@@ -218,6 +219,8 @@ class WordEncoder(nn.Module):
         self.position_offset = position_offset(backbone)
         # the backbone's states replayed from CUDA graphs (eager inference on CUDA: replay_from_cuda_graphs)
         self.static_backbone: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # after_backbone traced to TorchScript (served with traced heads: ner.traced_heads)
+        self.traced_after_backbone: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def forward(
         self,
@@ -279,7 +282,23 @@ class WordEncoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """word_states [B, N, 2·lstm_hidden] and the sub-word states [B, T, H] they came from, one
         row per sentence."""
-        hidden = unpack_rows(self.backbone_states(input_ids, segment_ids, position_ids), token_index)
+        packed = self.backbone_states(input_ids, segment_ids, position_ids)
+        after_backbone = self.traced_after_backbone or self.after_backbone
+        return after_backbone(packed, token_index, subword_index, subword_mask, char_stream, char_index, shape_ids, word_mask)
+
+    def after_backbone(
+        self,
+        packed: torch.Tensor,
+        token_index: torch.Tensor,
+        subword_index: torch.Tensor,
+        subword_mask: torch.Tensor,
+        char_stream: torch.Tensor,
+        char_index: torch.Tensor,
+        shape_ids: torch.Tensor,
+        word_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`encode` from the backbone's packed rows [R, S, H] on."""
+        hidden = unpack_rows(packed, token_index)
         words = pool_subwords(hidden, subword_index, subword_mask, self.config.pooling)
         return self.word_states(words, char_stream, char_index, shape_ids, word_mask), hidden
 

@@ -47,7 +47,10 @@ def eager_program(
     network's weights are in it already (`load_model`); its graphs cast their feeds to match."""
     signatures = spec.signatures(network.config)
     graphs = {
-        name: EagerGraph(module, signatures[name].inputs, signatures[name].outputs, device=device, precision=precision)
+        # a graph wrapping parts of the network is a module made now, in train mode: it takes the
+        # network's, so that a served graph is run as it is rather than put in eval mode and back at
+        # every call (`EagerGraph._run_in_eval_mode`), which left its parts in train mode between calls
+        name: EagerGraph(module.train(network.training), signatures[name].inputs, signatures[name].outputs, device, precision)
         for name, module in network.graphs().items()
     }
     return spec.build_program(graphs, network.config, SubwordEncoder(load_tokenizer(backbone.path)))
@@ -88,16 +91,20 @@ def load_model(
     precision: str = "fp32",
     merged: bool = False,
     cuda_graphs: bool = False,
+    traced_heads: bool = False,
 ) -> LoadedModel:
     """The trained model in FOLDER (a model store's entry) as eager torch; `precision` fp16 or bf16:
     its weights converted to that type once, here. `merged`: loaded for inference, LoRA folded into
     the backbone's weights (a third fewer kernels a layer, which on a GPU is most of a small
     batch's time) and its parts in their fused forms (fuse_for_eager). Neither can be trained on
     or exported. `cuda_graphs` (merged, on CUDA): the backbone's pass replayed from CUDA graphs,
-    captured here (ner.cuda_graphs)."""
+    captured here (ner.cuda_graphs). `traced_heads` (merged): its graphs, all but the backbone, traced
+    to TorchScript here and checked against the eager ones (ner.traced_heads)."""
     chosen = device_name(device)
     if cuda_graphs and not (merged and chosen.startswith("cuda")):
         raise ValueError(f"CUDA graphs are for a model loaded merged on CUDA (asked for {chosen}, merged={merged})")
+    if traced_heads and not merged:
+        raise ValueError("traced heads are for a model loaded merged, for inference")
     manifest = read_manifest(folder)
     try:
         spec = architecture(manifest.architecture)
@@ -117,4 +124,9 @@ def load_model(
     network.to(chosen, half_dtype(precision)).eval()
     if cuda_graphs:
         each_part_that_can(network, "replay_from_cuda_graphs")
-    return LoadedModel(folder, manifest, spec, backbone, network, eager_program(spec, network, backbone, chosen, precision))
+    program = eager_program(spec, network, backbone, chosen, precision)
+    if traced_heads:
+        from nerserve.ner.traced_heads import trace_heads
+
+        trace_heads(program)
+    return LoadedModel(folder, manifest, spec, backbone, network, program)

@@ -12,6 +12,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from nerserve.ner.graph_format import Runtime
 from nerserve.ner.model_store import Locations
+from nerserve.service.interpreter import DEFAULT_SWITCH_MS
 
 # On CPU a batch holds at most this many sub-words of one request (its first item excepted): fewer
 # than a window of a long text, so a window runs only in a batch it heads. A batch runs hardly
@@ -101,6 +102,22 @@ class Settings(Locations):
         False,
         description="run each model's graphs in a process of its own, so that a runtime that launches its "
         "work from Python (eager torch on CUDA) does not wait for the interpreter lock the HTTP front holds",
+    )
+    traced_heads: bool = Field(
+        False,
+        description="the eager runtime's graphs, all but the backbone, traced to TorchScript at load and checked "
+        "against the eager ones there: a pass then takes the interpreter lock a few times rather than at each of "
+        "its ~170 operators, each of which may wait a switch interval for it beside a busy thread "
+        "(docs/decisions/gpu-engine.md; not yet timed on a GPU)",
+    )
+    interpreter_switch_ms: float = Field(
+        DEFAULT_SWITCH_MS,
+        gt=0,
+        le=100,
+        description="how soon a thread waiting for the interpreter lock asks for it, in every process of the server "
+        "(Python's switch interval, 5 ms by default): a graph lane of eager torch releases the lock at every "
+        "operator and, beside a thread running Python, waits up to this long to get it back each time "
+        "(docs/decisions/gpu-engine.md)",
     )
     http_workers: int | None = Field(
         None,
@@ -265,6 +282,12 @@ class Settings(Locations):
                 f"{' and '.join(asked)} {'run' if len(asked) > 1 else 'runs'} on CUDA with the eager runtime only "
                 f"(asked for runtime {self.runtime.value} on device {self.device})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def traced_heads_on_eager(self) -> Settings:
+        if self.traced_heads and self.runtime != Runtime.eager:
+            raise ValueError(f"traced_heads traces the eager runtime's graphs (asked for runtime {self.runtime.value})")
         return self
 
     @property

@@ -20,11 +20,14 @@ import sys
 # net tracked allocations between young passes: above the objects of a few thousand requests in flight
 YOUNG_THRESHOLD = 10_000
 
-# How soon a thread waiting for the interpreter lock asks for it. The event loop shares the lock
-# with the prepare, graph and decode threads: at Python's default 5 ms a refusal or a finished
-# response waited that long per hand-off under load, and a graph thread whose pass had ended
-# waited as long to start the next (on a device, as long as a pass). 0.5 ms measured no better.
-SWITCH_SECONDS = 0.001
+# How soon a thread waiting for the interpreter lock asks for it (serve's --interpreter-switch-ms).
+# The event loop shares the lock with the prepare, graph and decode threads: at Python's default
+# 5 ms a refusal or a finished response waited that long per hand-off under load, and a graph
+# thread whose pass had ended waited as long to start the next (on a device, as long as a pass).
+# 0.5 ms measured no better on the simulated device, whose stand-in passes release the lock once;
+# an eager pass releases it at every operator (docs/decisions/gpu-engine.md, "A pass that releases
+# the interpreter lock at every operator").
+DEFAULT_SWITCH_MS = 1.0
 
 
 def settle_collector() -> None:
@@ -36,7 +39,7 @@ def settle_collector() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
 
 
-def hand_over_quickly() -> None:
+def hand_over_quickly(switch_ms: float = DEFAULT_SWITCH_MS) -> None:
     """Every process of the server, and the benchmarks that stand for one: a thread waiting for the
-    interpreter lock asks for it after SWITCH_SECONDS."""
-    sys.setswitchinterval(SWITCH_SECONDS)
+    interpreter lock asks for it after SWITCH_MS."""
+    sys.setswitchinterval(switch_ms / 1000)

@@ -126,6 +126,7 @@ class GraphSource:
     precision: str = "fp32"
     simulated_device_costs: Path | None = None
     cuda_graphs: bool = False
+    traced_heads: bool = False
 
     def load(self, device: str | None = None) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
         on = device or self.device
@@ -139,6 +140,7 @@ class GraphSource:
                 precision=self.precision if on_own_device else "fp32",
                 merged=True,
                 cuda_graphs=self.cuda_graphs and on_own_device,
+                traced_heads=self.traced_heads and on_own_device,
             )
             return loaded.manifest, loaded.program
         loaded_set = load_graph_set(self.folder, on, self.threads, self.simulated_device_costs)
@@ -172,6 +174,7 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
         settings.precision,
         settings.simulated_device_costs,
         settings.replays_cuda_graphs,
+        settings.traced_heads,
     )
 
 

@@ -63,7 +63,7 @@ class DrainingServer(uvicorn.Server):
 
 def run(settings: Settings, exporter: Exporter | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    hand_over_quickly()
+    hand_over_quickly(settings.interpreter_switch_ms)
     try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
         device = resolve_device(settings.device, settings.runtime.value)
     except DeviceUnavailable as error:
@@ -142,7 +142,7 @@ def worker_socket(host: str, port: int) -> socket.socket:
 def http_worker(settings: Settings, engine: EngineAddress, index: int) -> None:
     """An HTTP worker process's life: the app in front of the engine at `engine`."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
-    hand_over_quickly()
+    hand_over_quickly(settings.interpreter_switch_ms)
     _serve(create_app(settings, engine=engine), settings, [worker_socket(settings.host, settings.port)])
 
 

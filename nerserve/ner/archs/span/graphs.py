@@ -26,6 +26,7 @@ Exported graphs keep the trained form (docs/decisions/gpu-engine.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -190,6 +191,10 @@ class SpanProposalGraph(nn.Module):
     those candidates come out: (sentence, seed) of each, its adjusted span, its class
     probabilities, sentence by sentence in seed order. Without thresholds (tests) every seed is a
     candidate. Training calls the scorers itself (`span/loss.py`)."""
+
+    # the whole graph traces exactly (ner.traced_heads): no Python branch on a batch's sizes or values
+    # (traced, `levels_for` keeps every level)
+    traced_whole: ClassVar[bool] = True
 
     def __init__(
         self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int, max_width: int

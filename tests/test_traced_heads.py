@@ -1,0 +1,93 @@
+"""The eager runtime's traced heads (ner.traced_heads): each word encoder's part after the backbone,
+and span's proposal whole, traced to TorchScript at load, answering as the eager graphs do; a trace
+that answers otherwise is a load error. On the CPU here; their point is a GPU's interpreter lock."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from nerserve.ner.data import read_split
+from nerserve.ner.graph import GraphError
+from nerserve.ner.loading import load_model
+from nerserve.ner.model_store import Locations
+from nerserve.ner.traced_heads import AfterBackbone
+
+LOCATIONS = Locations()
+
+
+def test_sentences(data_root: Path, count: int) -> list[list[str]]:
+    sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test")]
+    random.Random(3).shuffle(sentences)
+    return sentences[:count]
+
+
+test_sentences.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+@pytest.mark.parametrize(
+    ("model", "whole"),
+    [("span-conll03", {"span_proposal"}), ("setgen-conll03", set())],
+)
+def test_traced_heads_find_what_the_eager_graphs_find(model: str, whole: set[str], data_root: Path) -> None:
+    plain = load_model(LOCATIONS.model_dir(model), "cpu", merged=True).program
+    traced = load_model(LOCATIONS.model_dir(model), "cpu", merged=True, traced_heads=True).program
+    assert "its word encoder after the backbone traced to TorchScript" in traced.graphs["encoder"].execution_provider
+    assert {name for name, graph in traced.graphs.items() if isinstance(graph.module, torch.jit.ScriptModule)} == whole
+    sentences = test_sentences(data_root, 96)
+    for size in (1, 7, 32):  # other batch, word and sub-word counts than the trace's example
+        for start in range(0, len(sentences), size):
+            batch = sentences[start : start + size]
+            assert traced.predict(batch) == plain.predict(batch)
+
+
+def test_a_trace_that_answers_otherwise_is_a_load_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def shifted(self: AfterBackbone, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        states, hidden = self.encoder.after_backbone(*inputs)
+        return states.flip(1), hidden  # each word given another's state
+
+    monkeypatch.setattr(AfterBackbone, "forward", shifted)
+    with pytest.raises(GraphError, match=r"changed the entities of \d+ of 5 check sentences; serve without --traced-heads"):
+        load_model(LOCATIONS.model_dir("span-conll03"), "cpu", merged=True, traced_heads=True)
+
+
+@pytest.mark.parametrize("model", ["setgen-conll03", "gner-open"])
+def test_every_graph_of_a_model_loaded_for_inference_is_in_eval_mode(model: str) -> None:
+    """A graph that wraps parts of the network is made in train mode: served, it would be put in
+    eval mode and back at every call (every decoding step), its parts left in train mode between."""
+    loaded = load_model(LOCATIONS.model_dir(model), "cpu", merged=True)
+    assert not any(part.training for graph in loaded.program.graphs.values() for part in graph.module.modules())
+
+
+def test_traced_heads_are_the_eager_runtimes() -> None:
+    from pydantic import ValidationError
+
+    from nerserve.service.config import Settings
+
+    assert Settings(runtime="eager", traced_heads=True).traced_heads
+    with pytest.raises(ValidationError, match="traced_heads traces the eager runtime's graphs"):
+        Settings(runtime="onnx", traced_heads=True)
+
+
+def test_a_server_with_traced_heads_says_so_and_answers_as_without() -> None:
+    import httpx
+
+    from tests.serving import Server, assert_same_results
+
+    texts = ["EU rejects German call to boycott British lamb.", "Peter Blackburn lives in Paris.", "Shares rose."]
+    answers, providers = [], []
+    for traced in (True, False):
+        server = Server(models="span-conll03", runtime="eager", threads=1, traced_heads=traced)
+        try:
+            server.wait_ready()
+            answer = httpx.post(f"{server.url}/extract", json={"texts": texts}, timeout=60)
+            assert answer.status_code == 200
+            answers.append(answer.json()["results"])
+            providers.append(httpx.get(f"{server.url}/info").json()["execution_providers"]["span-conll03"])
+        finally:
+            server.stop()
+    assert "traced to TorchScript" in providers[0]["span_proposal"] and "traced" not in providers[1]["span_proposal"]
+    assert_same_results(answers[0], answers[1])
