@@ -37,6 +37,9 @@ def test_traced_heads_find_what_the_eager_graphs_find(model: str, whole: set[str
     traced = load_model(LOCATIONS.model_dir(model), "cpu", merged=True, traced_heads=True).program
     assert "its word encoder after the backbone traced to TorchScript" in traced.graphs["encoder"].execution_provider
     assert {name for name, graph in traced.graphs.items() if isinstance(graph.module, torch.jit.ScriptModule)} == whole
+    # the traced part is called, not held as a submodule: the encoder's weights are listed once
+    encoder = traced.graphs["encoder"].module
+    assert not any(isinstance(part, torch.jit.ScriptModule) for part in encoder.modules())
     sentences = test_sentences(data_root, 96)
     for size in (1, 7, 32):  # other batch, word and sub-word counts than the trace's example
         for start in range(0, len(sentences), size):

@@ -3,15 +3,14 @@
 
 Eager torch releases the interpreter lock at every operator it dispatches and must then take it
 back: beside a thread running Python (the event loop, the next batch's prepare) each operator of a
-pass may wait a whole switch interval for it. A lone CoNLL-2003 sentence's eager pass on this
-project's CPU took 16 ms alone and 250 ms beside such a thread (251 operators at 1 ms each;
-benchmarks/pass_anatomy.py, docs/decisions/gpu-engine.md). A traced graph runs its operators from
-C++, taking the lock once a call. So each word encoder's part after the backbone (pooling, the
-characters, the BiLSTM as trained: its two directions, since packing branches on a batch's size)
-is traced, and each graph that traces whole (`traced_whole`: span's proposal); the backbone stays
-as it is (on CUDA, replayed from CUDA graphs). Traced once, on EXAMPLE_SENTENCES, with TorchScript's
-optimising executor off for the process: it would specialise and fuse a graph again for each new
-batch shape, as the served TorchScript runtime did on an H200 (a p99.9 of 1.2 s).
+pass may wait a whole switch interval for it (`benchmarks/pass_anatomy.py` measures it;
+docs/decisions/gpu-engine.md). A traced graph runs its operators from C++, taking the lock once a
+call. So each word encoder's part after the backbone (pooling, the characters, the BiLSTM as
+trained: its two directions, since packing branches on a batch's size) is traced, and each graph
+that traces whole (`traced_whole`: span's proposal); the backbone stays as it is (on CUDA, replayed
+from CUDA graphs). Traced once, on EXAMPLE_SENTENCES, with TorchScript's optimising executor off for
+the process: it would specialise and fuse a graph again for each new batch shape, which a served
+batch nearly always is (the served TorchScript runtime's long tail on a GPU, docs/gpu.md).
 
 The traced program must find what the eager one does: the entities of CHECK_SENTENCES (other sizes
 on every axis), and of its first sentence alone, are compared at load; a difference is an error,
@@ -44,19 +43,12 @@ class AfterBackbone(nn.Module):
         return self.encoder.after_backbone(*inputs)
 
 
-class Traced:
-    """A traced module called as a function: held by a module without becoming its submodule (whose
-    weights it shares)."""
-
-    def __init__(self, module: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> None:
-        # the tracer warns of every size check it keeps as a constant (the LSTM's own); whether the
-        # trace holds at other sizes is what trace_heads checks
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            self.traced = torch.jit.trace(module, tuple(inputs), check_trace=False)
-
-    def __call__(self, *inputs: torch.Tensor) -> Any:
-        return self.traced(*inputs)
+def traced(module: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.jit.ScriptModule:
+    # the tracer warns of every size check it keeps as a constant (the LSTM's own); whether the
+    # trace holds at other sizes is what trace_heads checks
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return torch.jit.trace(module, tuple(inputs), check_trace=False)
 
 
 def trace_heads(program: Any) -> None:
@@ -72,20 +64,25 @@ def trace_heads(program: Any) -> None:
     encoder_inputs, graph_inputs = _example_inputs(program, encoders, whole)
     for encoder in encoders:
         if id(encoder) in encoder_inputs:  # a network may read its encoder's parts itself (gliner): left eager
-            encoder.traced_after_backbone = Traced(AfterBackbone(encoder), encoder_inputs[id(encoder)])
-    for name, graph in whole.items():
-        graph.module = Traced(graph.module, graph_inputs[name]).traced
-        graph.execution_provider += ", traced to TorchScript"
-    traced = {name for name, held in holding.items() if any(e.traced_after_backbone for e in held)} - set(whole)
-    for name in traced:
-        graphs[name].execution_provider += ", its word encoder after the backbone traced to TorchScript"
-    answers = [program.predict(sentences) for sentences in checks]
-    differ = sum(a != b for got, want in zip(answers, expected, strict=True) for a, b in zip(got, want, strict=True))
+            # its method, not the module: an attribute that is a module would become the encoder's submodule
+            encoder.traced_after_backbone = traced(AfterBackbone(encoder), encoder_inputs[id(encoder)]).forward
+    for name, graph in graphs.items():
+        if name in whole:
+            graph.module = traced(graph.module, graph_inputs[name])
+            graph.execution_provider += ", traced to TorchScript"
+        elif any(encoder.traced_after_backbone for encoder in holding[name]):
+            graph.execution_provider += ", its word encoder after the backbone traced to TorchScript"
+    differ = _differences(expected, [program.predict(sentences) for sentences in checks])
     if differ:
         raise GraphError(
             f"tracing the graphs changed the entities of {differ} of {sum(map(len, checks))} check sentences; "
             "serve without --traced-heads"
         )
+
+
+def _differences(expected: list[list[Any]], found: list[list[Any]]) -> int:
+    """How many sentences' entity sets differ, over lists of sentences' answers."""
+    return sum(a != b for got, want in zip(found, expected, strict=True) for a, b in zip(got, want, strict=True))
 
 
 def _encoders(graph: EagerGraph) -> list[WordEncoder]:
