@@ -5,7 +5,8 @@ each program's load time (the captures are made at load) and the GPU memory each
 Padding to a bucket changes no sentence's states beyond float noise, so the entity sets should be
 identical nearly everywhere; the gate used: >= 99.9 % identical, F1 within 0.001.
 
-    python benchmarks/cuda_graphs_check.py --models span-conll03,setgen-conll03 --device cuda
+    python benchmarks/cuda_graphs_check.py --models span-conll03,setgen-conll03 --device cuda [--traced-heads]
+    python benchmarks/cuda_graphs_check.py --models span-conll03 --device cpu --traced-heads  # the traced heads alone
 """
 
 from __future__ import annotations
@@ -32,22 +33,34 @@ MANIFEST_F1_WITHIN = 0.002
 app = typer.Typer(add_completion=False)
 
 
-def loaded(model: str, device: str, precision: str, cuda_graphs: bool) -> tuple[Any, float, float]:
+def loaded(model: str, device: str, precision: str, cuda_graphs: bool, traced_heads: bool = False) -> tuple[Any, float, float]:
     """→ the program, its load seconds, and the GPU memory torch holds once it is loaded (MiB)."""
     import torch
 
     started = time.perf_counter()
     folder = LOCATIONS.model_dir(model)
-    program = load_model(folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs).program
+    on_cuda = device.startswith("cuda")
+    program = load_model(
+        folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs and on_cuda, traced_heads=traced_heads
+    ).program
+    if not on_cuda:  # the traced heads alone (--traced-heads on the CPU)
+        return program, time.perf_counter() - started, 0.0
     torch.cuda.synchronize(device)
     return program, time.perf_counter() - started, torch.cuda.memory_reserved(device) / 2**20
 
 
 def compare(
-    model: str, data: Path, device: str, precision: str, batch_size: int, sizes: list[int], timed: int
+    model: str,
+    data: Path,
+    device: str,
+    precision: str,
+    batch_size: int,
+    sizes: list[int],
+    timed: int,
+    traced_heads: bool = False,
 ) -> dict[str, Any]:
     plain, plain_load, plain_mib = loaded(model, device, precision, False)
-    replayed, replayed_load, replayed_mib = loaded(model, device, precision, True)
+    replayed, replayed_load, replayed_mib = loaded(model, device, precision, True, traced_heads)
     sentences = read_split(data, "test")
     by_length = sorted(sentences, key=lambda s: len(s.tokens))
     for program in (plain, replayed):  # warm-up of both at every size timed
@@ -73,6 +86,7 @@ def compare(
         "model": model,
         "device": device,
         "precision": precision,
+        "traced_heads": traced_heads,  # the replayed program's: all but the backbone traced at load
         "sentences": len(sentences),
         "identical_entity_sets": round(identical, 5),
         "f1_plain": round(f1_plain, 5),
@@ -96,12 +110,17 @@ def main(
     batch_size: Annotated[int, typer.Option(min=1, help="batch size of the entity-set comparison")] = 64,
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes timed")] = "1,8,32,128",
     timed: Annotated[int, typer.Option(min=1, help="sentences timed at each size")] = 512,
+    traced_heads: Annotated[
+        bool, typer.Option(help="the replayed program with all but the backbone traced too (serve's --traced-heads)")
+    ] = False,
 ) -> None:
-    if not device.startswith("cuda"):
-        raise typer.BadParameter(f"{device}: CUDA graphs need a CUDA device", param_hint="--device")
+    if not device.startswith("cuda") and not traced_heads:
+        raise typer.BadParameter(
+            f"{device}: CUDA graphs need a CUDA device (elsewhere: --traced-heads alone)", param_hint="--device"
+        )
     for model in models.split(","):
         sized = [int(n) for n in sizes.split(",")]
-        typer.echo(json.dumps(compare(model, data, device, precision, batch_size, sized, timed)))
+        typer.echo(json.dumps(compare(model, data, device, precision, batch_size, sized, timed, traced_heads)))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@
 #   6. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
 #   6b. a pass alone, on fresh shapes, and beside a thread running Python or preparing, at three
-#      switch intervals (pass_anatomy.py), eager and with all but the backbone traced; span served
+#      switch intervals (pass_anatomy.py), eager and with all but the backbone traced; the traced
+#      heads' entity sets against the plain program's on the whole test split (as 4); span served
 #      as 4 with those traced heads (--traced-heads), and with every thread asking for the
 #      interpreter lock after 0.05 ms (--interpreter-switch-ms);
 #   7. span in half precision (weights converted at load): the backbone's replay against its plain
@@ -249,6 +250,10 @@ step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data
   --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step pass-anatomy-traced 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
   --device "$DEVICE" --traced-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+if [ "$DEVICE" != cpu ]; then  # the whole test split's entity sets against the plain program's, as step 4
+  step cuda-graphs-check-traced 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --traced-heads
+fi
 if todo served-span-traced-1 served-span-traced-32 \
   && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
   served span-traced-1 span-conll03 "$LEVELS" 1

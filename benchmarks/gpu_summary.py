@@ -138,7 +138,11 @@ def summary(folder: Path) -> dict[str, Any]:
             )
         },
         "half_precision": _lines(folder, "half-precision"),
-        "cuda_graphs": _lines(folder, "cuda-graphs-check") + _lines(folder, "cuda-graphs-check-half"),
+        "cuda_graphs": [
+            *_lines(folder, "cuda-graphs-check"),
+            *_lines(folder, "cuda-graphs-check-half"),
+            *_lines(folder, "cuda-graphs-check-traced"),
+        ],
         "bars": {
             "offline_over_bare_encoder": _bar(_ratio(span_best, bare_best), 1 / 3),
             "setgen_over_bartner_c64": _bar(_ratio(_rate(setgen), _rate(bartner)), 2),
