@@ -19,7 +19,10 @@ the passes. Each figure is the median ms a pass, with the operators a pass dispa
 release of the interpreter lock, and on a GPU a kernel launched from Python; TorchScript's are
 dispatched from C++, ONNX Runtime's are not counted). On a GPU the eager model loads as serve loads
 it (the backbone replayed from CUDA graphs in fp32 unless --no-cuda-graphs); --traced-heads: all
-but the backbone traced to TorchScript, as serve's --traced-heads.
+but the backbone traced to TorchScript, as serve's --traced-heads; --graph-process: the passes run in
+a child process as serve's --graph-process runs them (batches and outputs over a pipe), while the
+other thread runs here, as the event loop and prepare do in the server's process (operators not
+counted: they are the child's).
 
     python benchmarks/pass_anatomy.py --device cuda --sizes 1,16,64,128
     python benchmarks/pass_anatomy.py --device cpu --sizes 1,16 --batches 4
@@ -27,6 +30,7 @@ but the backbone traced to TorchScript, as serve's --traced-heads.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -44,6 +48,7 @@ from profile_batch import OperatorCount
 
 from nerserve.ner.data import read_split
 from nerserve.ner.loading import load_model
+from nerserve.service.graph_process import GraphProcess
 from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
 app = typer.Typer(add_completion=False)
@@ -85,14 +90,27 @@ def python_only() -> None:
         total += value * value
 
 
+def eager_program(folder: Path, device: str, cuda_graphs: bool, traced_heads: bool) -> Any:
+    """The eager program as serve loads it (module-level: a graph process's child calls it)."""
+    return load_model(folder, device, merged=True, cuda_graphs=cuda_graphs, traced_heads=traced_heads).program
+
+
 def anatomy(
-    program: Any, sentences: list[list[str]], size: int, batches: int, repeats: int, switches: list[float]
+    program: Any,
+    sentences: list[list[str]],
+    size: int,
+    batches: int,
+    repeats: int,
+    switches: list[float],
+    graphs: GraphProcess | None = None,
 ) -> dict[str, Any]:
     chunks = [sentences[i * size : (i + 1) * size] for i in range(batches + 2)]
     prepared = [program.prepare(chunk) for chunk in chunks]
     first, others, spare = prepared[0], prepared[1:-1], chunks[-1]
 
     def run(batch: Any) -> Any:
+        if graphs is not None:
+            return graphs.run((batch, None))
         return program.run(batch)
 
     for _ in range(3):
@@ -103,9 +121,10 @@ def anatomy(
     row["seen_ms"] = median_ms(run, others)
     row["beside"] = [beside_others(run, others, lambda: program.prepare(spare), switch) for switch in switches]
     hand_over_quickly()
-    with OperatorCount() as count:
-        run(first)
-    row["operators_per_pass"] = sum(count.counts.values())
+    if graphs is None:
+        with OperatorCount() as count:
+            run(first)
+        row["operators_per_pass"] = sum(count.counts.values())
     return row
 
 
@@ -139,13 +158,20 @@ def main(
     switch_ms: Annotated[
         str, typer.Option(help="switch intervals to run the contended passes at, comma-separated (ms); the first: the server's")
     ] = f"{DEFAULT_SWITCH_MS:g},0.2,0.05",
+    graph_process: Annotated[bool, typer.Option(help="eager: the passes in a child process, as serve's")] = False,
 ) -> None:
     hand_over_quickly()
     switches = [float(value) for value in switch_ms.split(",")]
     replay = cuda_graphs and device.startswith("cuda") and runtime == "eager"
+    graphs = None
     if runtime == "eager":
         folder = LOCATIONS.model_dir(model)
-        program = load_model(folder, device, merged=True, cuda_graphs=replay, traced_heads=traced_heads).program
+        if graph_process:  # the passes in the child; this process prepares on the CPU, as the server's does
+            load = functools.partial(eager_program, folder, device, replay, traced_heads)
+            graphs = GraphProcess(model, load, switch_seconds=DEFAULT_SWITCH_MS / 1000)
+            program = eager_program(folder, "cpu", False, False)
+        else:
+            program = eager_program(folder, device, replay, traced_heads)
     else:
         program = load_program(model, runtime, device, threads=1)
     sentences = [list(s.tokens) for s in read_split(data, "test")]
@@ -158,11 +184,14 @@ def main(
                 "runtime": runtime,
                 "cuda_graphs": replay,
                 "traced_heads": traced_heads,
+                "graph_process": graph_process,
                 "python_alone_calls_per_second": python_alone(),
-                "sizes": [anatomy(program, sentences, int(n), batches, repeats, switches) for n in sizes.split(",")],
+                "sizes": [anatomy(program, sentences, int(n), batches, repeats, switches, graphs) for n in sizes.split(",")],
             }
         )
     )
+    if graphs is not None:
+        graphs.close()
 
 
 def python_alone() -> float:

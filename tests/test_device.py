@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,13 +95,13 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
     assert [Settings(runtime="eager").lanes, Settings(graph_process=True).lanes] == [1, 1]
     # a device behind HTTP workers launches its next pass while one runs
     assert [Settings(device="cuda").lanes, Settings(device="simulated").lanes] == [2, 2]
-    assert Settings(device="cuda", graph_process=True).lanes == 1
+    # a graph process runs as many lanes, each over a pipe of its own
+    assert Settings(device="cuda", graph_process=True).lanes == 2
     monkeypatch.setattr(config, "usable_cores", lambda: 1)
     assert Settings(device="cpu").lanes == 1
     assert Settings(device="cuda").lanes == 1  # one core: the front shares the engine's loop
     assert Settings(device="cuda", http_workers=2).lanes == 2
-    with pytest.raises(ValueError, match="graph_lanes"):
-        Settings(graph_lanes=2, graph_process=True)
+    assert Settings(graph_lanes=2, graph_process=True).lanes == 2
 
 
 def test_http_workers_default_to_one_on_the_cpu_and_to_the_cores_but_two_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,12 +255,18 @@ def test_every_output_axis_of_a_committed_model_follows_from_its_inputs(model: s
         assert not unknown, f"{model} graph {name}: output axes {unknown} follow from no input"
 
 
-def test_a_server_on_the_simulated_device_answers_and_reports_its_device() -> None:
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"graph_process": "true", "http_workers": 2}],
+    ids=["one-process", "graph-process-two-lanes"],
+)
+def test_a_server_on_the_simulated_device_answers_and_reports_its_device(layout: dict[str, Any]) -> None:
+    """In a graph process the stand-ins wait there, and the child reports the device's busy time."""
     import httpx
 
     from tests.serving import Server
 
-    server = Server(models="span-conll03", device="simulated", threads=1)
+    server = Server(models="span-conll03", device="simulated", threads=1, **layout)
     try:
         server.wait_ready()
         texts = ["EU rejects German call to boycott British lamb.", "Peter Blackburn lives in Paris."]
@@ -269,8 +276,10 @@ def test_a_server_on_the_simulated_device_answers_and_reports_its_device() -> No
         assert info["device"] == "simulated" and info["batching"]["max_batch_size"] == 256
         assert info["simulated_device"]["passes"] >= 2 and info["simulated_device"]["busy_seconds"] > 0  # warm-up + this
         assert "simulated" in info["simulated_device"]["card"]
+        assert info["execution_providers"]["span-conll03"] == {"encoder": "simulated", "span_proposal": "simulated"}
     finally:
         server.stop()
+    assert server.process.returncode == 0
 
 
 def test_half_precision_is_for_the_eager_runtime_on_cuda() -> None:

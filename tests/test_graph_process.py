@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -36,6 +38,47 @@ class Doubling:
 
 def doubling() -> Doubling:
     return Doubling()
+
+
+class Slow:
+    """A program whose pass takes SLOW_PASS_SECONDS and answers the name of the child's thread that ran it."""
+
+    graphs: dict[str, object] = {}  # noqa: RUF012 - no graphs to report
+
+    def run(self, batch: np.ndarray, options: list[Any]) -> dict[str, Any]:
+        time.sleep(SLOW_PASS_SECONDS)
+        return {"lane": np.array([threading.current_thread().name])}
+
+
+SLOW_PASS_SECONDS = 0.5
+
+
+def slow() -> Slow:
+    return Slow()
+
+
+def mark_lane() -> None:
+    """A lane's set-up, in the child's lane thread (on CUDA: a stream of its own)."""
+    threading.current_thread().name += " set up"
+
+
+def test_a_graph_process_runs_a_batch_a_lane_at_once() -> None:
+    """Two lanes' batches run together in the child, each in its lane's thread, set up as it started;
+    with one lane they run one after the other."""
+    for lanes, least, most in [(2, 2.0, 3.0), (1, 4.0, 5.5)]:  # four batches: two rounds, or four
+        graphs = GraphProcess("slow", slow, lanes=lanes, lane_setup=mark_lane)
+        try:
+            assert graphs.lanes == lanes
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                started = time.monotonic()
+                answers = list(pool.map(graphs.run, [(np.zeros(1), [None])] * 4))
+                took = time.monotonic() - started
+            assert least * SLOW_PASS_SECONDS <= took < most * SLOW_PASS_SECONDS, (lanes, took)
+            names = {str(answer["lane"][0]) for answer in answers}
+            assert names == {f"lane-{i} set up" for i in range(lanes)}
+            assert graphs.device_report() is None  # no simulated device in this child
+        finally:
+            graphs.close()
 
 
 def cannot_load() -> Doubling:

@@ -258,20 +258,6 @@ class Settings(Locations):
         return self
 
     @model_validator(mode="after")
-    def graph_process_on_a_real_device(self) -> Settings:
-        if self.graph_process and self.device == "simulated":
-            raise ValueError("graph_process and the simulated device: its busy time would be counted in the other process")
-        return self
-
-    @model_validator(mode="after")
-    def one_lane_for_one_pipe(self) -> Settings:
-        if (self.graph_lanes or 1) > 1 and self.graph_process:
-            raise ValueError(
-                "graph_lanes above 1 with graph_process: the graph process takes one batch at a time over its pipe"
-            )
-        return self
-
-    @model_validator(mode="after")
     def eager_cuda_options_on_eager_cuda(self) -> Settings:
         """Half precision and CUDA graphs are the eager runtime's on CUDA (a capture needs a GPU;
         the exported graphs keep the trained precision)."""
@@ -306,7 +292,7 @@ class Settings(Locations):
         limit, and a second lane's launches only cut the batches smaller (docs/decisions/graph-lanes.md)."""
         if self.graph_lanes is not None:
             return self.graph_lanes
-        if self.batches_as_gpu and not self.graph_process:
+        if self.batches_as_gpu:
             return DEVICE_GRAPH_LANES if self.front_workers > 1 else 1
         cpu_graphs = self.device == "cpu" and self.runtime == Runtime.onnx and not self.graph_process
         return CPU_GRAPH_LANES if cpu_graphs and usable_cores() >= CPU_GRAPH_LANES else 1

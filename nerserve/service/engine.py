@@ -167,4 +167,16 @@ class LocalEngine:
 
     async def device_report(self) -> dict[str, Any] | None:
         settings = self.state.settings
-        return simulated_device(settings.simulated_device_costs).report() if settings.device == SIMULATED else None
+        if settings.device != SIMULATED:
+            return None
+        children = [model.graphs for model in self.state.models.values() if model.graphs is not None]
+        if not children:
+            return simulated_device(settings.simulated_device_costs).report()
+        # each graph process waits on a simulated device of its own: a card a model, counted together
+        reports = [report for child in children if (report := await asyncio.to_thread(child.device_report))]
+        if not reports:
+            return None
+        merged = dict(reports[0])
+        merged["busy_seconds"] = round(sum(report["busy_seconds"] for report in reports), 6)
+        merged["passes"] = sum(report["passes"] for report in reports)
+        return merged

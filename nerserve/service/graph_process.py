@@ -1,18 +1,25 @@
-"""A model's graphs in a process of their own (`--graph-process`): the scheduler's graph thread hands
-each prepared batch to it over a pipe and waits, without the interpreter lock, for what decoding reads.
+"""A model's graphs in a process of their own (`--graph-process`): each of the scheduler's graph
+lanes hands its prepared batches to the child over a pipe of its own and waits, without the
+interpreter lock, for what decoding reads.
 
-Why: the eager runtime launches a few hundred GPU kernels a batch from Python. In the server's own
-process every launch waits for the interpreter lock, which the event loop holds while it answers
-hundreds of requests a second, so a batch takes several times its offline time (docs/gpu.md). In a
-process of its own the launches have a lock to themselves. Batches and outputs cross the pipe
-pickled: arrays of ids in, the arrays decoding reads out (values a runtime kept on its device never
-leave the child). Tokenising, admission, decoding and the HTTP front stay in the server's process.
+Why: the eager runtime launches a few hundred GPU kernels a batch from Python, and torch's bindings
+release the interpreter lock around each one. In the server's process, every time a launch wants
+the lock back it may wait a switch interval for the event loop (answering hundreds of requests a
+second), the next batch's prepare or the last one's decode, so a pass takes several times its
+offline time (docs/decisions/gpu-engine.md). In the child the passes have the interpreter to
+themselves: its only threads are one per lane, each launching its own passes (on a stream of its
+own on CUDA), so that, as in the server's process, the next pass is queued on the device while one
+runs. Batches and outputs cross the pipes pickled: arrays of ids in, the arrays decoding reads out
+(values a runtime kept on its device never leave the child). Tokenising, admission, decoding and
+the HTTP front stay in the server's process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import queue
+import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -21,83 +28,166 @@ from typing import Any
 import numpy as np
 
 from nerserve.ner.graph import GraphError, execution_providers
+from nerserve.ner.runtime.simulated import made_simulated_device
 
 # spawn, not fork: a forked child would inherit the parent's threads' locks and CUDA state
 _CONTEXT = multiprocessing.get_context("spawn")
 START_TIMEOUT_SECONDS = 600.0
+# how long the control pipe waits for the child's answer (it answers at once unless it hangs)
+CONTROL_TIMEOUT_SECONDS = 10.0
 
 
-def _serve(connection: Connection, load: Callable[[], Any]) -> None:
-    """The child: load the program, say so, then run every batch that arrives until told to stop."""
-    try:
-        program = load()
-    except Exception as error:
-        connection.send(("error", f"{type(error).__name__}: {error}"))
-        return
-    connection.send(("ready", execution_providers(program.graphs)))
+def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], None] | None) -> None:
+    """One lane in the child: every batch its pipe brings, until told to stop or the server is gone."""
+    if lane_setup is not None:
+        lane_setup()
     while True:
         try:
             message = connection.recv()
-        except EOFError:  # the server is gone
+        except EOFError:
             return
         if message is None:
             return
-        batch, options = message
         try:
+            batch, options = message
             outputs = program.run(batch, options)
             connection.send(("ok", {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}))
         except Exception as error:
             connection.send(("error", f"{type(error).__name__}: {error}"))
 
 
-class GraphProcess:
-    """One child process running one model's graphs; `run` is the scheduler's graph step. One
-    batch at a time (the scheduler's graph thread is one thread; the lock keeps it so)."""
+def _serve_control(connection: Connection) -> None:
+    """The child's control pipe: its simulated device's report (the stand-ins count their busy time
+    here, where they wait), whatever the lanes are doing."""
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        device = made_simulated_device()
+        connection.send(device.report() if device is not None else None)
 
-    def __init__(self, name: str, load: Callable[[], Any]) -> None:
+
+def _serve(
+    control: Connection,
+    connections: list[Connection],
+    load: Callable[[], Any],
+    lane_setup: Callable[[], None] | None,
+    switch_seconds: float | None,
+) -> None:
+    """The child: load the program, say so on the control pipe, then a thread a lane and one for control."""
+    if switch_seconds is not None:
+        sys.setswitchinterval(switch_seconds)
+    try:
+        program = load()
+    except Exception as error:
+        control.send(("error", f"{type(error).__name__}: {error}"))
+        return
+    control.send(("ready", execution_providers(program.graphs)))
+    threads = [
+        threading.Thread(target=_serve_lane, args=(connection, program, lane_setup), name=f"lane-{i}", daemon=True)
+        for i, connection in enumerate(connections)
+    ]
+    threads.append(threading.Thread(target=_serve_control, args=(control,), name="control", daemon=True))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+class GraphProcess:
+    """One child process running one model's graphs; `run` is the scheduler's graph step. `lanes`
+    batches at a time, each over a pipe of its own: a caller takes a free pipe for its batch (the
+    scheduler's lanes are as many, so none waits for one), and `lane_setup` runs in each of the
+    child's lane threads as it starts (a CUDA stream of its own). `switch_seconds`: the child's
+    interpreter switch interval, as the server's."""
+
+    def __init__(
+        self,
+        name: str,
+        load: Callable[[], Any],
+        lanes: int = 1,
+        lane_setup: Callable[[], None] | None = None,
+        switch_seconds: float | None = None,
+    ) -> None:
         self.name = name
-        self._connection, child = _CONTEXT.Pipe()
-        self._process = _CONTEXT.Process(target=_serve, args=(child, load), name=f"graphs-{name}", daemon=True)
+        self._control, control = _CONTEXT.Pipe()
+        pipes = [_CONTEXT.Pipe() for _ in range(max(1, lanes))]
+        ends = [child for _, child in pipes]
+        self._process = _CONTEXT.Process(
+            target=_serve, args=(control, ends, load, lane_setup, switch_seconds), name=f"graphs-{name}", daemon=True
+        )
         self._process.start()
-        child.close()
-        self._lock = threading.Lock()
-        if not self._connection.poll(START_TIMEOUT_SECONDS):
+        for child in (control, *ends):
+            child.close()
+        self._connections = [parent for parent, _ in pipes]
+        self._free: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        self._control_lock = threading.Lock()
+        if not self._control.poll(START_TIMEOUT_SECONDS):
             self.close()
             raise GraphError(f"{name}: the graph process did not load its model within {START_TIMEOUT_SECONDS:g} s")
-        status, detail = self._receive()
+        status, detail = self._receive(self._control)
         if status != "ready":
             self.close()
             raise GraphError(f"{name}: the graph process could not load the model ({detail})")
         self.execution_providers: dict[str, str] = detail  # what each graph runs on, there
+        for connection in self._connections:
+            self._free.put(connection)
 
-    def _receive(self) -> tuple[str, Any]:
+    @property
+    def lanes(self) -> int:
+        return len(self._connections)
+
+    def _receive(self, connection: Connection) -> tuple[str, Any]:
         try:
-            status, detail = self._connection.recv()
+            status, detail = connection.recv()
         except EOFError:
             raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
         return status, detail
 
-    def run(self, prepared: tuple[Any, list[Any]]) -> dict[str, np.ndarray]:
-        with self._lock:
-            try:
-                self._connection.send(prepared)
-            except (BrokenPipeError, OSError):
-                raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
-            status, detail = self._receive()
+    def _send(self, connection: Connection, message: Any) -> None:
+        try:
+            connection.send(message)
+        except (BrokenPipeError, OSError):
+            raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
+
+    def run(self, prepared: tuple[Any, Any]) -> dict[str, np.ndarray]:
+        connection = self._free.get()
+        try:
+            self._send(connection, prepared)
+            status, detail = self._receive(connection)
+        finally:
+            self._free.put(connection)
         if status != "ok":
             raise GraphError(f"{self.name}: {detail}")
         outputs: dict[str, np.ndarray] = detail
         return outputs
+
+    def device_report(self) -> dict[str, Any] | None:
+        """The child's simulated device's report (card, busy seconds, passes), or None where it has none."""
+        with self._control_lock:
+            self._send(self._control, "report")
+            if not self._control.poll(CONTROL_TIMEOUT_SECONDS):
+                raise GraphError(f"{self.name}: the graph process did not answer within {CONTROL_TIMEOUT_SECONDS:g} s")
+            try:
+                report: dict[str, Any] | None = self._control.recv()
+            except EOFError:
+                raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
+        return report
 
     def close(self, wait: float = 10.0) -> None:
         """Ask the child to stop and give it WAIT seconds to, then make sure it has (WAIT 0: killed
         at once, unasked: a child that hangs reads nothing, and writing to a pipe it no longer
         drains could block)."""
         if wait > 0:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self._connection.send(None)
+            for connection in (self._control, *self._connections):
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    connection.send(None)
             self._process.join(timeout=wait)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
-        self._connection.close()
+        for connection in (self._control, *self._connections):
+            connection.close()

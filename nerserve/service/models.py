@@ -192,7 +192,11 @@ def load_served_model(
     folder = settings.model_dir(name)
     spec = architecture(read_manifest(folder).architecture)
     source = _graph_source(name, settings, background, exports)
-    graphs = GraphProcess(name, source.program) if settings.graph_process else None
+    graphs = (
+        GraphProcess(name, source.program, settings.lanes, _lane_stream(settings), settings.interpreter_switch_ms / 1000)
+        if settings.graph_process
+        else None
+    )
     # with a graph process, this process's own program only prepares and decodes: it loads on the CPU
     manifest, program = source.load("cpu" if graphs else None)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
@@ -223,7 +227,7 @@ def load_served_model(
         fair_quantum=settings.fair_quantum,
         answer_per_turn=settings.front_workers == 1,
         lanes=settings.lanes,
-        lane_setup=_lane_stream(settings),
+        lane_setup=None if graphs else _lane_stream(settings),  # a graph process's lanes take their streams there
         lanes_drive_a_device=settings.batches_as_gpu,
         on_broken=on_broken,
         pass_timeout=settings.pass_timeout,

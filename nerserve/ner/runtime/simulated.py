@@ -139,6 +139,11 @@ def simulated_device(costs: Path | None = None) -> SimulatedDevice:
         return _device
 
 
+def made_simulated_device() -> SimulatedDevice | None:
+    """The process's simulated device, if its graphs have made one."""
+    return _device
+
+
 @dataclass(frozen=True)
 class DeviceZeros:
     """An output kept on the simulated device: zeros in name only, never made on the host."""
