@@ -18,14 +18,15 @@
 #   6. span-conll03 through TorchScript on the device (exported here), offline and served;
 #   — every bar has its figures by here; the rest explains them —
 #   6b. a pass alone, on fresh shapes, and beside a thread running Python or preparing, at three
-#      switch intervals (pass_anatomy.py), eager and with all but the backbone traced; the traced
-#      heads' entity sets against the plain program's on the whole test split (as 4); span served
-#      as 4 with those traced heads (--traced-heads), and with every thread asking for the
-#      interpreter lock after 0.05 ms (--interpreter-switch-ms);
+#      switch intervals (pass_anatomy.py), eager, in a process of its own and with all but the
+#      backbone traced; the traced heads' entity sets against the plain program's on the whole test
+#      split (as 4); span served as 4 with those traced heads (--traced-heads), with the graphs in a
+#      process of their own (--graph-process: two lanes there), with both, and with every thread
+#      asking for the interpreter lock after 0.05 ms (--interpreter-switch-ms);
 #   7. span in half precision (weights converted at load): the backbone's replay against its plain
 #      pass in half, then offline and served as 4 (replayed where that kept the entity sets);
-#   8. span served as 4 (serve's defaults) with the graphs in a process of their own (--graph-process),
-#      with the front in the engine's process, and with one graph lane; offline with two batches in
+#   8. span served as 4 (serve's defaults) with the front in the engine's process, and with one
+#      graph lane; offline with two batches in
 #      flight; a profile of its batches; the pass anatomy of the TorchScript graphs; half precision
 #      against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
 #   9. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
@@ -242,12 +243,16 @@ fi
 # every bar has its figures by here; what follows explains them
 # why a served pass takes longer than the same pass offline: the pass alone, on fresh shapes, and
 # beside a thread running Python or preparing, at the server's switch interval and lower ones (an
-# eager pass releases the interpreter lock at every operator), eager and with all but the backbone
-# traced (--traced-heads: a pass takes the lock a few times); then the service's layout with traced
-# heads, and with every thread asking for the lock after 0.05 ms
+# eager pass releases the interpreter lock at every operator), eager, in a process of its own (the
+# other thread's interpreter is then another) and with all but the backbone traced (--traced-heads:
+# a pass takes the lock a few times); then the service's layout with traced heads, with the graphs
+# in a process of their own (two lanes there), both, and with every thread asking for the lock
+# after 0.05 ms
 REPLAYED=$([ "$DEVICE" = cpu ] && echo --no-cuda-graphs || echo --cuda-graphs)
 step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+step pass-anatomy-graph-process 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --graph-process --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step pass-anatomy-traced 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
   --device "$DEVICE" --traced-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 if [ "$DEVICE" != cpu ]; then  # the whole test split's entity sets against the plain program's, as step 4
@@ -258,6 +263,19 @@ if todo served-span-traced-1 served-span-traced-32 \
   && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
   served span-traced-1 span-conll03 "$LEVELS" 1
   served span-traced-32 span-conll03 16 32
+  stop
+fi
+# the graphs in a process of their own: their launches no longer share the engine's interpreter lock
+# (two lanes there, each over a pipe of its own, as the engine's two lanes)
+if todo served-span-split-1 served-span-split-32 \
+  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
+  served span-split-1 span-conll03 "$LEVELS" 1
+  served span-split-32 span-conll03 16 32
+  stop
+fi
+if todo served-span-split-traced \
+  && serve span-split-traced span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
+  served span-split-traced span-conll03 "$LEVELS" 1
   stop
 fi
 if todo served-span-graphs-switch && serve span-graphs-switch span-conll03 eager --http-workers "$HTTP_WORKERS" \
@@ -280,14 +298,6 @@ if [ "$DEVICE" != cpu ]; then
     served span-half-32 span-conll03 16 32
     stop
   fi
-fi
-# the service's layout with the graphs in a process of their own: their Python launches no longer share the
-# engine's interpreter lock
-if todo served-span-split-1 served-span-split-32 \
-  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS"; then
-  served span-split-1 span-conll03 "$LEVELS" 1
-  served span-split-32 span-conll03 16 32
-  stop
 fi
 # the front and the engine in one process
 if todo served-span-1 served-span-32 && serve span span-conll03 eager; then

@@ -72,6 +72,7 @@ def _bar(value: float | None, bar: float, at_most: bool = False) -> dict[str, An
 
 PASS_ANATOMY_STEPS = (
     ("eager", "pass-anatomy"),
+    ("eager-graph-process", "pass-anatomy-graph-process"),
     ("eager-traced-heads", "pass-anatomy-traced"),
     ("torchscript", "pass-anatomy-torchscript"),
 )
@@ -125,6 +126,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-one-lane",
                 "span-split-1",
                 "span-split-32",
+                "span-split-traced",
                 "span-batch1",
                 "setgen-conll03",
                 "bartner-conll03",
@@ -154,8 +156,9 @@ def summary(folder: Path) -> dict[str, Any]:
         # the served bars for each way of serving: the service's own on a device (HTTP workers in
         # front of the engine process, the backbone replayed from CUDA graphs); that with all but the
         # backbone traced; that with a 0.05 ms switch interval; that without CUDA graphs; that in half
-        # precision (against half's offline best); with the graphs in a process of their own; the
-        # service's own with TorchScript graphs; the front in the engine's process
+        # precision (against half's offline best); with the graphs in a process of their own (two
+        # lanes there), and so with traced heads too; the service's own with TorchScript graphs; the
+        # front in the engine's process
         "served_bars": {
             layout: _served_bars(folder, one, many, half_best if layout == "workers-half" else span_best)
             for layout, one, many in (
@@ -165,6 +168,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32"),
                 ("workers-half", "span-half", "span-half-32"),
                 ("split", "span-split-1", "span-split-32"),
+                ("split-traced-heads", "span-split-traced", None),  # served one sentence a request only
                 ("workers-torchscript", "span-torchscript-1", "span-torchscript-32"),
                 ("one-process", "span-1", "span-32"),
             )
