@@ -151,6 +151,33 @@ def test_a_fused_proposal_graph_gives_the_trained_forms_outputs_and_a_traced_one
                 torch.testing.assert_close(got[2], probs, atol=1e-5, rtol=1e-5)
 
 
+def test_the_filter_passes_the_real_seeds_it_scores_as_over_every_seed() -> None:
+    """The graph's filter scores a sentence's own seeds only; the seeds it passes are those the
+    trained form (every seed of [B, K], padding included) scores above each sentence's threshold,
+    in the same order, whatever the padding holds."""
+    torch.manual_seed(5)
+    graph = SpanProposalGraph(16, 8, n_classes=3, hidden=12, dropout=0.0, levels=6, max_width=4).eval()
+    states, context, word_mask, seeds, seed_mask, _ = _proposal_inputs(11, batch=3)
+    own = torch.tensor(enumerate_seeds(5, 4))  # the last sentence's 5 words (_proposal_inputs)
+    real = len(own)
+    seeds[-1, :real], seeds[-1, real:] = own, torch.tensor([7, 9])  # then padding seeds, past its words
+    seed_mask[-1, real:] = 0
+    with torch.inference_mode():
+        every_seed = torch.softmax(graph.filter(states, context, word_mask, seeds), dim=-1)[..., 1]
+        thresholds = every_seed[seed_mask > 0].median().repeat(3)
+        thresholds[1] = 0.0  # every seed of the second sentence passes
+        scored: list[int] = []
+        hook = graph.filter.out.register_forward_hook(lambda _, inputs, __: scored.append(inputs[0].shape[0]))
+        candidates, spans, _ = graph(states, context, word_mask, seeds, seed_mask, thresholds)
+        hook.remove()
+    assert scored == [int(seed_mask.sum())]  # the real seeds, not [B, K]
+    expected = torch.nonzero((seed_mask > 0) & (every_seed > thresholds.unsqueeze(1)))
+    assert 0 < len(expected) < int(seed_mask.sum())
+    torch.testing.assert_close(candidates, expected)
+    assert int((candidates[:, 0] == 1).sum()) == int(seed_mask[1].sum())
+    assert bool((spans[candidates[:, 0] == 2, 1] <= 5).all())
+
+
 def test_weights_roundtrip_fp16(tiny_network, tmp_path: Path) -> None:
     network, backbone = tiny_network
     save_weights(network, tmp_path / "w.safetensors")
