@@ -21,7 +21,7 @@ import multiprocessing
 import queue
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,10 +37,8 @@ START_TIMEOUT_SECONDS = 600.0
 CONTROL_TIMEOUT_SECONDS = 10.0
 
 
-def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], None] | None) -> None:
-    """One lane in the child: every batch its pipe brings, until told to stop or the server is gone."""
-    if lane_setup is not None:
-        lane_setup()
+def _messages(connection: Connection) -> Iterator[Any]:
+    """What a pipe brings, until told to stop (None) or the server is gone."""
     while True:
         try:
             message = connection.recv()
@@ -48,6 +46,14 @@ def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], N
             return
         if message is None:
             return
+        yield message
+
+
+def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], None] | None) -> None:
+    """One lane in the child: every batch its pipe brings."""
+    if lane_setup is not None:
+        lane_setup()
+    for message in _messages(connection):
         try:
             batch, options = message
             outputs = program.run(batch, options)
@@ -59,13 +65,7 @@ def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], N
 def _serve_control(connection: Connection) -> None:
     """The child's control pipe: its simulated device's report (the stand-ins count their busy time
     here, where they wait), whatever the lanes are doing."""
-    while True:
-        try:
-            message = connection.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
+    for _ in _messages(connection):
         device = made_simulated_device()
         connection.send(device.report() if device is not None else None)
 
