@@ -95,6 +95,8 @@ def test_batches_cross_and_only_arrays_come_back() -> None:
         assert graphs.run((np.ones(1), [None]))["doubled"].tolist() == [2.0]  # a failed batch fails alone
         with pytest.raises(GraphError, match="the graph process ended"):
             graphs.run((np.arange(2), ["die"]))
+        with pytest.raises(GraphError, match="the graph process ended"):
+            graphs.device_report()  # its control pipe says so too (the engine then leaves it out of /info)
     finally:
         graphs.close()
 

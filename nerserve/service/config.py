@@ -100,8 +100,10 @@ class Settings(Locations):
     )
     graph_process: bool = Field(
         False,
-        description="run each model's graphs in a process of its own, so that a runtime that launches its "
-        "work from Python (eager torch on CUDA) does not wait for the interpreter lock the HTTP front holds",
+        description="run each model's graphs in a process of its own (a thread a graph lane there), so that a "
+        "runtime whose operators release the interpreter lock one by one (eager torch on CUDA) does not wait to get "
+        "it back from the engine's event loop, prepare and decode (docs/decisions/gpu-engine.md; two lanes not yet "
+        "timed on a GPU)",
     )
     traced_heads: bool = Field(
         False,
@@ -288,8 +290,9 @@ class Settings(Locations):
     def lanes(self) -> int:
         """`graph_lanes`, or its default for where the graphs run. On a device with the HTTP front in
         worker processes, two: the next pass is launched while one runs, and the device takes it the
-        moment that one ends. With the front in the engine's own loop, one: there the loop is the
-        limit, and a second lane's launches only cut the batches smaller (docs/decisions/graph-lanes.md)."""
+        moment that one ends (in a graph process too: a thread a lane there). With the front in the
+        engine's own loop, one: there the loop is the limit, and a second lane's launches only cut
+        the batches smaller (docs/decisions/graph-lanes.md)."""
         if self.graph_lanes is not None:
             return self.graph_lanes
         if self.batches_as_gpu:

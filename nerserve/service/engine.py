@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from prometheus_client import generate_latest
 
+from nerserve.ner.graph import GraphError
 from nerserve.ner.runtime.simulated import SIMULATED, simulated_device
 from nerserve.service.admission import EdgeCounter, Refusal
 from nerserve.service.api.errors import ApiError
@@ -26,6 +27,7 @@ from nerserve.service.api.extraction import (
     start_planned,
 )
 from nerserve.service.api.state import MODEL_STATES, ServiceState
+from nerserve.service.graph_process import GraphProcess
 from nerserve.service.models import ModelView, ServedModel
 
 
@@ -173,10 +175,19 @@ class LocalEngine:
         if not children:
             return simulated_device(settings.simulated_device_costs).report()
         # each graph process waits on a simulated device of its own: a card a model, counted together
-        reports = [report for child in children if (report := await asyncio.to_thread(child.device_report))]
+        reports = [report for child in children if (report := await asyncio.to_thread(_report_of, child))]
         if not reports:
             return None
         merged = dict(reports[0])
         merged["busy_seconds"] = round(sum(report["busy_seconds"] for report in reports), 6)
         merged["passes"] = sum(report["passes"] for report in reports)
         return merged
+
+
+def _report_of(child: GraphProcess) -> dict[str, Any] | None:
+    """A graph process's simulated device's report; none from one that is gone (its model is
+    broken, and says so in /models)."""
+    try:
+        return child.device_report()
+    except GraphError:
+        return None

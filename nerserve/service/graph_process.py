@@ -140,18 +140,21 @@ class GraphProcess:
     def lanes(self) -> int:
         return len(self._connections)
 
-    def _receive(self, connection: Connection) -> tuple[str, Any]:
+    def _ended(self) -> GraphError:
+        return GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})")
+
+    def _receive(self, connection: Connection) -> Any:
+        """The child's answer; a pipe it closed (EOF) or reset by dying is a GraphError saying so."""
         try:
-            status, detail = connection.recv()
-        except EOFError:
-            raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
-        return status, detail
+            return connection.recv()
+        except (EOFError, OSError):
+            raise self._ended() from None
 
     def _send(self, connection: Connection, message: Any) -> None:
         try:
             connection.send(message)
-        except (BrokenPipeError, OSError):
-            raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
+        except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
+            raise self._ended() from None
 
     def run(self, prepared: tuple[Any, Any]) -> dict[str, np.ndarray]:
         connection = self._free.get()
@@ -171,10 +174,7 @@ class GraphProcess:
             self._send(self._control, "report")
             if not self._control.poll(CONTROL_TIMEOUT_SECONDS):
                 raise GraphError(f"{self.name}: the graph process did not answer within {CONTROL_TIMEOUT_SECONDS:g} s")
-            try:
-                report: dict[str, Any] | None = self._control.recv()
-            except EOFError:
-                raise GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})") from None
+            report: dict[str, Any] | None = self._receive(self._control)
         return report
 
     def close(self, wait: float = 10.0) -> None:
