@@ -7,28 +7,29 @@
 #      1/32/128/512, length-sorted;
 #   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
 #      length-sorted and in arrival order;
-#   3. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
+#   3. the backbone replayed from CUDA graphs (serve's default in fp32 on CUDA): entity sets against
+#      the plain program's, span-conll03 offline with it;
+#   4. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
-#      engine, two graph lanes), the plain program (--no-cuda-graphs); the load client in its own
-#      processes on its own cores, with its ceiling (served_check.py);
-#   4. the backbone replayed from CUDA graphs (serve's default in fp32 on CUDA): entity sets against
-#      the plain program's, span-conll03 offline, and served as 3;
-#   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 4 found it exact
-#      and faster); the batch-1 server at c = 64;
-#   6. span-conll03 through TorchScript on the device (exported here), offline and served;
+#      engine, two graph lanes, the backbone replayed); the load client in its own processes on its
+#      own cores, with its ceiling (served_check.py);
+#   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 3 found it exact
+#      and faster);
 #   — every bar has its figures by here; the rest explains them —
-#   6b. a pass alone, on fresh shapes, and beside a thread running Python or preparing, at three
-#      switch intervals (pass_anatomy.py), eager, in a process of its own and with all but the
-#      backbone traced; the traced heads' entity sets against the plain program's on the whole test
-#      split (as 4); span served as 4 with those traced heads (--traced-heads), with the graphs in a
-#      process of their own (--graph-process: two lanes there), with both, and with every thread
-#      asking for the interpreter lock after 0.05 ms (--interpreter-switch-ms);
+#   6. the remedies for an eager pass's wait for the interpreter lock, the layouts that could become
+#      the default first: span served as 4 with the graphs in a process of their own
+#      (--graph-process: two lanes there), with all but the backbone traced (--traced-heads; their
+#      entity sets against the plain program's on the whole test split, as 3), with both; a pass
+#      alone, on fresh shapes, and beside a thread running Python or preparing, at three switch
+#      intervals (pass_anatomy.py), eager, in a process of its own and traced; span served with every
+#      thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
+#   6b. as measured before: span served as 4 with the plain program (--no-cuda-graphs); the batch-1
+#      server at c = 64; span through TorchScript on the device (exported here), offline and served;
 #   7. span in half precision (weights converted at load): the backbone's replay against its plain
 #      pass in half, then offline and served as 4 (replayed where that kept the entity sets);
-#   8. span served as 4 (serve's defaults) with the front in the engine's process, and with one
-#      graph lane; offline with two batches in
-#      flight; a profile of its batches; the pass anatomy of the TorchScript graphs; half precision
-#      against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
+#   8. span served as 4 with the front in the engine's process, and with one graph lane; offline
+#      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
+#      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
 #   9. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
 #      store), offline and served, where this onnxruntime has that provider;
 #   10. nag, setgen, bartner and diffusion (1 step) offline, as 2;
@@ -190,16 +191,6 @@ if [ "$ONNX_ONLY" = 0 ]; then
 step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
   --sizes "1,$SIZES" --precisions "fp32,$HALF-no-cudnn-attention,$HALF,$HALF-autocast" --limit "$LIMIT"
 offline span-conll03 "$LIMIT"
-# the service's own layout on a device: HTTP worker processes in front of the engine, two graph
-# lanes (serve() pins one worker, so the default count is named here); the plain program, which
-# the backbone's CUDA graphs below are compared with
-if todo served-span-workers-1 served-span-workers-32 \
-  && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS" --no-cuda-graphs; then
-  served span-workers-1 span-conll03 "$LEVELS" 1
-  served span-workers-32 span-conll03 16 32
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
-  stop
-fi
 # the backbone replayed from CUDA graphs captured at load (a small batch's kernels launched at once,
 # not one by one from Python; serve's default for fp32 eager on CUDA): offline, and served in the
 # service's layout (a capture needs a GPU)
@@ -226,6 +217,58 @@ log "setgen and bartner served with: $GRAPHS_FLAG"
 for model in $SERVED_MODELS; do
   if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS" $GRAPHS_FLAG; then served "$model" "$model" 64 1; stop; fi
 done
+# every bar has its figures by here; what follows explains them
+# why a served pass takes longer than the same pass offline, and the remedies, the layouts that could
+# become the default first: the graphs in a process of their own (two lanes there, each over a pipe
+# of its own: their launches no longer share the engine's interpreter lock); all but the backbone
+# traced (--traced-heads: a pass takes the lock a few times), with their entity sets against the plain
+# program's on the whole test split (as step 3); both; then the pass alone, on fresh shapes, and
+# beside a thread running Python or preparing, at the server's switch interval and lower ones (an
+# eager pass releases the interpreter lock at every operator), eager, in a process of its own and
+# traced; the service's layout with every thread asking for the lock after 0.05 ms
+REPLAYED=$([ "$DEVICE" = cpu ] && echo --no-cuda-graphs || echo --cuda-graphs)
+if todo served-span-split-1 served-span-split-32 \
+  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
+  served span-split-1 span-conll03 "$LEVELS" 1
+  served span-split-32 span-conll03 16 32
+  stop
+fi
+if todo served-span-traced-1 served-span-traced-32 \
+  && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
+  served span-traced-1 span-conll03 "$LEVELS" 1
+  served span-traced-32 span-conll03 16 32
+  stop
+fi
+if [ "$DEVICE" != cpu ]; then
+  step cuda-graphs-check-traced 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --traced-heads
+fi
+if todo served-span-split-traced \
+  && serve span-split-traced span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
+  served span-split-traced span-conll03 "$LEVELS" 1
+  stop
+fi
+step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
+  --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+step pass-anatomy-graph-process 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --graph-process --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+step pass-anatomy-traced 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --traced-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+if todo served-span-graphs-switch && serve span-graphs-switch span-conll03 eager --http-workers "$HTTP_WORKERS" \
+  "$REPLAYED" --interpreter-switch-ms 0.05; then
+  served span-graphs-switch span-conll03 "$LEVELS" 1
+  stop
+fi
+# the comparisons measured before (H200, 37dd7c2), again: the plain program (--no-cuda-graphs) in the
+# service's layout, HTTP worker processes in front of the engine, two graph lanes (serve() pins one
+# worker, so the default count is named here); the batch-1 server; TorchScript
+if todo served-span-workers-1 served-span-workers-32 \
+  && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS" --no-cuda-graphs; then
+  served span-workers-1 span-conll03 "$LEVELS" 1
+  served span-workers-32 span-conll03 16 32
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span.csv" 2>&1
+  stop
+fi
 if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
 # the traced graphs on the device (traced on the CPU, their device constants retargeted at load):
 # operators dispatched from C++, not Python, so a lone sentence's pass is not bound by launches
@@ -238,49 +281,6 @@ if todo served-span-torchscript-1 served-span-torchscript-32 \
   && serve span-torchscript span-conll03 torchscript --http-workers "$HTTP_WORKERS"; then
   served span-torchscript-1 span-conll03 "$LEVELS" 1
   served span-torchscript-32 span-conll03 16 32
-  stop
-fi
-# every bar has its figures by here; what follows explains them
-# why a served pass takes longer than the same pass offline: the pass alone, on fresh shapes, and
-# beside a thread running Python or preparing, at the server's switch interval and lower ones (an
-# eager pass releases the interpreter lock at every operator), eager, in a process of its own (the
-# other thread's interpreter is then another) and with all but the backbone traced (--traced-heads:
-# a pass takes the lock a few times); then the service's layout with traced heads, with the graphs
-# in a process of their own (two lanes there), both, and with every thread asking for the lock
-# after 0.05 ms
-REPLAYED=$([ "$DEVICE" = cpu ] && echo --no-cuda-graphs || echo --cuda-graphs)
-step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
-  --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
-step pass-anatomy-graph-process 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
-  --device "$DEVICE" --graph-process --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
-step pass-anatomy-traced 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
-  --device "$DEVICE" --traced-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
-if [ "$DEVICE" != cpu ]; then  # the whole test split's entity sets against the plain program's, as step 4
-  step cuda-graphs-check-traced 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
-    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --traced-heads
-fi
-if todo served-span-traced-1 served-span-traced-32 \
-  && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
-  served span-traced-1 span-conll03 "$LEVELS" 1
-  served span-traced-32 span-conll03 16 32
-  stop
-fi
-# the graphs in a process of their own: their launches no longer share the engine's interpreter lock
-# (two lanes there, each over a pipe of its own, as the engine's two lanes)
-if todo served-span-split-1 served-span-split-32 \
-  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
-  served span-split-1 span-conll03 "$LEVELS" 1
-  served span-split-32 span-conll03 16 32
-  stop
-fi
-if todo served-span-split-traced \
-  && serve span-split-traced span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
-  served span-split-traced span-conll03 "$LEVELS" 1
-  stop
-fi
-if todo served-span-graphs-switch && serve span-graphs-switch span-conll03 eager --http-workers "$HTTP_WORKERS" \
-  "$REPLAYED" --interpreter-switch-ms 0.05; then
-  served span-graphs-switch span-conll03 "$LEVELS" 1
   stop
 fi
 # half precision (weights converted at load; the CPU serves fp32 only) in the service's layout: the
