@@ -44,12 +44,17 @@ def load_program(
     precision: str = "fp32",
     int8: bool = False,
     cuda_graphs: bool = False,
+    traced_heads: bool = False,
 ) -> Any:
+    """The program as serve loads it: eager (merged; the backbone replayed from CUDA graphs, all but
+    it traced, where asked) or an exported graph set. Module-level: a graph process's child calls it."""
     if runtime == "eager":  # torch modules on the device (CUDA figures without an exported graph)
         from nerserve.ner.loading import load_model
 
         folder = LOCATIONS.model_dir(model)
-        return load_model(folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs).program
+        return load_model(
+            folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs, traced_heads=traced_heads
+        ).program
     return load_graph_set(LOCATIONS.graph_set_folder(model, runtime, int8), device, threads).program
 
 

@@ -34,7 +34,6 @@ import functools
 import json
 import random
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,11 +42,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from batching_ceiling import LOCATIONS, load_program
+from batching_ceiling import load_program
 from profile_batch import OperatorCount
 
 from nerserve.ner.data import read_split
-from nerserve.ner.loading import load_model
 from nerserve.service.graph_process import GraphProcess
 from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
@@ -90,11 +88,6 @@ def python_only() -> None:
         total += value * value
 
 
-def eager_program(folder: Path, device: str, cuda_graphs: bool, traced_heads: bool) -> Any:
-    """The eager program as serve loads it (module-level: a graph process's child calls it)."""
-    return load_model(folder, device, merged=True, cuda_graphs=cuda_graphs, traced_heads=traced_heads).program
-
-
 def anatomy(
     program: Any,
     sentences: list[list[str]],
@@ -133,7 +126,7 @@ def beside_others(
 ) -> dict[str, Any]:
     """The seen batches' passes beside a Python thread and beside a prepare thread, with a thread
     waiting for the interpreter lock asking for it after SWITCH_MS."""
-    sys.setswitchinterval(switch_ms / 1000)
+    hand_over_quickly(switch_ms)
     row: dict[str, Any] = {"switch_ms": switch_ms}
     with beside(python_only) as hog:
         started = time.perf_counter()
@@ -158,22 +151,18 @@ def main(
     switch_ms: Annotated[
         str, typer.Option(help="switch intervals to run the contended passes at, comma-separated (ms); the first: the server's")
     ] = f"{DEFAULT_SWITCH_MS:g},0.2,0.05",
-    graph_process: Annotated[bool, typer.Option(help="eager: the passes in a child process, as serve's")] = False,
+    graph_process: Annotated[bool, typer.Option(help="the passes in a child process, as serve's --graph-process")] = False,
 ) -> None:
     hand_over_quickly()
     switches = [float(value) for value in switch_ms.split(",")]
     replay = cuda_graphs and device.startswith("cuda") and runtime == "eager"
     graphs = None
-    if runtime == "eager":
-        folder = LOCATIONS.model_dir(model)
-        if graph_process:  # the passes in the child; this process prepares on the CPU, as the server's does
-            load = functools.partial(eager_program, folder, device, replay, traced_heads)
-            graphs = GraphProcess(model, load, switch_seconds=DEFAULT_SWITCH_MS / 1000)
-            program = eager_program(folder, "cpu", False, False)
-        else:
-            program = eager_program(folder, device, replay, traced_heads)
+    if graph_process:  # the passes in the child; this process prepares on the CPU, as the server's does
+        load = functools.partial(load_program, model, runtime, device, 1, cuda_graphs=replay, traced_heads=traced_heads)
+        graphs = GraphProcess(model, load)
+        program = load_program(model, runtime, "cpu", 1)
     else:
-        program = load_program(model, runtime, device, threads=1)
+        program = load_program(model, runtime, device, 1, cuda_graphs=replay, traced_heads=traced_heads)
     sentences = [list(s.tokens) for s in read_split(data, "test")]
     random.Random(0).shuffle(sentences)
     typer.echo(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import queue
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -29,6 +28,7 @@ import numpy as np
 
 from nerserve.ner.graph import GraphError, execution_providers
 from nerserve.ner.runtime.simulated import made_simulated_device
+from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
 # spawn, not fork: a forked child would inherit the parent's threads' locks and CUDA state
 _CONTEXT = multiprocessing.get_context("spawn")
@@ -75,11 +75,10 @@ def _serve(
     connections: list[Connection],
     load: Callable[[], Any],
     lane_setup: Callable[[], None] | None,
-    switch_seconds: float | None,
+    switch_ms: float,
 ) -> None:
     """The child: load the program, say so on the control pipe, then a thread a lane and one for control."""
-    if switch_seconds is not None:
-        sys.setswitchinterval(switch_seconds)
+    hand_over_quickly(switch_ms)
     try:
         program = load()
     except Exception as error:
@@ -101,7 +100,7 @@ class GraphProcess:
     """One child process running one model's graphs; `run` is the scheduler's graph step. `lanes`
     batches at a time, each over a pipe of its own: a caller takes a free pipe for its batch (the
     scheduler's lanes are as many, so none waits for one), and `lane_setup` runs in each of the
-    child's lane threads as it starts (a CUDA stream of its own). `switch_seconds`: the child's
+    child's lane threads as it starts (a CUDA stream of its own). `switch_ms`: the child's
     interpreter switch interval, as the server's."""
 
     def __init__(
@@ -110,14 +109,14 @@ class GraphProcess:
         load: Callable[[], Any],
         lanes: int = 1,
         lane_setup: Callable[[], None] | None = None,
-        switch_seconds: float | None = None,
+        switch_ms: float = DEFAULT_SWITCH_MS,
     ) -> None:
         self.name = name
         self._control, control = _CONTEXT.Pipe()
         pipes = [_CONTEXT.Pipe() for _ in range(max(1, lanes))]
         ends = [child for _, child in pipes]
         self._process = _CONTEXT.Process(
-            target=_serve, args=(control, ends, load, lane_setup, switch_seconds), name=f"graphs-{name}", daemon=True
+            target=_serve, args=(control, ends, load, lane_setup, switch_ms), name=f"graphs-{name}", daemon=True
         )
         self._process.start()
         for child in (control, *ends):

@@ -193,7 +193,7 @@ def load_served_model(
     spec = architecture(read_manifest(folder).architecture)
     source = _graph_source(name, settings, background, exports)
     graphs = (
-        GraphProcess(name, source.program, settings.lanes, _lane_stream(settings), settings.interpreter_switch_ms / 1000)
+        GraphProcess(name, source.program, settings.lanes, _lane_stream(settings), settings.interpreter_switch_ms)
         if settings.graph_process
         else None
     )
