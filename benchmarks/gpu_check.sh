@@ -23,17 +23,18 @@
 #      alone, on fresh shapes, and beside a thread running Python or preparing, at three switch
 #      intervals (pass_anatomy.py), eager, in a process of its own and traced; span served with every
 #      thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
-#   6b. as measured before: span served as 4 with the plain program (--no-cuda-graphs); the batch-1
+#   7. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
+#      store), where this onnxruntime has that provider: served as 4 (a pass that holds no
+#      interpreter lock), then offline, then with one graph lane;
+#   8. as measured before: span served as 4 with the plain program (--no-cuda-graphs); the batch-1
 #      server at c = 64; span through TorchScript on the device (exported here), offline and served;
-#   7. span in half precision (weights converted at load): the backbone's replay against its plain
-#      pass in half, then offline and served as 4 (replayed where that kept the entity sets);
-#   8. span served as 4 with the front in the engine's process, and with one graph lane; offline
+#   9. span in half precision (weights converted at load): the backbone's replay against its plain
+#      pass in half first, then offline and served as 4 (replayed where that kept the entity sets);
+#   10. span served as 4 with the front in the engine's process, and with one graph lane; offline
 #      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
-#   9. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
-#      store), offline and served, where this onnxruntime has that provider;
-#   10. nag, setgen, bartner and diffusion (1 step) offline, as 2;
-#   11. summary.json: the ratios the engine issue asks for.
+#   11. nag, setgen, bartner and diffusion (1 step) offline, as 2;
+#   12. summary.json: the ratios the engine issue asks for.
 # Offline, bare and served figures all take samples of CoNLL-2003 test (the split shuffled, seeded:
 # --order in batching_ceiling.py, bare_encoder.py and served_check.py), so that the ratios divide
 # figures taken on the same kind of sentences (the split's first 2,048 average 14.8 words, the
@@ -53,7 +54,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    --onnx-only) ONNX_ONLY=1; shift ;;  # step 9 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
+    --onnx-only) ONNX_ONLY=1; shift ;;  # step 7 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
     *) echo "usage: gpu_check.sh [--device cuda|cpu] [--quick] [--onnx-only]" >&2; exit 2 ;;
   esac
 done
@@ -166,22 +167,25 @@ PICK
   echo "${flag:-${3:-}}"
 }
 
-onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 9)
+onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 7)
   if [ "$DEVICE" != cpu ] && ! $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null; then
     log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
     return
   fi
   step export-onnx 600 $PY -m nerserve export span-conll03 --format onnx --parity-sentences 32
-  step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
-    --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
-  if todo served-span-onnx && serve span-onnx span-conll03 onnx; then served span-onnx span-conll03 "$LEVELS" 1; stop; fi
-  # one lane against the device's default two (the next pass launched while one runs)
-  if todo served-span-onnx-one-lane && serve span-onnx-one-lane span-conll03 onnx --graph-lanes 1; then
-    served span-onnx-one-lane span-conll03 "$LEVELS" 1
+  # the service's layout on a device first: a pass that runs without the interpreter lock, beside the
+  # eager remedies above
+  if todo served-span-onnx-split-1 served-span-onnx-split-32 \
+    && serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
+    served span-onnx-split-1 span-conll03 "$LEVELS" 1
+    served span-onnx-split-32 span-conll03 16 32
     stop
   fi
-  if todo served-span-onnx-split && serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
-    served span-onnx-split span-conll03 "$LEVELS" 1
+  step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
+    --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+  # one lane against the device's default two (the next pass launched while one runs)
+  if todo served-span-onnx-one-lane && serve span-onnx-one-lane span-conll03 onnx --http-workers "$HTTP_WORKERS" --graph-lanes 1; then
+    served span-onnx-one-lane span-conll03 "$LEVELS" 1
     stop
   fi
 }
@@ -248,6 +252,7 @@ if todo served-span-split-traced \
   served span-split-traced span-conll03 "$LEVELS" 1
   stop
 fi
+onnx_steps
 step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step pass-anatomy-graph-process 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
@@ -320,7 +325,6 @@ step pass-anatomy-torchscript 300 $PY benchmarks/pass_anatomy.py --model span-co
   --device "$DEVICE" --runtime torchscript --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step half-precision 600 $PY benchmarks/half_precision.py --models span-conll03,setgen-conll03 \
   --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF" ${HALF_LIMIT:+--limit "$HALF_LIMIT"}
-onnx_steps
 for model in nag-conll03 setgen-conll03 bartner-conll03; do offline "$model" "$OTHER_LIMIT"; done
 offline diffusion-conll03 "$OTHER_LIMIT" --options '{"steps": 1}'
 fi

@@ -132,9 +132,9 @@ def summary(folder: Path) -> dict[str, Any]:
                 "bartner-conll03",
                 "span-half",
                 "span-half-32",
-                "span-onnx",
+                "span-onnx-split-1",
+                "span-onnx-split-32",
                 "span-onnx-one-lane",
-                "span-onnx-split",
                 "span-torchscript-1",
                 "span-torchscript-32",
             )
@@ -157,8 +157,8 @@ def summary(folder: Path) -> dict[str, Any]:
         # front of the engine process, the backbone replayed from CUDA graphs); that with all but the
         # backbone traced; that with a 0.05 ms switch interval; that without CUDA graphs; that in half
         # precision (against half's offline best); with the graphs in a process of their own (two
-        # lanes there), and so with traced heads too; the service's own with TorchScript graphs; the
-        # front in the engine's process
+        # lanes there), and so with traced heads too; the service's own with TorchScript graphs, and
+        # with ONNX Runtime's; the front in the engine's process
         "served_bars": {
             layout: _served_bars(folder, one, many, half_best if layout == "workers-half" else span_best)
             for layout, one, many in (
@@ -170,6 +170,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 ("split", "span-split-1", "span-split-32"),
                 ("split-traced-heads", "span-split-traced", None),  # served one sentence a request only
                 ("workers-torchscript", "span-torchscript-1", "span-torchscript-32"),
+                ("workers-onnx", "span-onnx-split-1", "span-onnx-split-32"),
                 ("one-process", "span-1", "span-32"),
             )
         },
