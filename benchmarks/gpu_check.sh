@@ -11,8 +11,9 @@
 #      the plain program's, span-conll03 offline with it;
 #   4. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
-#      engine, two graph lanes, the backbone replayed); the load client in its own processes on its
-#      own cores, with its ceiling (served_check.py);
+#      engine, two graph lanes, the backbone replayed), each batch's way through the engine logged
+#      (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py); the load
+#      client in its own processes on its own cores, with its ceiling (served_check.py);
 #   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 3 found it exact
 #      and faster);
 #   — every bar has its figures by here; the rest explains them —
@@ -206,7 +207,8 @@ if [ "$DEVICE" != cpu ]; then
     --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128,512 --timed 1024
   offline_as span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs
   if todo served-span-graphs-1 served-span-graphs-32 \
-    && serve span-graphs span-conll03 eager --http-workers "$HTTP_WORKERS" --cuda-graphs; then
+    && serve span-graphs span-conll03 eager --http-workers "$HTTP_WORKERS" --cuda-graphs \
+      --batch-log "$OUT/batches-span-graphs.jsonl"; then
     served span-graphs-1 span-conll03 "$LEVELS" 1
     served span-graphs-32 span-conll03 16 32
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span-cuda-graphs.csv" 2>&1

@@ -13,6 +13,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Annotated, Any
@@ -110,7 +111,9 @@ def level(
         for i, share in enumerate(shares)
     ]
     before = asyncio.run(_metrics(url))
+    began = time.monotonic()
     results = _in_processes("extract", jobs, cores)
+    ended = time.monotonic()
     after = asyncio.run(_metrics(url))
     wall = max(r["seconds"] for r in results)
     latencies = [latency for r in results for latency in r["latencies"]]
@@ -118,6 +121,8 @@ def level(
     return {
         "concurrency": clients,
         "sentences_per_request": per_request,
+        # on the machine's monotonic clock, as a server's --batch-log writes its batches: the level's own
+        "monotonic_seconds": {"began": round(began, 6), "ended": round(ended, 6)},
         "client_processes": len(shares),
         "sentences_per_second": round(sum(r["sentences"] for r in results) / wall, 1),
         "requests_per_second": round(len(latencies) / wall, 1),

@@ -1,6 +1,7 @@
 """Batcher: packing as a pure function; the scheduler with a fake graph runner (no model)."""
 
 import asyncio
+import itertools
 import random
 import statistics
 import threading
@@ -1422,3 +1423,44 @@ def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_clien
         PlannedRun(1, None, broken).answers()[0].set_result(result("x"))  # logged, not raised
 
     asyncio.run(scenario())
+
+
+def test_a_batch_record_holds_its_way_through_the_scheduler_in_order() -> None:
+    """BatchRecord.times: closed, handed to the lanes, taken, its own pass, answered, in that order;
+    on a device whose two lanes queue their passes, a pass starts no sooner than the one before it
+    ended (its own time is from then)."""
+    records: list[BatchRecord] = []
+
+    class Recorder(NullObserver):
+        def batch_done(self, record: BatchRecord) -> None:
+            records.append(record)
+
+    device = threading.Lock()  # a device runs one pass at a time, whichever lane launched it
+
+    def run(prepared: list[str]) -> list[str]:
+        with device:
+            time.sleep(0.004)
+        return prepared
+
+    async def scenario(on_a_device: bool) -> None:
+        limits = BatchLimits(max_batch_size=4, max_wait_ms=1, close_when_idle=True, close_as_device_frees=on_a_device)
+        scheduler = Scheduler(
+            prepare=lambda payloads: payloads, run=run, limits=limits, observer=Recorder(), lanes=2,
+            lanes_drive_a_device=on_a_device,
+        )  # fmt: skip
+        scheduler.start()
+        await asyncio.gather(*(asyncio.gather(*scheduler.submit([(f"s{i}", 1)])) for i in range(24)))
+        await scheduler.stop()
+
+    for on_a_device in (True, False):
+        records.clear()
+        asyncio.run(asyncio.wait_for(scenario(on_a_device), timeout=20))
+        assert sum(record.sentences for record in records) == 24
+        for record in records:
+            times = record.times
+            assert times is not None and record.lane in (0, 1)
+            assert times.closed <= times.handed <= times.taken <= times.started <= times.finished <= times.answered
+            assert record.run_seconds == pytest.approx(times.finished - times.started)
+        if on_a_device:
+            passes = sorted((record.times.started, record.times.finished) for record in records if record.times)
+            assert all(start >= end_before for (_, end_before), (start, _) in itertools.pairwise(passes))

@@ -33,10 +33,15 @@ KEY = "sk-workers-test-0123456789"
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[Server, Server]]:
+def batch_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("batch-log") / "batches.jsonl"
+
+
+@pytest.fixture(scope="module")
+def servers(batch_log: Path) -> Iterator[tuple[Server, Server]]:
     keys = json.dumps({"team-a": {"key": KEY, "max_sentences_per_second": 1000}})
     single = Server(models="span-conll03", threads=1)
-    split = Server(models="span-conll03", threads=1, http_workers=2, api_keys=keys)
+    split = Server(models="span-conll03", threads=1, http_workers=2, api_keys=keys, batch_log=batch_log)
     try:
         single.wait_ready()
         split.wait_ready()
@@ -106,6 +111,27 @@ def _untimed(listing: dict[str, Any]) -> dict[str, Any]:
     models = listing["models"]
     assert all(model["warm_up"]["one_sentence_first_ms"] > 0 for model in models)
     return {**listing, "models": [{**model, "warm_up": None} for model in models]}
+
+
+def test_the_engine_logs_each_batchs_way_through_it(servers: tuple[Server, Server], batch_log: Path) -> None:
+    """`--batch-log`: the engine process (not the workers, which run no batch) appends a line per
+    batch, its times in the order a batch lives them, on the machine's monotonic clock."""
+    _, split = servers
+    before = time.monotonic()
+    logged = len(batch_log.read_text().splitlines()) if batch_log.exists() else 0
+    assert post(split, "/extract", {"tokens": SENTENCES}).status_code == 200
+    for _ in range(100):  # the answer goes out before its batch's line is written
+        lines = batch_log.read_text().splitlines() if batch_log.exists() else []
+        if len(lines) > logged:
+            break
+        time.sleep(0.05)
+    new = [json.loads(line) for line in lines[logged:]]
+    assert new and sum(line["sentences"] for line in new) >= len(SENTENCES)
+    for line in new:
+        at = line["at"]
+        assert before <= at["closed"] <= at["handed"] <= at["taken"] <= at["started"] <= at["finished"] <= at["answered"]
+        assert line["model"] == "span-conll03" and line["closed"] and line["lane"] in (0, 1)
+        assert line["subwords"] <= line["padded_subwords"] and line["queue_ms"]["min"] <= line["queue_ms"]["max"]
 
 
 def test_one_metrics_for_every_worker_and_keys_at_their_door(servers: tuple[Server, Server]) -> None:

@@ -196,6 +196,12 @@ class Settings(Locations):
         f"(see on_model_error); 0: never; by default {GPU_PASS_TIMEOUT_SECONDS:g} s on a GPU, "
         f"{CPU_PASS_TIMEOUT_SECONDS:g} s on the CPU",
     )
+    batch_log: Path | None = Field(
+        None,
+        description="a JSON line per batch appended to this file: when it closed and why, was handed to the graph "
+        "lanes, taken by one, ran and was answered (monotonic seconds), its sentences, sub-words and lane; for "
+        "tuning batching on a device, where /metrics gives a level's averages only",
+    )
     access_log: bool = Field(
         False,
         description="a log line per request (uvicorn's access log); off by default: /metrics counts every response "

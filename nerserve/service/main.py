@@ -97,6 +97,7 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
             background,
             state.tenants.weight,
             functools.partial(_model_broke, state, name),
+            state.batch_log,
         )
         model.scheduler.start()
     except Exception as error:

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nerserve import __version__
+from nerserve.service.batch_log import BatchLog
 from nerserve.service.batching.work import BatchRecord
 
 # (model, status, API key name or None, seconds or None) → counted: Metrics.record_response, or the
@@ -247,9 +248,10 @@ class RollingStats:
 class ModelObserver:
     """Feeds one model's scheduler events into Prometheus and the rolling table."""
 
-    def __init__(self, metrics: Metrics, model: str) -> None:
+    def __init__(self, metrics: Metrics, model: str, batch_log: BatchLog | None = None) -> None:
         self.metrics = metrics
         self.model = model
+        self.batch_log = batch_log
         self.stats = RollingStats()
         # the model's own series, looked up once: a batch observes one queue time per sentence
         self.queue_seconds = metrics.queue_seconds.labels(model)
@@ -271,6 +273,8 @@ class ModelObserver:
         self.tokens.inc(record.tokens)
         self.metrics.batches_closed.labels(self.model, record.closed or "unknown").inc()
         self.stats.add(record)
+        if self.batch_log is not None:
+            self.batch_log.write(self.model, record)
 
     def dropped(self, reason: str, count: int) -> None:
         self.metrics.dropped.labels(self.model, reason).inc(count)

@@ -22,6 +22,7 @@ from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
 from nerserve.ner.runtime import lane_stream
 from nerserve.ner.runtime.graph_set import load_graph_set
+from nerserve.service.batch_log import BatchLog
 from nerserve.service.batch_passes import BatchPasses, PreparedGroups
 from nerserve.service.batching.packing import BatchLimits
 from nerserve.service.batching.scheduler import Scheduler
@@ -186,6 +187,7 @@ def load_served_model(
     background: bool = False,
     tenant_weight: Callable[[str], float] = lambda tenant: 1.0,
     on_broken: Callable[[str], None] | None = None,
+    batch_log: BatchLog | None = None,
 ) -> ServedModel:
     """`background`: another model already answers (a missing export runs at a lower priority);
     `on_broken`, told why if its graphs stop working while it serves (Scheduler.probe)."""
@@ -202,7 +204,7 @@ def load_served_model(
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
     planning = PlanningRule.of(source.tokenizer_folder(manifest), window, settings.window_overlap_words)
     planner = planning.planner(program.subwords)
-    observer = ModelObserver(metrics, folder.name)
+    observer = ModelObserver(metrics, folder.name, batch_log)
 
     stages = BatchPasses(program, graphs, in_length_groups=not settings.batches_as_gpu)
     limits = BatchLimits(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from nerserve.service.api.errors import ApiError
+from nerserve.service.batch_log import BatchLog
 from nerserve.service.config import Settings
 from nerserve.service.metrics import Metrics
 from nerserve.service.models import ModelView, ServedModel
@@ -39,9 +40,11 @@ class ServiceState:
     exporter: Exporter | None = None  # how graphs missing at start-up are exported (none: they are an error)
     exports: StartUpExports = field(init=False)
     engine: Engine = field(init=False)  # set by the app: service.engine.LocalEngine or a RemoteEngine
+    batch_log: BatchLog | None = field(init=False)  # --batch-log: every model's batches, one file
 
     def __post_init__(self) -> None:
         self.exports = StartUpExports(self.settings.locations, self.exporter)
+        self.batch_log = BatchLog(self.settings.batch_log) if self.settings.batch_log else None
 
     @property
     def default_model(self) -> str | None:

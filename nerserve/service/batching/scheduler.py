@@ -44,6 +44,7 @@ from nerserve.service.batching.work import (
     Answer,
     BatchObserver,
     BatchRecord,
+    BatchTimes,
     DeadlineExceeded,
     Draining,
     ItemResult,
@@ -657,7 +658,7 @@ class Scheduler:
             batch, closed = await self._wait_for_batch()
             if not batch:
                 continue
-            tokens, started = sum(item.cost for item in batch), self.clock()
+            tokens, closed_at = sum(item.cost for item in batch), self.clock()
             try:
                 payloads = [item.payload for item in batch]
                 if self._inline(self.prepare_work_times, tokens):
@@ -673,12 +674,12 @@ class Scheduler:
                 await self._isolate(batch, error)
                 continue
             self.prepare_work_times.observe(tokens, seconds)
-            self.prepare_times.observe(tokens, self.clock() - started)
+            self.prepare_times.observe(tokens, self.clock() - closed_at)
             while self._handed:  # the slot holds a batch no lane has taken yet: this one waits
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
             self._handed += 1
-            self._lane_work.put(PreparedBatch(batch, prepared, tokens, closed))
+            self._lane_work.put(PreparedBatch(batch, prepared, tokens, closed, closed_at, self.clock()))
 
     def _lane_main(self, lane: int, loop: asyncio.AbstractEventLoop) -> None:
         """A graph thread: each prepared batch as soon as it is handed over and the lane's last pass
@@ -778,13 +779,18 @@ class Scheduler:
             self._spawn(self._isolate(batch, error))
             return
         self._batches += 1
-        if self.lanes_drive_a_device:  # its own pass: from when the one queued before it ended
-            started, self._device_free_at = max(started, self._device_free_at), finished
+        taken = started
+        if self.lanes_drive_a_device:
+            # its own pass: from when the one queued before it ended; a pass on a stream of its own
+            # may end before one launched earlier, and its own time is then none rather than less
+            started = min(max(started, self._device_free_at), finished)
+            self._device_free_at = max(self._device_free_at, finished)
         self.run_times.observe(tokens, finished - started)
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
             self.rates.observe(tokens, rate)
-        self._spawn(self._decode(work, outputs, started, finished, self._batches))
+        times = BatchTimes(work.closed_at, work.handed_at, taken, started, finished)
+        self._spawn(self._decode(work, outputs, times, lane, self._batches))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -797,11 +803,11 @@ class Scheduler:
         self._lane_work.put(LaneCall(call, outcome))
         return await asyncio.wrap_future(outcome)
 
-    async def _decode(self, work: PreparedBatch, outputs: Any, started: float, ran: float, number: int) -> None:
+    async def _decode(self, work: PreparedBatch, outputs: Any, times: BatchTimes, lane: int, number: int) -> None:
         """Outputs → results in the decode thread (on the loop where that is quick), then the
         batch's answers and its record, once an idle device has its next batch (`_device_fed`)."""
         batch, tokens, prepared = work.items, work.tokens, work.prepared  # tokens: counted as it closed
-        seconds = ran - started
+        started, seconds = times.started, times.finished - times.started
         await self._device_fed()
         try:
             if self._inline(self.decode_times, tokens):
@@ -826,8 +832,10 @@ class Scheduler:
                 self.padded_tokens(prepared) if self.padded_tokens else tokens,
                 [started - item.enqueued for item in batch],
                 seconds,
-                ran,
+                times.finished,
                 work.closed,
+                lane,
+                replace(times, answered=self.clock()),
             )
         )
         await self._when_idle(self.clock())

@@ -84,6 +84,8 @@ class PreparedBatch:
     prepared: Any
     tokens: int  # sub-words
     closed: str = ""  # why the batch closed (BatchRecord.closed)
+    closed_at: float = 0.0  # on the scheduler's clock: when it closed, and when it was handed to the lanes
+    handed_at: float = 0.0
 
     def wanted(self) -> bool:
         """Whether any of its sentences is still waited for (read in the lane, just before its pass)."""
@@ -96,6 +98,19 @@ class LaneCall:
 
     call: Callable[[], Any]
     outcome: Future[Any]
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """A batch's way through the scheduler, on its clock: closed, prepared and handed to the lanes,
+    taken by a lane, its own pass (on a device, from the end of the pass queued before it), answered."""
+
+    closed: float
+    handed: float
+    taken: float
+    started: float
+    finished: float
+    answered: float = 0.0  # set as its answers go out
 
 
 @dataclass
@@ -111,6 +126,8 @@ class BatchRecord:
     # the device frees); waited (max_wait passed, then the device's turn); halves (the first half
     # of what an idle device would have taken whole)
     closed: str = ""
+    lane: int = 0
+    times: BatchTimes | None = None
 
 
 class BatchObserver(Protocol):
