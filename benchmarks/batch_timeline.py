@@ -40,6 +40,13 @@ def read_served(path: Path) -> dict[str, Any]:
     return report
 
 
+def device_ms_mean(passes: list[dict[str, Any]]) -> float | None:
+    """The passes' mean time on the device's own clock, or None where a pass has none."""
+    own = [b.get("device_ms") for b in passes]
+    timed = [float(ms) for ms in own if ms is not None]
+    return round(statistics.fmean(timed), 2) if len(timed) == len(own) else None
+
+
 def level_timeline(batches: list[dict[str, Any]], began: float, ended: float, clients: int) -> dict[str, Any]:
     """The batches whose pass started within [BEGAN, ENDED], in the order their passes started."""
     passes = sorted((b for b in batches if began <= b["at"]["started"] <= ended), key=lambda b: b["at"]["started"])
@@ -54,6 +61,8 @@ def level_timeline(batches: list[dict[str, Any]], began: float, ended: float, cl
         "passes": len(passes),
         "sentences_a_pass": round(mean_size, 1),
         "run_ms_mean": round(statistics.fmean(b["run_ms"] for b in passes), 2),
+        # the same passes on the device's own clock, where it has one (older logs: none)
+        "device_ms_mean": device_ms_mean(passes),
         # the device's own time: passes back to back count once (a pass's own time is from the end of
         # the one queued before it)
         "device_busy": round(sum(a["finished"] - a["started"] for a in at) / window, 3),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -30,10 +31,21 @@ def test_a_line_a_batch_with_its_times_sizes_and_why_it_closed(tmp_path: Path) -
         "subwords": 60,
         "padded_subwords": 64,
         "run_ms": 7.5,
+        "device_ms": None,
         "queue_ms": {"min": 2.0, "max": 5.0},
         "at": {"closed": 10.0, "handed": 10.001, "taken": 10.002, "started": 10.003, "finished": 10.0105, "answered": 10.011},
     }
     assert second["model"] == "nag-genia" and second["sentences"] == 5
+
+
+def test_a_pass_timed_by_the_devices_own_clock_logs_that_time_too(tmp_path: Path) -> None:
+    timed = record()
+    assert timed.times is not None
+    timed.times = dataclasses.replace(timed.times, device_seconds=0.0061234)
+    log = BatchLog(tmp_path / "batches.jsonl")
+    log.write("span-conll03", timed)
+    line = json.loads((tmp_path / "batches.jsonl").read_text())
+    assert (line["run_ms"], line["device_ms"]) == (7.5, 6.123)
 
 
 def test_a_log_that_cannot_be_written_is_said_once_and_serving_goes_on(

@@ -1081,6 +1081,8 @@ def closed_loop(
     staggered: bool = False,
     closed: list[str] | None = None,
     resend_ms: Callable[[int], float] = lambda client: 0.0,
+    lane_wait_ms: Callable[[int], float] = lambda sentences: 0.0,
+    device_clock: bool = False,
 ) -> tuple[list[int], float]:
     """The sizes of the passes a simulated device of these costs ran for CLIENTS clients that each
     send a request of PER_REQUEST sentences again once answered, for 1.6 s, after a request alone
@@ -1088,7 +1090,9 @@ def closed_loop(
     was busy once every client had started; a batch's prepare takes PREPARE_MS. STAGGERED: each
     client starts once the one before has had a pass on the device. CLOSED: filled with why each
     batch closed (BatchRecord.closed), in order. RESEND_MS: how long client i takes to send again
-    once answered (its share of the way back through the front)."""
+    once answered (its share of the way back through the front). LANE_WAIT_MS: how long a pass of
+    so many sentences keeps its lane after the device is done with it (a lane's thread waiting for
+    the interpreter lock); DEVICE_CLOCK: the scheduler reads the device's own clock for a pass."""
     from nerserve.ner.runtime.simulated import SimulatedDevice
 
     class Reasons(NullObserver):
@@ -1103,6 +1107,7 @@ def closed_loop(
     def run(prepared: list[str]) -> list[str]:
         passes.append(len(prepared))
         device.run(len(prepared))
+        time.sleep(lane_wait_ms(len(prepared)) / 1000)
         return prepared
 
     def prepare(payloads: list[str]) -> list[str]:
@@ -1127,6 +1132,7 @@ def closed_loop(
             answer_per_turn=False,
             lanes=2,
             lanes_drive_a_device=True,
+            pass_clock=device.pass_clock if device_clock else None,
         )
         scheduler.start()
         await asyncio.gather(*scheduler.submit([("first", 1)]))
@@ -1233,6 +1239,7 @@ def test_a_batch_split_in_halves_is_measured_as_it_ran() -> None:
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         for sentences, milliseconds in [(1, 10.0), (8, 10.5), (16, 11.0)]:
             scheduler.run_times.observe(sentences, milliseconds / 1000)
+            scheduler.device_times.observe(sentences, milliseconds / 1000)
             scheduler.prepare_times.observe(sentences, 0.0005)
         scheduler.submit([(f"s{index}", 1) for index in range(15)])
         return scheduler._pipelined_limits(limits).max_batch_size
@@ -1273,6 +1280,7 @@ def test_the_halves_rule_by_pass_and_prepare_times_alone(batch_limit: int, prepa
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         for sentences, milliseconds in [(1, 8.0), (8, 13.6), (16, 20.0)]:
             scheduler.run_times.observe(sentences, milliseconds / 1000)
+            scheduler.device_times.observe(sentences, milliseconds / 1000)
             scheduler.prepare_times.observe(sentences, prepare_ms / 1000)
         scheduler.submit([(f"s{index}", 1) for index in range(16)])
         return scheduler._pipelined_limits(limits).max_batch_size
@@ -1328,6 +1336,23 @@ def test_a_half_never_run_is_tried_once_then_kept_or_rejoined_by_its_measured_co
     60). The closed loop is tried once in halves to measure them. Where a half costs 42 ms (84
     against 90) the halves stay; where it costs 55 ms (110) they are rejoined into one batch."""
     passes, _ = closed_loop([1.0, 8.0, 16.0], [40.0, half_ms, 60.0])
+    assert 8 in passes[: len(passes) // 2]  # the halves were tried
+    assert_settled_in_halves(passes, split)
+
+
+@pytest.mark.parametrize("device_clock, split", [(True, True), (False, False)])
+def test_halves_are_judged_by_the_devices_own_clock_where_it_has_one(device_clock: bool, split: bool) -> None:
+    """The device of the test above with halves that pay (40 ms for one sentence, 42 for 8, 60 for
+    16: two halves 84 ms against 1.5 x 60), and a half's lane kept 15 ms past its pass, as a lane
+    waits for the interpreter while the host turns the other half around (a whole pass has an idle
+    host beside it). By the lanes' clocks a half costs 57 ms and two of them more than 1.5 wholes:
+    the loop is rejoined. By the device's own clock the halves stay."""
+    passes, _ = closed_loop(
+        [1.0, 8.0, 16.0],
+        [40.0, 42.0, 60.0],
+        lane_wait_ms=lambda sentences: 15.0 if 1 < sentences < 16 else 0.0,
+        device_clock=device_clock,
+    )
     assert 8 in passes[: len(passes) // 2]  # the halves were tried
     assert_settled_in_halves(passes, split)
 

@@ -186,6 +186,32 @@ def test_a_pass_launched_while_another_runs_is_queued_behind_it() -> None:
     assert device.passes == 2 and device.busy_seconds == pytest.approx(0.2)
 
 
+def test_the_simulated_devices_clock_gives_each_thread_its_own_passes_time_on_the_device() -> None:
+    """Two lanes launch a pass of 100 ms each at once: the second waits for the first, then the
+    device takes it. Each lane's clock says 100 ms, the device's time for its own pass: not the
+    second's 200 ms from its launch, nor the other lane's pass. The service takes the clock from
+    the device the graphs made (`runtime.pass_clock`); runtimes without one time a pass by its lane."""
+    from nerserve.ner.runtime import pass_clock
+    from nerserve.ner.runtime.simulated import SimulatedDevice
+
+    device = SimulatedDevice("card", "test", np.array([1.0, 100.0]), np.array([100.0, 100.0]))
+    own: list[float] = []
+
+    def lane() -> None:
+        stop = device.pass_clock()
+        device.run(10)
+        own.append(stop())
+
+    lanes = [threading.Thread(target=lane) for _ in range(2)]
+    for thread in lanes:
+        thread.start()
+    for thread in lanes:
+        thread.join()
+    assert own == [pytest.approx(0.1, abs=0.005)] * 2
+    assert device.pass_clock()() == 0.0  # nothing launched since
+    assert pass_clock("onnx", "cpu") is None and pass_clock("torchscript", "cpu") is None
+
+
 def test_a_bundled_cost_table_is_named_by_its_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--simulated-device-costs h100-span-conll03-offline.json` takes the bundled table of span's
     own H100 batches; a file of that name where the server runs, or any path, is read instead."""

@@ -4,7 +4,7 @@ intermediates on the device, half precision and CUDA graphs; on the CPU for debu
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -79,6 +79,23 @@ def own_cuda_stream(device: str) -> None:
     that batches run from several threads (the service's graph lanes) queue their kernels on
     separate streams and can overlap on the device instead of waiting in one stream's order."""
     torch.cuda.set_stream(torch.cuda.Stream(torch.device(device)))
+
+
+def cuda_pass_clock() -> Callable[[], float]:
+    """A pass's own time on the GPU: an event recorded on the calling thread's stream now, and one
+    when the returned stop is called (after the pass's outputs reached the host), elapsed between
+    them on the device's clock. Launch gaps inside the pass count (the device waits on them); the
+    thread's wait for the interpreter lock once the pass is done does not."""
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+
+    def stop() -> float:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000
+
+    return stop
 
 
 def _host_array(out: torch.Tensor) -> np.ndarray:

@@ -39,6 +39,8 @@ class BatchLog:
             "subwords": record.tokens,
             "padded_subwords": record.padded_tokens,
             "run_ms": round(record.run_seconds * 1000, 3),
+            # the pass on the device's own clock (null where it has none): run_ms less the lane's waits
+            "device_ms": None if times.device_seconds is None else round(times.device_seconds * 1000, 3),
             "queue_ms": {
                 "min": round(min(record.queue_seconds, default=0.0) * 1000, 3),
                 "max": round(max(record.queue_seconds, default=0.0) * 1000, 3),

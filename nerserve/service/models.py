@@ -20,7 +20,7 @@ from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.graph import execution_providers
 from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
-from nerserve.ner.runtime import lane_stream
+from nerserve.ner.runtime import lane_stream, pass_clock
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.service.batch_log import BatchLog
 from nerserve.service.batch_passes import BatchPasses, PreparedGroups
@@ -230,6 +230,7 @@ def load_served_model(
         answer_per_turn=settings.front_workers == 1,
         lanes=settings.lanes,
         lane_setup=None if graphs else _lane_stream(settings),  # a graph process's lanes take their streams there
+        pass_clock=None if graphs else pass_clock(settings.runtime.value, settings.device),
         lanes_drive_a_device=settings.batches_as_gpu,
         on_broken=on_broken,
         pass_timeout=settings.pass_timeout,

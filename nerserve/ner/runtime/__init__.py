@@ -24,6 +24,28 @@ def lane_stream(runtime: str, device: str) -> Callable[[], None] | None:
     return partial(own_cuda_stream, device)
 
 
+# Started before a lane's pass, in the lane's thread: the stop it returns, called there once the
+# pass is done (its outputs on the host), gives the seconds the device itself spent on the pass.
+PassClock = Callable[[], Callable[[], float]]
+
+
+def pass_clock(runtime: str, device: str) -> PassClock | None:
+    """The device's own clock for a lane's passes, where the runtime has one: CUDA events on the
+    lane's stream for torch's runtimes on CUDA, the stand-in's own account on the simulated device
+    (once its graphs have made it). None elsewhere: a pass is then timed by its lane's clock, which
+    also counts the lane thread's waits for the interpreter lock."""
+    if device == "simulated":
+        from nerserve.ner.runtime.simulated import made_simulated_device
+
+        stand_in = made_simulated_device()
+        return None if stand_in is None else stand_in.pass_clock
+    if runtime in ("eager", "torchscript") and device.startswith("cuda"):
+        from nerserve.ner.torch_graph import cuda_pass_clock  # torch only here: its runtimes
+
+        return cuda_pass_clock
+    return None
+
+
 class DeviceUnavailable(RuntimeError):
     """A device that was asked for cannot be used: an error, never a silent fall-back to the CPU."""
 

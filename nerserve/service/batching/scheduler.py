@@ -154,6 +154,11 @@ class Scheduler:
     # get the interpreter back, which at a lower priority on a busy core it did only once the loop
     # had answered the last batch. Graph threads that compute on the CPU run below the loop.
     lanes_drive_a_device: bool = False
+    # The device's own clock for a pass (runtime.pass_clock: CUDA events, the simulated device's
+    # account), started in a lane's thread before its pass and read there after. A lane's clock
+    # also counts its thread's waits for the interpreter lock, which grow with the host work beside
+    # the pass; the halves of a closed loop are judged by what they cost the device (device_times).
+    pass_clock: Callable[[], Callable[[], float]] | None = None
     # A pass on a sentence the model answered at start-up (the warm-up's), run after a batch fails.
     # If it fails too, the model's graphs no longer work (a graph process gone, a device in an error
     # state) and every request would fail, each after a pass a sentence: the model is broken instead
@@ -205,6 +210,8 @@ class Scheduler:
         # prepare stage's, by batch size, when each running lane's batch is expected to end, and a
         # wake-up as a lane frees
         self.run_times = PassTimes()
+        # the device's own time for those passes where it has a clock (pass_clock), else run_times'
+        self.device_times = PassTimes()
         self.prepare_times = PassTimes()  # as the loop waits for it, a thread's hand-off included
         # for _inline only: the work's own time, where it runs
         self.prepare_work_times = PassTimes()
@@ -629,11 +636,14 @@ class Scheduler:
 
     def _halves_dearer(self, whole: float, half: float) -> bool:
         """Whether two passes of HALF sub-words, that size measured, cost the device more than
-        PIPELINE_COST_RATIO times one pass of WHOLE. HALF is the first half as split (the larger of
-        an odd count's two): the size the split's first pass measures, so that a split tried to
-        measure it never goes on untold for want of a size it does not run."""
-        twice = 2 * self.run_times.seconds(half)
-        return self.run_times.measured(half) and twice > PIPELINE_COST_RATIO * self.run_times.seconds(whole)
+        PIPELINE_COST_RATIO times one pass of WHOLE, by the device's own clock where it has one
+        (`device_times`): a half's lane, beside the host turning the other half around, waits
+        longer for the interpreter lock than a whole pass's beside an idle host, and by the lanes'
+        clocks halves that keep the device busier looked dearer than they are. HALF is the first
+        half as split (the larger of an odd count's two): the size the split's first pass measures,
+        so that a split tried to measure it never goes on untold for want of a size it does not run."""
+        times = self.device_times
+        return times.measured(half) and 2 * times.seconds(half) > PIPELINE_COST_RATIO * times.seconds(whole)
 
     async def _rejoin_halves(self) -> None:
         """A closed loop split in halves (`_pipelined_limits`) stays split: each half gathers while the
@@ -703,14 +713,18 @@ class Scheduler:
             loop.call_soon_threadsafe(self._lane_took, lane, work.tokens, len(work.items), started)
             outputs: Any = None
             error: Exception | None = None
+            device_seconds: float | None = None
             wanted = work.wanted()
             if wanted:
                 try:
                     with self._busy(lane, work.items):
+                        stop = self.pass_clock() if self.pass_clock is not None else None
                         outputs = self.run(work.prepared)
+                        device_seconds = stop() if stop is not None else None
                 except Exception as failure:
                     error = failure
-            loop.call_soon_threadsafe(self._lane_ran, lane, work, wanted, outputs, error, started, self.clock())
+            finished = self.clock()
+            loop.call_soon_threadsafe(self._lane_ran, lane, work, wanted, outputs, error, started, finished, device_seconds)
 
     @contextlib.contextmanager
     def _busy(self, lane: int, items: list[WorkItem]) -> Iterator[None]:
@@ -763,9 +777,11 @@ class Scheduler:
         error: Exception | None,
         started: float,
         finished: float,
+        device_seconds: float | None = None,
     ) -> None:
         """A lane's pass ended: its lane is free, and the batch's decoding is handed to the decode
-        thread (or its failure isolated, or, if nobody waited for it any more, it is dropped)."""
+        thread (or its failure isolated, or, if nobody waited for it any more, it is dropped).
+        DEVICE_SECONDS: the pass's own time on the device's clock, where it has one."""
         self._lane_ends.pop(lane, None)
         self._lane_freed.set()
         if self.limits.close_when_idle:  # a batch gathering closes now that the device is free
@@ -786,10 +802,12 @@ class Scheduler:
             started = min(max(started, self._device_free_at), finished)
             self._device_free_at = max(self._device_free_at, finished)
         self.run_times.observe(tokens, finished - started)
+        own = finished - started if device_seconds is None else min(finished - started, device_seconds)
+        self.device_times.observe(tokens, own)
         rate = self._cycle_rate(lane, batch, finished, finished - started)
         if rate is not None:
             self.rates.observe(tokens, rate)
-        times = BatchTimes(work.closed_at, work.handed_at, taken, started, finished)
+        times = BatchTimes(work.closed_at, work.handed_at, taken, started, finished, device_seconds=device_seconds)
         self._spawn(self._decode(work, outputs, times, lane, self._batches))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:

@@ -111,6 +111,7 @@ class BatchTimes:
     started: float
     finished: float
     answered: float = 0.0  # set as its answers go out
+    device_seconds: float | None = None  # its pass on the device's own clock, where it has one (Scheduler.pass_clock)
 
 
 @dataclass
