@@ -212,6 +212,44 @@ def test_the_simulated_devices_clock_gives_each_thread_its_own_passes_time_on_th
     assert pass_clock("onnx", "cpu") is None and pass_clock("torchscript", "cpu") is None
 
 
+def test_torchs_runtimes_on_cuda_time_a_pass_by_events_on_the_lanes_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA a lane's pass is timed by two events on its stream: one recorded as the pass starts,
+    one as its stop is called, which waits for it; their elapsed milliseconds are the pass's time.
+    (The events themselves need a card: faked here, read on one by gpu_check.sh's batch log.)"""
+    import torch
+
+    from nerserve.ner import torch_graph
+    from nerserve.ner.runtime import pass_clock
+
+    said: list[str] = []
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            Event.made += 1
+            self.number = Event.made
+
+        def record(self) -> None:
+            said.append(f"record {self.number}")
+
+        def synchronize(self) -> None:
+            said.append(f"synchronize {self.number}")
+
+        def elapsed_time(self, end: Event) -> float:
+            said.append(f"elapsed {self.number} to {end.number}")
+            return 3.5
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert pass_clock("eager", "cuda") is torch_graph.cuda_pass_clock
+    assert pass_clock("torchscript", "cuda:1") is torch_graph.cuda_pass_clock and pass_clock("onnx", "cuda") is None
+    stop = torch_graph.cuda_pass_clock()
+    said.append("the pass")
+    assert stop() == pytest.approx(0.0035)
+    assert said == ["record 1", "the pass", "record 2", "synchronize 2", "elapsed 1 to 2"]
+
+
 def test_a_bundled_cost_table_is_named_by_its_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--simulated-device-costs h100-span-conll03-offline.json` takes the bundled table of span's
     own H100 batches; a file of that name where the server runs, or any path, is read instead."""
