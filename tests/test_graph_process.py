@@ -81,6 +81,35 @@ def test_a_graph_process_runs_a_batch_a_lane_at_once() -> None:
             graphs.close()
 
 
+def quarter_second_clock() -> Any:
+    """A device clock (runtime.pass_clock) that says every pass took the device 0.25 s."""
+    return lambda: lambda: 0.25
+
+
+def two_passes(graphs: GraphProcess) -> float:
+    stop = graphs.pass_clock()
+    for _ in range(2):
+        graphs.run((np.zeros(1), [None]))
+    return stop()
+
+
+def test_a_pass_through_the_graph_process_is_timed_in_the_child() -> None:
+    """The scheduler's clock for a pass through the child (GraphProcess.pass_clock) is the time the
+    child reports: its own lane's clock around the pass (0.5 s here), which counts neither the pipes
+    nor this process's threads, or the device's clock where the child has one; a thread's clock
+    counts only the passes that thread ran."""
+    for clock_of, own in [(None, SLOW_PASS_SECONDS), (quarter_second_clock, 0.25)]:
+        graphs = GraphProcess("slow", slow, clock_of=clock_of)
+        try:
+            stop = graphs.pass_clock()
+            graphs.run((np.zeros(1), [None]))
+            with ThreadPoolExecutor(max_workers=1) as elsewhere:  # two passes of its own meanwhile
+                assert elsewhere.submit(two_passes, graphs).result() == pytest.approx(2 * own, abs=0.1)
+            assert stop() == pytest.approx(own, abs=0.05)  # this thread's one pass
+        finally:
+            graphs.close()
+
+
 def cannot_load() -> Doubling:
     raise FileNotFoundError("weights.safetensors")
 

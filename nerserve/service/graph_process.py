@@ -10,8 +10,10 @@ offline time (docs/decisions/gpu-engine.md). In the child the passes have the in
 themselves: its only threads are one per lane, each launching its own passes (on a stream of its
 own on CUDA), so that, as in the server's process, the next pass is queued on the device while one
 runs. Batches and outputs cross the pipes pickled: arrays of ids in, the arrays decoding reads out
-(values a runtime kept on its device never leave the child). Tokenising, admission, decoding and
-the HTTP front stay in the server's process.
+(values a runtime kept on its device never leave the child), with the pass's own time: on the
+device's clock where the child has one (`runtime.pass_clock`), else on the child's lane's, which
+counts neither the pipes nor the server's waits for its interpreter (`GraphProcess.pass_clock`).
+Tokenising, admission, decoding and the HTTP front stay in the server's process.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import multiprocessing
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from nerserve.ner.graph import GraphError, execution_providers
+from nerserve.ner.runtime import PassClock
 from nerserve.ner.runtime.simulated import made_simulated_device
 from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
@@ -49,15 +53,20 @@ def _messages(connection: Connection) -> Iterator[Any]:
         yield message
 
 
-def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], None] | None) -> None:
-    """One lane in the child: every batch its pipe brings."""
+def _serve_lane(connection: Connection, program: Any, lane_setup: Callable[[], None] | None, clock: PassClock | None) -> None:
+    """One lane in the child: every batch its pipe brings, answered with what decoding reads and the
+    pass's own time (CLOCK's, the device's, where there is one; else this thread's)."""
     if lane_setup is not None:
         lane_setup()
     for message in _messages(connection):
         try:
             batch, options = message
+            started = time.perf_counter()
+            stop = clock() if clock is not None else None
             outputs = program.run(batch, options)
-            connection.send(("ok", {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}))
+            seconds = stop() if stop is not None else time.perf_counter() - started
+            kept = {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}
+            connection.send(("ok", (kept, seconds)))
         except Exception as error:
             connection.send(("error", f"{type(error).__name__}: {error}"))
 
@@ -76,17 +85,21 @@ def _serve(
     load: Callable[[], Any],
     lane_setup: Callable[[], None] | None,
     switch_ms: float,
+    clock_of: Callable[[], PassClock | None] | None,
 ) -> None:
-    """The child: load the program, say so on the control pipe, then a thread a lane and one for control."""
+    """The child: load the program, say so on the control pipe, then a thread a lane and one for
+    control. `clock_of`: the device's clock, asked for once the graphs are loaded (a simulated
+    device is made by them)."""
     hand_over_quickly(switch_ms)
     try:
         program = load()
+        clock = clock_of() if clock_of is not None else None
     except Exception as error:
         control.send(("error", f"{type(error).__name__}: {error}"))
         return
     control.send(("ready", execution_providers(program.graphs)))
     threads = [
-        threading.Thread(target=_serve_lane, args=(connection, program, lane_setup), name=f"lane-{i}", daemon=True)
+        threading.Thread(target=_serve_lane, args=(connection, program, lane_setup, clock), name=f"lane-{i}", daemon=True)
         for i, connection in enumerate(connections)
     ]
     threads.append(threading.Thread(target=_serve_control, args=(control,), name="control", daemon=True))
@@ -101,7 +114,8 @@ class GraphProcess:
     batches at a time, each over a pipe of its own: a caller takes a free pipe for its batch (the
     scheduler's lanes are as many, so none waits for one), and `lane_setup` runs in each of the
     child's lane threads as it starts (a CUDA stream of its own). `switch_ms`: the child's
-    interpreter switch interval, as the server's."""
+    interpreter switch interval, as the server's. `clock_of` gives the child's device clock for a
+    pass (`runtime.pass_clock`, called there once the graphs are loaded)."""
 
     def __init__(
         self,
@@ -110,13 +124,15 @@ class GraphProcess:
         lanes: int = 1,
         lane_setup: Callable[[], None] | None = None,
         switch_ms: float = DEFAULT_SWITCH_MS,
+        clock_of: Callable[[], PassClock | None] | None = None,
     ) -> None:
         self.name = name
+        self._own = threading.local()  # each calling thread's passes' own seconds, as the child timed them
         self._control, control = _CONTEXT.Pipe()
         pipes = [_CONTEXT.Pipe() for _ in range(max(1, lanes))]
         ends = [child for _, child in pipes]
         self._process = _CONTEXT.Process(
-            target=_serve, args=(control, ends, load, lane_setup, switch_ms), name=f"graphs-{name}", daemon=True
+            target=_serve, args=(control, ends, load, lane_setup, switch_ms, clock_of), name=f"graphs-{name}", daemon=True
         )
         self._process.start()
         for child in (control, *ends):
@@ -164,8 +180,17 @@ class GraphProcess:
             self._free.put(connection)
         if status != "ok":
             raise GraphError(f"{self.name}: {detail}")
-        outputs: dict[str, np.ndarray] = detail
+        outputs: dict[str, np.ndarray]
+        outputs, seconds = detail
+        self._own.seconds = getattr(self._own, "seconds", 0.0) + seconds
         return outputs
+
+    def pass_clock(self) -> Callable[[], float]:
+        """The scheduler's clock for a lane's pass through this process (Scheduler.pass_clock): the
+        own time the child reported for the passes the calling thread ran through it since."""
+        own = self._own
+        before = getattr(own, "seconds", 0.0)
+        return lambda: getattr(own, "seconds", 0.0) - before
 
     def device_report(self) -> dict[str, Any] | None:
         """The child's simulated device's report (card, busy seconds, passes), or None where it has none."""

@@ -195,7 +195,14 @@ def load_served_model(
     spec = architecture(read_manifest(folder).architecture)
     source = _graph_source(name, settings, background, exports)
     graphs = (
-        GraphProcess(name, source.program, settings.lanes, _lane_stream(settings), settings.interpreter_switch_ms)
+        GraphProcess(
+            name,
+            source.program,
+            settings.lanes,
+            _lane_stream(settings),
+            settings.interpreter_switch_ms,
+            functools.partial(pass_clock, settings.runtime.value, settings.device),
+        )
         if settings.graph_process
         else None
     )
@@ -230,7 +237,7 @@ def load_served_model(
         answer_per_turn=settings.front_workers == 1,
         lanes=settings.lanes,
         lane_setup=None if graphs else _lane_stream(settings),  # a graph process's lanes take their streams there
-        pass_clock=None if graphs else pass_clock(settings.runtime.value, settings.device),
+        pass_clock=graphs.pass_clock if graphs else pass_clock(settings.runtime.value, settings.device),
         lanes_drive_a_device=settings.batches_as_gpu,
         on_broken=on_broken,
         pass_timeout=settings.pass_timeout,

@@ -155,7 +155,8 @@ class Scheduler:
     # had answered the last batch. Graph threads that compute on the CPU run below the loop.
     lanes_drive_a_device: bool = False
     # The device's own clock for a pass (runtime.pass_clock: CUDA events, the simulated device's
-    # account), started in a lane's thread before its pass and read there after. A lane's clock
+    # account; a graph process's report of its pass), started in a lane's thread before its pass
+    # and read there after. A lane's clock
     # also counts its thread's waits for the interpreter lock, which grow with the host work beside
     # the pass; the halves of a closed loop are judged by what they cost the device (device_times).
     pass_clock: Callable[[], Callable[[], float]] | None = None
