@@ -214,14 +214,19 @@ def test_the_simulated_devices_clock_gives_each_thread_its_own_passes_time_on_th
 
 def test_torchs_runtimes_on_cuda_time_a_pass_by_events_on_the_lanes_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA a lane's pass is timed by two events on its stream: one recorded as the pass starts,
-    one as its stop is called, which waits for it; their elapsed milliseconds are the pass's time.
-    (The events themselves need a card: faked here, read on one by gpu_check.sh's batch log.)"""
+    one as its stop is called, which waits for it; their elapsed milliseconds are the pass's time,
+    or, where the pass before it on the device (another lane's) ended after it was launched, the
+    time since that one's end. (The events themselves need a card: faked here, read on one by
+    gpu_check.sh's batch log.)"""
     import torch
 
     from nerserve.ner import torch_graph
     from nerserve.ner.runtime import pass_clock
 
     said: list[str] = []
+    # device milliseconds between events (by their numbers): pass A from 1 to 3; pass B, launched
+    # on the other lane's stream while A ran, from 2 to 4, 2.0 ms of it after A's end
+    times = {(1, 3): 3.5, (2, 4): 5.0, (3, 4): 2.0}
 
     class Event:
         made = 0
@@ -239,15 +244,19 @@ def test_torchs_runtimes_on_cuda_time_a_pass_by_events_on_the_lanes_stream(monke
 
         def elapsed_time(self, end: Event) -> float:
             said.append(f"elapsed {self.number} to {end.number}")
-            return 3.5
+            return times[self.number, end.number]
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch_graph._LastPassEnd, "event", None)
     assert pass_clock("eager", "cuda") is torch_graph.cuda_pass_clock
     assert pass_clock("torchscript", "cuda:1") is torch_graph.cuda_pass_clock and pass_clock("onnx", "cuda") is None
-    stop = torch_graph.cuda_pass_clock()
-    said.append("the pass")
-    assert stop() == pytest.approx(0.0035)
-    assert said == ["record 1", "the pass", "record 2", "synchronize 2", "elapsed 1 to 2"]
+    stop_a = torch_graph.cuda_pass_clock()
+    stop_b = torch_graph.cuda_pass_clock()
+    assert stop_a() == pytest.approx(0.0035)
+    assert said == ["record 1", "record 2", "record 3", "synchronize 3", "elapsed 1 to 3"]
+    said.clear()
+    assert stop_b() == pytest.approx(0.002)  # from A's end, not from its own launch behind A
+    assert said == ["record 4", "synchronize 4", "elapsed 2 to 4", "elapsed 3 to 4"]
 
 
 def test_a_bundled_cost_table_is_named_by_its_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ intermediates on the device, half precision and CUDA graphs; on the CPU for debu
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
@@ -81,11 +82,20 @@ def own_cuda_stream(device: str) -> None:
     torch.cuda.set_stream(torch.cuda.Stream(torch.device(device)))
 
 
+class _LastPassEnd:
+    """The end event of the pass that ended last on the GPU, whichever lane's stream it ran on."""
+
+    lock = threading.Lock()
+    event: torch.cuda.Event | None = None
+
+
 def cuda_pass_clock() -> Callable[[], float]:
-    """A pass's own time on the GPU: an event recorded on the calling thread's stream now, and one
-    when the returned stop is called (after the pass's outputs reached the host), elapsed between
-    them on the device's clock. Launch gaps inside the pass count (the device waits on them); the
-    thread's wait for the interpreter lock once the pass is done does not."""
+    """A pass's own time on the GPU, as the simulated device counts it: from when the device took it
+    to its end. An event is recorded on the calling thread's stream now, and one when the returned
+    stop is called (after the pass's outputs reached the host); a pass launched on one lane's
+    stream while another lane's ran is timed from that one's end where it ended in between (the
+    device's clock, across streams). Launch gaps inside the pass count (the device waits on them);
+    the thread's wait for the interpreter lock once the pass is done does not."""
     start = torch.cuda.Event(enable_timing=True)
     start.record()
 
@@ -93,7 +103,14 @@ def cuda_pass_clock() -> Callable[[], float]:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         end.synchronize()
-        return float(start.elapsed_time(end)) / 1000
+        milliseconds = start.elapsed_time(end)
+        with _LastPassEnd.lock:
+            before, _LastPassEnd.event = _LastPassEnd.event, end
+        if before is not None:
+            since_before = before.elapsed_time(end)
+            if 0 <= since_before < milliseconds:  # the pass before this one ended after this one was launched
+                milliseconds = since_before
+        return float(milliseconds) / 1000
 
     return stop
 
