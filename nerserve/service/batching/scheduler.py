@@ -156,9 +156,9 @@ class Scheduler:
     lanes_drive_a_device: bool = False
     # The device's own clock for a pass (runtime.pass_clock: CUDA events, the simulated device's
     # account; a graph process's report of its pass), started in a lane's thread before its pass
-    # and read there after. A lane's clock
-    # also counts its thread's waits for the interpreter lock, which grow with the host work beside
-    # the pass; the halves of a closed loop are judged by what they cost the device (device_times).
+    # and read there after. A lane's clock also counts its thread's waits for the interpreter lock,
+    # which grow with the host work beside the pass; the halves of a closed loop are judged by what
+    # they cost the device (device_times).
     pass_clock: Callable[[], Callable[[], float]] | None = None
     # A pass on a sentence the model answered at start-up (the warm-up's), run after a batch fails.
     # If it fails too, the model's graphs no longer work (a graph process gone, a device in an error
