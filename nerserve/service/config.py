@@ -199,7 +199,8 @@ class Settings(Locations):
     batch_log: Path | None = Field(
         None,
         description="a JSON line per batch appended to this file: when it closed and why, was handed to the graph "
-        "lanes, taken by one, ran and was answered (monotonic seconds), its sentences, sub-words and lane; for "
+        "lanes, taken by one, ran and was answered (monotonic seconds), its pass on the lane's clock and on the "
+        "device's where it has one, its sentences, sub-words and lane; for "
         "tuning batching on a device, where /metrics gives a level's averages only",
     )
     access_log: bool = Field(
