@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from nerserve.ner.graph import GraphError, execution_providers
-from nerserve.ner.runtime import PassClock
+from nerserve.ner.runtime import OwnSeconds, PassClock
 from nerserve.ner.runtime.simulated import made_simulated_device
 from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
@@ -127,7 +127,7 @@ class GraphProcess:
         clock_of: Callable[[], PassClock | None] | None = None,
     ) -> None:
         self.name = name
-        self._own = threading.local()  # each calling thread's passes' own seconds, as the child timed them
+        self._own = OwnSeconds()  # each calling thread's passes' own seconds, as the child timed them
         self._control, control = _CONTEXT.Pipe()
         pipes = [_CONTEXT.Pipe() for _ in range(max(1, lanes))]
         ends = [child for _, child in pipes]
@@ -182,15 +182,13 @@ class GraphProcess:
             raise GraphError(f"{self.name}: {detail}")
         outputs: dict[str, np.ndarray]
         outputs, seconds = detail
-        self._own.seconds = getattr(self._own, "seconds", 0.0) + seconds
+        self._own.add(seconds)
         return outputs
 
     def pass_clock(self) -> Callable[[], float]:
         """The scheduler's clock for a lane's pass through this process (Scheduler.pass_clock): the
         own time the child reported for the passes the calling thread ran through it since."""
-        own = self._own
-        before = getattr(own, "seconds", 0.0)
-        return lambda: getattr(own, "seconds", 0.0) - before
+        return self._own.clock()
 
     def device_report(self) -> dict[str, Any] | None:
         """The child's simulated device's report (card, busy seconds, passes), or None where it has none."""

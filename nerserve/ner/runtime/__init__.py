@@ -5,6 +5,7 @@ debugging; and the reference side of parity checks)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,24 @@ def lane_stream(runtime: str, device: str) -> Callable[[], None] | None:
 # Started before a lane's pass, in the lane's thread: the stop it returns, called there once the
 # pass is done (its outputs on the host), gives the seconds the device itself spent on the pass.
 PassClock = Callable[[], Callable[[], float]]
+
+
+class OwnSeconds:
+    """Seconds counted to the thread that spent them (a lane's passes): `clock` is a PassClock that
+    gives what the calling thread adds between it and its stop."""
+
+    def __init__(self) -> None:
+        self._threads = threading.local()
+
+    def add(self, seconds: float) -> None:
+        self._threads.seconds = self._total() + seconds
+
+    def _total(self) -> float:
+        return float(getattr(self._threads, "seconds", 0.0))
+
+    def clock(self) -> Callable[[], float]:
+        before = self._total()
+        return lambda: self._total() - before
 
 
 def pass_clock(runtime: str, device: str) -> PassClock | None:

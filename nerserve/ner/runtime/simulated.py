@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from nerserve.ner.graph import GraphError, Value
+from nerserve.ner.runtime import OwnSeconds
 
 SIMULATED = "simulated"
 # the sub-word rows of the shared encoder: the batch's device work is sized by them
@@ -51,7 +52,7 @@ class SimulatedDevice:
     busy_seconds: float = 0.0
     passes: int = 0
     _free_at: float = 0.0  # when the last pass launched ends (perf_counter)
-    _own_seconds: dict[int, float] = field(default_factory=dict, repr=False)  # by launching thread (pass_clock)
+    _own: OwnSeconds = field(default_factory=OwnSeconds, repr=False)  # by launching thread (pass_clock)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -95,14 +96,13 @@ class SimulatedDevice:
         seconds = self.batch_seconds(subwords)
         launched_from = time.perf_counter()
         _hold_the_interpreter(self.launch_seconds(subwords))
-        thread = threading.get_ident()
         with self._lock:
             start = max(launched_from, self._free_at)
             end = max(start + seconds, time.perf_counter())
             self._free_at = end
             self.busy_seconds += seconds
             self.passes += 1
-            self._own_seconds[thread] = self._own_seconds.get(thread, 0.0) + end - start
+        self._own.add(end - start)
         time.sleep(max(0.0, end - time.perf_counter()))
 
     def pass_clock(self) -> Callable[[], float]:
@@ -110,9 +110,7 @@ class SimulatedDevice:
         called in the same thread once its pass is done, gives the seconds the device spent on it
         (from when it took each pass up to its end; not the thread's wait for the interpreter
         after), as CUDA events around a pass give a card's (`runtime.pass_clock`)."""
-        thread = threading.get_ident()
-        before = self._own_seconds.get(thread, 0.0)
-        return lambda: self._own_seconds.get(thread, 0.0) - before
+        return self._own.clock()
 
     def report(self) -> dict[str, Any]:
         return {"card": self.card, "source": self.source, "busy_seconds": round(self.busy_seconds, 6), "passes": self.passes}
