@@ -74,7 +74,7 @@ class Planner:
     def clipped(self, sentence: Tokenized) -> Tokenized:
         """A word longer than a whole window (e.g. "a-a-a-…", a long CJK run) keeps only the
         sub-words that fit: it is still one word with its own offsets, and its window still fits."""
-        return Tokenized(sentence.words, tuple(piece[: self.budget] for piece in sentence.pieces))
+        return Tokenized.of(sentence.words, [piece[: self.budget] for piece in sentence.pieces])
 
     def plan(self, texts: list[str] | None = None, tokens: list[list[str]] | None = None) -> list[PlannedText]:
         planned: list[PlannedText] = []
@@ -94,10 +94,10 @@ class Planner:
         tokenized = self.subwords.tokenize([[word.text for word in words] for _, _, words in sentences]) if sentences else []
         specials = self.subwords.special_count
         for (t, first, _), tokens_of in zip(sentences, tokenized, strict=True):
-            counts = list(map(len, tokens_of.pieces))
+            counts = tokens_of.piece_counts
             if max(counts, default=0) > self.budget:
                 tokens_of = self.clipped(tokens_of)
-                counts = list(map(len, tokens_of.pieces))
+                counts = tokens_of.piece_counts
             for s, e, core_start, core_end in windows(counts, self.budget, self.overlap):
                 cost = sum(counts[s:e]) + specials
                 part = tokens_of.window(s, e)

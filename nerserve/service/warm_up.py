@@ -76,7 +76,7 @@ def filler_sentence(subwords: SubwordEncoder, most: int) -> Tokenized:
         words.append(word)
         pieces.append(piece)
         used += len(piece)
-    return Tokenized(tuple(words), tuple(pieces))
+    return Tokenized.of(words, pieces)
 
 
 def known_good_payload(subwords: SubwordEncoder, options: Any) -> tuple[Tokenized, Any]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import itertools
 import json
 import unicodedata
+from array import array
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -64,14 +66,37 @@ def load_tokenizer(folder: Path) -> Tokenizer:
 @dataclass(frozen=True)
 class Tokenized:
     """A sentence's words and the sub-word ids of each word (special tokens excluded): what the
-    service computes once per sentence, then windows and batches without tokenising again."""
+    service computes once per sentence, then windows and batches without tokenising again. The ids
+    are kept as machine words, flat, with each word's count: a batch joins its sentences' bytes and
+    reads them as one array, and an HTTP worker sends them to the engine as they are."""
 
     words: tuple[str, ...]
-    pieces: tuple[tuple[int, ...], ...]
+    ids: bytes  # every word's sub-word ids in turn, SUBWORD_ID
+    counts: bytes  # each word's number of sub-words, PIECE_COUNT
+
+    @classmethod
+    def of(cls, words: Sequence[str], pieces: Sequence[Sequence[int]]) -> Tokenized:
+        """From each word's sub-word ids."""
+        return cls(
+            tuple(words),
+            array(SUBWORD_ID, itertools.chain.from_iterable(pieces)).tobytes(),
+            array(PIECE_COUNT, map(len, pieces)).tobytes(),
+        )
 
     @property
     def subwords(self) -> int:
-        return sum(len(p) for p in self.pieces)
+        return len(self.ids) // ID_SIZE
+
+    @property
+    def piece_counts(self) -> list[int]:
+        return array(PIECE_COUNT, self.counts).tolist()
+
+    @cached_property
+    def pieces(self) -> tuple[tuple[int, ...], ...]:
+        """Each word's sub-word ids."""
+        ids = array(SUBWORD_ID, self.ids).tolist()
+        ends = itertools.accumulate(self.piece_counts)
+        return tuple(tuple(ids[end - count : end]) for end, count in zip(ends, self.piece_counts, strict=True))
 
     @cached_property
     def char_rows(self) -> CharRows:
@@ -79,21 +104,50 @@ class Tokenized:
         return char_rows(self.words)
 
     def __reduce__(self) -> tuple[Callable[..., Tokenized], tuple[Any, ...]]:
-        # pickled as its tuples (an HTTP worker sends every sentence it planned to the engine),
-        # with its character features when they were made
-        return (_tokenized, (self.words, self.pieces, self.__dict__.get("char_rows")))
+        # pickled as its bytes (an HTTP worker sends every sentence it planned to the engine), with
+        # its character features when they were made
+        return (_tokenized, (self.words, self.ids, self.counts, self.__dict__.get("char_rows")))
 
     def window(self, start: int, end: int) -> Tokenized:
         if start == 0 and end == len(self.words):
             return self  # the whole sentence, as nearly every window is: no copy
-        return Tokenized(self.words[start:end], self.pieces[start:end])
+        firsts = [0, *itertools.accumulate(self.piece_counts)]
+        return Tokenized(
+            self.words[start:end],
+            self.ids[firsts[start] * ID_SIZE : firsts[end] * ID_SIZE],
+            self.counts[start * COUNT_SIZE : end * COUNT_SIZE],
+        )
+
+    def followed_by(self, other: Tokenized) -> Tokenized:
+        """This sentence's words, then OTHER's, as one sentence."""
+        return Tokenized(self.words + other.words, self.ids + other.ids, self.counts + other.counts)
 
 
-def _tokenized(words: tuple[str, ...], pieces: tuple[tuple[int, ...], ...], rows: CharRows | None) -> Tokenized:
-    sentence = Tokenized(words, pieces)
+SUBWORD_ID, PIECE_COUNT = "i", "I"  # array typecodes: 32-bit, signed and unsigned
+ID_SIZE, COUNT_SIZE = array(SUBWORD_ID).itemsize, array(PIECE_COUNT).itemsize
+SUBWORD_DTYPE, COUNT_DTYPE = np.dtype(np.int32), np.dtype(np.uint32)
+
+
+def _tokenized(words: tuple[str, ...], ids: bytes, counts: bytes, rows: CharRows | None) -> Tokenized:
+    # made as unpickling makes a dataclass by default, its fields put in place without __init__ (a
+    # frozen one's sets each field through object.__setattr__: a fifth of an engine's unpickling)
+    sentence = object.__new__(Tokenized)
+    sentence.__dict__.update(words=words, ids=ids, counts=counts)
     if rows is not None:
         sentence.__dict__["char_rows"] = rows  # what cached_property would have stored
     return sentence
+
+
+# a word's sub-word ids and their count, as Tokenized keeps them: a sentence is its words' joined
+WordBytes = tuple[bytes, bytes]
+
+
+def _word_bytes(ids: Sequence[int]) -> WordBytes:
+    return array(SUBWORD_ID, ids).tobytes(), array(PIECE_COUNT, [len(ids)]).tobytes()
+
+
+def _joined(words: Sequence[str], parts: list[WordBytes]) -> Tokenized:
+    return Tokenized(tuple(words), b"".join([ids for ids, _ in parts]), b"".join([count for _, count in parts]))
 
 
 # A sentence as programs take it: its words, or its words already tokenised.
@@ -118,7 +172,7 @@ class SubwordBatch:
     subword_mask: np.ndarray  # [B, N, P] float32
     word_mask: np.ndarray  # [B, N] float32
     word_counts: list[int]  # words of each sentence
-    piece_lengths: list[int]  # sub-words of each word, all sentences' words in turn
+    piece_lengths: np.ndarray  # [words] int64: sub-words of each word, all sentences' words in turn
     first_position: int  # where a sentence's first word starts (after the template's prefix)
     token_counts: list[int]  # sub-words of each sentence, specials included
 
@@ -136,7 +190,7 @@ class SubwordBatch:
         """Per word of one sentence: its sub-word positions (a decoder that needs only some
         sentences' asks for those)."""
         first = self.word_firsts[sentence]
-        lengths = self.piece_lengths[first : first + self.word_counts[sentence]]
+        lengths = self.piece_lengths[first : first + self.word_counts[sentence]].tolist()
         starts = itertools.accumulate(lengths, initial=self.first_position)  # one more than the words
         return [list(range(start, start + length)) for start, length in zip(starts, lengths, strict=False)]
 
@@ -179,7 +233,8 @@ def pack_rows(lengths: Sequence[int], row_subwords: int, order: Sequence[int] | 
 
 
 def longest_first(lengths: Sequence[int]) -> list[int]:
-    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    # a stable sort keeps equal lengths in input order, reversed or not
+    return sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
 
 
 def packing_cost(lengths: Sequence[int], rows: list[list[int]]) -> float:
@@ -200,11 +255,15 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
         return pack_rows(lengths, 0)
     longest, total = max(lengths), sum(lengths)
     order = longest_first(lengths)
-    runs = [(length, len(list(group))) for length, group in itertools.groupby(lengths[i] for i in order)]
+    runs = sorted(Counter(lengths).items(), reverse=True)
     best_cost, best = float("inf"), (0, list[tuple[int, int]]())
     for capacity in (longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)):
-        if fill_floor(total, first_row_fill(runs, capacity)) >= best_cost:
-            continue  # its first row alone already costs too much attention: no need to pack the rest
+        # the first row takes everything, or is left with less room than the longest sentence: a
+        # floor that only rises with the row length, so no longer row can do better either
+        if fill_floor(total, min(total, capacity - longest + 1)) >= best_cost:
+            break
+        if cost_floor(runs, total, capacity, first_row_fill(runs, capacity)) >= best_cost:
+            continue  # it cannot cost less: no need to pack it
         free, placements = first_fit_runs(runs, capacity)
         cost = float(row_cost(len(free), capacity - min(free)))
         if cost < best_cost:  # the first of equal costs, as the narrowest rows
@@ -224,6 +283,14 @@ def fill_floor(total: int, fullest: int) -> float:
     return total * (1 + fullest * ATTENTION_COST_PER_POSITION)
 
 
+def cost_floor(runs: list[tuple[int, int]], total: int, capacity: int, fullest: int) -> float:
+    """fill_floor, raised where the rows must be more than `total` positions: there are at least
+    total ÷ capacity of them, and one for each sentence longer than half a row (no two share a row),
+    each as long as the longest (`fullest` at least)."""
+    rows = max(-(-total // capacity), sum(count for length, count in runs if 2 * length > capacity))
+    return max(total, rows * fullest) * (1 + fullest * ATTENTION_COST_PER_POSITION)
+
+
 def first_row_fill(runs: list[tuple[int, int]], capacity: int) -> int:
     """The positions first_fit_runs puts in its first row, without the other rows: of each run (longest
     first) as many sentences as still fit."""
@@ -237,22 +304,29 @@ def first_row_fill(runs: list[tuple[int, int]], capacity: int) -> int:
 def first_fit_runs(runs: list[tuple[int, int]], capacity: int) -> tuple[list[int], list[tuple[int, int]]]:
     """First-fit decreasing of runs of equal lengths (longest first): each row's free room, and
     (row, sentences) in sentence order. A run's sentences fill the first row with room, as many as
-    fit, then the next: what placing them one at a time gives, with a step per row, not per sentence."""
+    fit, then the next, then new rows: what placing them one at a time gives, with a step per row,
+    not per sentence."""
     free: list[int] = []
     placements: list[tuple[int, int]] = []
     first_open, shortest = 0, runs[-1][0]  # rows before first_open have no room even for the shortest
     for length, count in runs:
-        row = first_open
-        while count:
-            if row == len(free):
-                free.append(capacity)
-            room = free[row] // length if length else count  # an empty sentence fits anywhere
-            if room:
-                taken = min(room, count)
+        if not length:  # empty sentences fit anywhere
+            if first_open < len(free):
+                placements.append((first_open, count))
+                count = 0
+        else:
+            for row in [r for r in range(first_open, len(free)) if free[r] >= length]:
+                taken = min(free[row] // length, count)
                 free[row] -= taken * length
                 placements.append((row, taken))
                 count -= taken
-            row += 1
+                if not count:
+                    break
+        while count:
+            taken = min(capacity // length, count) if length else count
+            free.append(capacity - taken * length)
+            placements.append((len(free) - 1, taken))
+            count -= taken
         while first_open < len(free) and free[first_open] < shortest:
             first_open += 1
     return free, placements
@@ -268,8 +342,8 @@ class SubwordEncoder:
         self.unk_id = unk_id if unk_id is not None else 0
         self.pad_id = tokenizer.token_to_id("[PAD]") or tokenizer.token_to_id("<pad>") or 0
         self.prefix, self.suffix = _special_template(tokenizer)
-        # each word's sub-words, when the tokenizer splits words independently of their neighbours
-        self.word_pieces: dict[str, tuple[int, ...]] | None = {} if words_are_independent(tokenizer) else None
+        # each word's sub-words (WordBytes), when the tokenizer splits words independently of their neighbours
+        self.word_pieces: dict[str, WordBytes] | None = {} if words_are_independent(tokenizer) else None
 
     @property
     def special_count(self) -> int:
@@ -284,7 +358,7 @@ class SubwordEncoder:
         if cache is None:
             return self.tokenize_sentences(sentences)
         try:  # a server's batches are mostly words seen before: one lookup a word, no search for new ones
-            return [Tokenized(tuple(words), tuple(map(cache.__getitem__, words))) for words in sentences]
+            return [_joined(words, list(map(cache.__getitem__, words))) for words in sentences]
         except KeyError:
             pass
         unseen = list({word: None for words in sentences for word in words if word not in cache})
@@ -293,8 +367,8 @@ class SubwordEncoder:
                 # a new dict rather than clear(): another thread may be reading the old one
                 cache = self.word_pieces = {}
             pieces = self._fewer_unknowns(unseen, [ids or (self.unk_id,) for ids in self._encode_alone(unseen)])
-            cache.update(zip(unseen, pieces, strict=True))
-        return [Tokenized(tuple(words), tuple(cache[w] for w in words)) for words in sentences]
+            cache.update((word, _word_bytes(ids)) for word, ids in zip(unseen, pieces, strict=True))
+        return [_joined(words, [cache[w] for w in words]) for words in sentences]
 
     def _encode_alone(self, words: Sequence[str]) -> list[tuple[int, ...]]:
         """Each word's sub-word ids, the word tokenised on its own."""
@@ -332,22 +406,18 @@ class SubwordEncoder:
                 if word is not None:
                     pieces[word].append(token)
             ids = self._fewer_unknowns(words, [tuple(p) if p else (self.unk_id,) for p in pieces])
-            tokenized.append(Tokenized(tuple(words), tuple(ids)))
+            tokenized.append(Tokenized.of(words, ids))
         return tokenized
 
     def encode(self, sentences: Sequence[Words]) -> SubwordBatch:
         plain = [s for s in sentences if not isinstance(s, Tokenized)]
         fresh = iter(self.tokenize(plain))
         ready = [s if isinstance(s, Tokenized) else next(fresh) for s in sentences]
-        word_counts = [len(s.pieces) for s in ready]
-        pieces = list(itertools.chain.from_iterable(s.pieces for s in ready))  # every word's ids, flat
-        piece_lengths = list(map(len, pieces))
-        word_ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64)
+        word_counts = [len(s.counts) // COUNT_SIZE for s in ready]
+        piece_lengths = np.frombuffer(b"".join([s.counts for s in ready]), dtype=COUNT_DTYPE).astype(np.int64)
+        word_ids = np.frombuffer(b"".join([s.ids for s in ready]), dtype=SUBWORD_DTYPE)
         # sub-words a sentence, its specials included
-        batch = len(ready)
-        inner = np.bincount(
-            np.repeat(np.arange(batch), word_counts), weights=np.array(piece_lengths, dtype=np.float64), minlength=batch
-        ).astype(np.int64)
+        inner = np.array([len(s.ids) // ID_SIZE for s in ready], dtype=np.int64)
         counts = inner + self.special_count
         too_long = np.flatnonzero(counts > self.max_subwords)
         if len(too_long):
@@ -365,7 +435,7 @@ class SubwordEncoder:
         return self.batch_of(flat_ids, counts.tolist(), piece_lengths, word_counts)
 
     def batch_of(
-        self, flat_ids: np.ndarray, counts: list[int], piece_lengths: list[int], word_counts: list[int]
+        self, flat_ids: np.ndarray, counts: list[int], piece_lengths: np.ndarray, word_counts: list[int]
     ) -> SubwordBatch:
         """The batch's sub-word ids flat (specials included), each sentence's count, and each word's
         sub-word count → packed arrays, each filled in one scatter."""
@@ -408,12 +478,12 @@ class SubwordEncoder:
 
 
 def _word_maps(
-    piece_lengths: list[int], word_counts: list[int], first_position: int
+    piece_lengths: np.ndarray, word_counts: list[int], first_position: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """subword_index and subword_mask [B, N, P] and word_mask [B, N], each filled in one scatter."""
     batch, n_words = len(word_counts), max(word_counts)
     words = np.array(word_counts, dtype=np.int64)
-    pieces = np.array(piece_lengths, dtype=np.int64)
+    pieces = piece_lengths
     per_word = int(pieces.max(initial=1))
     word_firsts = np.cumsum(words) - words  # each sentence's first word, flat
     word_slots = np.repeat(np.arange(batch) * n_words - word_firsts, words) + np.arange(len(pieces))

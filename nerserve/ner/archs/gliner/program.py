@@ -159,7 +159,7 @@ class GlinerProgram(ProgramBase[GlinerConfig, GlinerBatch, GlinerOptions]):
             pieces += [(self.marker_id,), self.name_pieces(name)]
         words.append(self.config.separator)
         pieces.append((self.separator_id,))
-        return Tokenized((*words, *sentence.words), (*pieces, *sentence.pieces))
+        return Tokenized.of(words, pieces).followed_by(sentence)
 
     def feeds(self, batch: GlinerBatch, passes: Sequence[Pass]) -> dict[str, np.ndarray]:
         """The graph's inputs for these passes (one encoder row each)."""
