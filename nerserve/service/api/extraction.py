@@ -215,6 +215,10 @@ class PlannedRun:
         if self._remaining or self.settled:
             return
         results = [r for r in self._results if r is not None]
+        if len(results) == 1:  # most requests: one sentence
+            only = results[0]
+            self._settle(UnitAnswers([only.value], self.wanted, only.queue_seconds, only.run_seconds))
+            return
         self._settle(
             UnitAnswers(
                 [r.value for r in results],

@@ -31,6 +31,7 @@ class BatchRates:
         # `at` by sub-words until the next observation: admission asks it twice a request, and under
         # load for the same size (a queue's batches are capped at the batch limits)
         self._answers: dict[float, float] = {}
+        self.slowest = 0.0  # the least of `at` over every size (0 until a batch has been measured)
 
     def __bool__(self) -> bool:
         return bool(self._by_size)
@@ -40,6 +41,9 @@ class BatchRates:
         _smooth_into(self._by_size, min(max(tokens, 1), self.max_batch_tokens), rate)
         self._points = sorted((size, size / speed) for size, speed in self._by_size.values())
         self._answers.clear()
+        # between two sizes a batch's time runs along a line, along which sub-words ÷ seconds only
+        # rises or only falls: the slowest rate is a measured size's
+        self.slowest = min(speed for _, speed in self._by_size.values())
 
     def at(self, tokens: float) -> float:
         """Sub-words/s at which batches of `tokens` sub-words would run (0 until a batch has been measured)."""

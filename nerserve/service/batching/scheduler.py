@@ -285,14 +285,18 @@ class Scheduler:
             raise QueueFull(self.depth, retry_after=max(1.0, self._queue.tokens / rate))
         now = self.clock()
         costs = [cost for _, cost in payloads]
-        wait = self.wait(costs, pending or 0, tenant)
-        self._admit(wait, None if deadline is None else deadline - now, at_edge=pending is not None)
+        bound, time_left = self.limits.max_queue_seconds, None if deadline is None else deadline - now
+        # the age bound: promised its wait, at least the admission bound (an estimate is not exact);
+        # nothing promised before a rate is measured
+        if self._surely_within(sum(costs), pending or 0, bound if time_left is None else min(bound, time_left)):
+            due = now + bound
+        else:
+            wait = self.wait(costs, pending or 0, tenant)
+            self._admit(wait, time_left, at_edge=pending is not None)
+            due = now + max(wait.total, bound) if self.rates else math.inf
         if costs:  # a request of empty texts queues nothing
             self._sentence_sizes.add(round(sum(costs) / len(costs)))
             self._typical_sentence = round(self._sentence_sizes.median)
-        # the age bound: promised its wait, at least the admission bound (an estimate is not exact);
-        # nothing promised before a rate is measured
-        due = now + max(wait.total, self.limits.max_queue_seconds) if self.rates else math.inf
         self._requests += 1
         first = self._queue.next_tag(tenant)
         items = [
@@ -307,6 +311,15 @@ class Scheduler:
         self._in_flight += len(payloads)
         self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
         self._arrived.set()
+
+    def _surely_within(self, own: int, pending: int, seconds: float) -> bool:
+        """Whether a newcomer of OWN sub-words would be done within SECONDS even behind all the
+        work there is, at the slowest rate measured: `wait` would then admit it and promise it no
+        later than SECONDS, as it does nearly every request below overload, without weighing the
+        fair order's share of the queue for each."""
+        others = self._taken_tokens + self._queue.tokens + pending * self._typical_sentence
+        slowest = self.rates.slowest
+        return slowest > 0 and others + own <= seconds * slowest
 
     def first_estimate(self, passes: Sequence[tuple[int, float]]) -> None:
         """Admission's estimate before any batch has run: PASSES of (sub-words, seconds) run on an

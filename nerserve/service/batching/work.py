@@ -55,7 +55,7 @@ class Answer(Protocol):
     def set_exception(self, error: BaseException, /) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)  # thousands made and read a second
 class WorkItem:
     payload: Any
     cost: int  # sub-words
