@@ -94,7 +94,7 @@ class LocalEngine:
         return min((m.scheduler.edge_wait(pending, tenant).others for m in models.values()), default=None)
 
     def _open_requests(self) -> int:
-        return sum(model.scheduler.open_requests for model in self.state.models.values())
+        return sum([model.scheduler.open_requests for model in self.state.models.values()])
 
     def served(self, model: str) -> ServedModel:
         self.state.model(model)  # still served (an HTTP worker resolved the name on its last view)

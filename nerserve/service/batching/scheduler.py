@@ -280,35 +280,36 @@ class Scheduler:
             raise ModelBroken(self.broken)
         if not self._accepting:
             raise Draining("server is draining")
-        if self.depth + len(payloads) > self.limits.max_queue:
-            rate = self.rates.at(self._formed(self._queue.tokens)) or 1.0
-            raise QueueFull(self.depth, retry_after=max(1.0, self._queue.tokens / rate))
+        queue, sentences = self._queue, len(payloads)
+        if len(queue) + sentences > self.limits.max_queue:
+            rate = self.rates.at(self._formed(queue.tokens)) or 1.0
+            raise QueueFull(len(queue), retry_after=max(1.0, queue.tokens / rate))
         now = self.clock()
         costs = [cost for _, cost in payloads]
+        own = sum(costs)
         bound, time_left = self.limits.max_queue_seconds, None if deadline is None else deadline - now
         # the age bound: promised its wait, at least the admission bound (an estimate is not exact);
         # nothing promised before a rate is measured
-        if self._surely_within(sum(costs), pending or 0, bound if time_left is None else min(bound, time_left)):
+        if self._surely_within(own, pending or 0, bound if time_left is None else min(bound, time_left)):
             due = now + bound
         else:
             wait = self.wait(costs, pending or 0, tenant)
             self._admit(wait, time_left, at_edge=pending is not None)
             due = now + max(wait.total, bound) if self.rates else math.inf
-        if costs:  # a request of empty texts queues nothing
-            self._sentence_sizes.add(round(sum(costs) / len(costs)))
-            self._typical_sentence = round(self._sentence_sizes.median)
+        if not sentences:  # a request of empty texts queues nothing
+            return
+        self._sentence_sizes.add(round(own / sentences))
+        self._typical_sentence = round(self._sentence_sizes.median)
         self._requests += 1
-        first = self._queue.next_tag(tenant)
-        items = [
-            WorkItem(
-                payload, cost, now, deadline, answer, self._queue.tag(first, index), self._requests, due=due, tenant=tenant
-            )
-            for index, ((payload, cost), answer) in enumerate(zip(payloads, answers, strict=True))
-        ]
-        self._queue.push(items)
-        if payloads:
-            self._open[self._requests] = len(payloads)
-        self._in_flight += len(payloads)
+        request, first = self._requests, queue.next_tag(tenant)
+        queue.push(
+            [
+                WorkItem(payload, cost, now, deadline, answer, queue.tag(first, index), request, due, tenant)
+                for index, ((payload, cost), answer) in enumerate(zip(payloads, answers, strict=True))
+            ]
+        )
+        self._open[request] = sentences
+        self._in_flight += sentences
         self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
         self._arrived.set()
 
