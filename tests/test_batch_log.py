@@ -66,31 +66,3 @@ def test_a_record_without_times_is_not_logged(tmp_path: Path) -> None:
     log = BatchLog(tmp_path / "batches.jsonl")
     log.write("span-conll03", BatchRecord(1, 10, 10, [0.001], 0.002, 1.0))
     assert not (tmp_path / "batches.jsonl").exists()
-
-
-def test_a_batchs_queue_times_land_in_the_buckets_one_observation_at_a_time_would() -> None:
-    """observe_each counts a batch's values into the histogram's buckets at once: the exposition is
-    the one the client library's own observe gives, value by value (bounds included)."""
-    import random
-
-    from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
-    from nerserve.service.metrics import observe_each
-
-    generator = random.Random(3)
-    values = [generator.choice([0.0, 0.001, 0.01, 0.5, 20.0, float("inf")]) for _ in range(500)]
-    values += [generator.random() * 3 for _ in range(500)]
-    expositions = []
-    for batched in (False, True):
-        registry = CollectorRegistry()
-        histogram = Histogram("queue", "q", ["model"], registry=registry, buckets=(0.001, 0.01, 0.1, 1, 10))
-        child = histogram.labels("m")
-        if batched:
-            for first in range(0, len(values), 128):
-                observe_each(child, values[first : first + 128])
-        else:
-            for value in values:
-                child.observe(value)
-        expositions.append([line for line in generate_latest(registry).decode().splitlines() if "_created" not in line])
-    assert expositions[0] == expositions[1]
-    assert 'queue_bucket{le="0.001",model="m"} 0.0' not in expositions[1]  # the bounds themselves counted

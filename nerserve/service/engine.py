@@ -28,6 +28,7 @@ from nerserve.service.api.extraction import (
 )
 from nerserve.service.api.state import MODEL_STATES, ServiceState
 from nerserve.service.graph_process import GraphProcess
+from nerserve.service.metrics import ResponseRecord
 from nerserve.service.models import ModelView, ServedModel
 
 
@@ -144,6 +145,10 @@ class LocalEngine:
 
     def record(self, model: str, status: int, tenant: str | None, seconds: float | None) -> None:
         self.state.metrics.record_response(model, status, tenant, seconds)
+
+    def record_all(self, records: list[ResponseRecord]) -> None:
+        """`record` for each of an HTTP worker's records of one turn."""
+        self.state.metrics.record_responses(records)
 
     async def metrics_text(self) -> bytes:
         metrics = self.state.metrics

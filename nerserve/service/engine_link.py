@@ -239,9 +239,10 @@ class EngineServer:
 
     def _dispatch(self, worker: _Worker, method: str, call_id: int | None, args: tuple[Any, ...]) -> None:
         engine = self.engine
-        if method == "records":
-            for record in args[0]:
-                engine.record(*record)
+        if method == "run_planned":  # nearly every message
+            self._run_planned(worker, call_id or 0, args)
+        elif method == "records":
+            engine.record_all(args[0])
         elif method == "admit":
             refusal = engine.edge.decide(*args)
             worker.admitted += refusal is None
@@ -253,8 +254,6 @@ class EngineServer:
             run = worker.watching.get(args[0])
             if run is not None:
                 run.cancel()
-        elif method == "run_planned":
-            self._run_planned(worker, call_id or 0, args)
         elif method in ("metrics", "stats", "device_report"):
             task = asyncio.create_task(self._answer(worker, method, call_id, args))
             self.tasks.add(task)  # held until done: the loop keeps only weak references to tasks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -175,13 +176,25 @@ class Metrics:
         """One answered request, whoever answered it (a route, the door, admission, the HTTP
         protocol; in this process or an HTTP worker's): by model ("" when no route resolved one)
         and status, its latency by model, and by key name where the door named one."""
-        self._series(self.requests, model, str(status)).inc()
-        if model and seconds is not None:
-            self._series(self.request_seconds, model).observe(seconds)
-        if tenant is not None:
-            self._series(self.key_requests, tenant, str(status)).inc()
-            if seconds is not None:
-                self._series(self.key_request_seconds, tenant).observe(seconds)
+        self.record_responses([(model, status, tenant, seconds)])
+
+    def record_responses(self, records: list[ResponseRecord]) -> None:
+        """record_response for each of RECORDS (the responses an HTTP worker answered in one turn of
+        its loop), each series counted into once: the engine's loop records every response."""
+        counts: collections.Counter[tuple[Counter, str, str]] = collections.Counter()
+        latencies: collections.defaultdict[tuple[Histogram, str], list[float]] = collections.defaultdict(list)
+        for model, status, tenant, seconds in records:
+            counts[self.requests, model, str(status)] += 1
+            if model and seconds is not None:
+                latencies[self.request_seconds, model].append(seconds)
+            if tenant is not None:
+                counts[self.key_requests, tenant, str(status)] += 1
+                if seconds is not None:
+                    latencies[self.key_request_seconds, tenant].append(seconds)
+        for (counter, *labels), count in counts.items():
+            self._series(counter, *labels).inc(count)
+        for (histogram, label), values in latencies.items():
+            observe_each(self._series(histogram, label), values)
 
     def _series(self, metric: Counter | Histogram, *labels: str) -> Any:
         """METRIC's series of LABELS, looked up once: `labels()` takes a lock and checks its
