@@ -93,6 +93,7 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
 
     from nerserve.ner.text.chars import char_rows
     from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+    from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
     from nerserve.service.pipeline import PlanningRule
 
     rule = PlanningRule.of(tiny_backbone, window_subwords=8, overlap_words=2)
@@ -109,3 +110,8 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     found = EntitySet({Entity("PER", ((0, 2),), 0.75), Entity("LOC", ((1, 2), (3, 4)), 0.5)})
     back = pickle.loads(pickle.dumps(found))
     assert back == found and {e.score for e in back} == {0.75, 0.5}
+    # the request and its answer as they cross the engine link, each field back in its place
+    query = PlannedQuery(units, ["PER"], {"threshold": 0.5}, 250.0, "texts")
+    assert pickle.loads(pickle.dumps(query)) == query
+    answers = UnitAnswers([found, EntitySet()], {"PER"}, 0.001, 0.002)
+    assert pickle.loads(pickle.dumps(answers)) == answers

@@ -147,6 +147,11 @@ class PlannedQuery:
         where = "texts" if query.texts is not None else "tokens"
         return cls(units, query.labels, query.options, query.deadline_ms, where)
 
+    def __reduce__(self) -> tuple[type[PlannedQuery], tuple[Any, ...]]:
+        # pickled as its fields in order (a worker sends one a request, the engine loads it): a
+        # dataclass's default pickling writes and reads its __dict__, field names and all
+        return (PlannedQuery, (self.units, self.labels, self.options, self.deadline_ms, self.where))
+
 
 @dataclass
 class UnitAnswers:
@@ -157,6 +162,10 @@ class UnitAnswers:
     wanted: set[str] | None
     queue_seconds: float
     inference_seconds: float
+
+    def __reduce__(self) -> tuple[type[UnitAnswers], tuple[Any, ...]]:
+        # pickled as its fields in order, as PlannedQuery is: the engine pickles one a request
+        return (UnitAnswers, (self.entities, self.wanted, self.queue_seconds, self.inference_seconds))
 
 
 # what a planned request's run calls once: with its answers, or with the error that ended it
