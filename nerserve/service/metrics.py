@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
@@ -44,13 +43,17 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
+# below this many values numpy's fixed cost a call is more than the library's observe of each
+BULK_OBSERVE_FROM = 8
+
+
 def observe_each(histogram: Histogram, values: list[float]) -> None:
     """`histogram.observe` for each value (a batch's queue times, one a sentence), counted into its
     buckets at once: the client library counts one observation at a time, under a lock, in Python,
-    and the engine's loop observed thousands a second. The library's own per-value path where its
-    internals are not the ones read here."""
+    and the engine's loop observed thousands a second. The library's own per-value path for a few
+    values, and where its internals are not the ones read here."""
     bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
-    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+    if len(values) < BULK_OBSERVE_FROM or bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
         for value in values:
             histogram.observe(value)
         return
@@ -176,25 +179,40 @@ class Metrics:
         """One answered request, whoever answered it (a route, the door, admission, the HTTP
         protocol; in this process or an HTTP worker's): by model ("" when no route resolved one)
         and status, its latency by model, and by key name where the door named one."""
-        self.record_responses([(model, status, tenant, seconds)])
+        for series, value in self._response_series(model, status, tenant, seconds):
+            if value is None:
+                series.inc()
+            else:
+                series.observe(value)
 
     def record_responses(self, records: list[ResponseRecord]) -> None:
         """record_response for each of RECORDS (the responses an HTTP worker answered in one turn of
         its loop), each series counted into once: the engine's loop records every response."""
-        counts: collections.Counter[tuple[Counter, str, str]] = collections.Counter()
-        latencies: collections.defaultdict[tuple[Histogram, str], list[float]] = collections.defaultdict(list)
+        alike: dict[tuple[str, int, str | None], list[float | None]] = {}
         for model, status, tenant, seconds in records:
-            counts[self.requests, model, str(status)] += 1
-            if model and seconds is not None:
-                latencies[self.request_seconds, model].append(seconds)
-            if tenant is not None:
-                counts[self.key_requests, tenant, str(status)] += 1
-                if seconds is not None:
-                    latencies[self.key_request_seconds, tenant].append(seconds)
-        for (counter, *labels), count in counts.items():
-            self._series(counter, *labels).inc(count)
-        for (histogram, label), values in latencies.items():
-            observe_each(self._series(histogram, label), values)
+            alike.setdefault((model, status, tenant), []).append(seconds)
+        for (model, status, tenant), latencies in alike.items():
+            timed = [seconds for seconds in latencies if seconds is not None]
+            # the histograms come with a latency only where some response has one
+            for series, value in self._response_series(model, status, tenant, timed[0] if timed else None):
+                if value is None:
+                    series.inc(len(latencies))
+                else:
+                    observe_each(series, timed)
+
+    def _response_series(
+        self, model: str, status: int, tenant: str | None, seconds: float | None
+    ) -> list[tuple[Any, float | None]]:
+        """The series a response counts in: each counter (None) and each histogram with its seconds."""
+        code = str(status)
+        found: list[tuple[Any, float | None]] = [(self._series(self.requests, model, code), None)]
+        if model and seconds is not None:
+            found.append((self._series(self.request_seconds, model), seconds))
+        if tenant is not None:
+            found.append((self._series(self.key_requests, tenant, code), None))
+            if seconds is not None:
+                found.append((self._series(self.key_request_seconds, tenant), seconds))
+        return found
 
     def _series(self, metric: Counter | Histogram, *labels: str) -> Any:
         """METRIC's series of LABELS, looked up once: `labels()` takes a lock and checks its

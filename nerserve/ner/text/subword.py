@@ -288,7 +288,7 @@ def cost_floor(runs: list[tuple[int, int]], total: int, capacity: int, fullest: 
     total ÷ capacity of them, and one for each sentence longer than half a row (no two share a row),
     each as long as the longest (`fullest` at least)."""
     rows = max(-(-total // capacity), sum(count for length, count in runs if 2 * length > capacity))
-    return max(total, rows * fullest) * (1 + fullest * ATTENTION_COST_PER_POSITION)
+    return fill_floor(max(total, rows * fullest), fullest)
 
 
 def first_row_fill(runs: list[tuple[int, int]], capacity: int) -> int:
