@@ -1380,13 +1380,13 @@ def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_clien
     answered is done, so that the batcher drops it. A caller whose callback fails does not fail
     the batcher that answers."""
     from nerserve.service.api.errors import ApiError
-    from nerserve.service.api.extraction import PlannedRun, SentenceAnswer, UnitAnswers, settled
-    from nerserve.service.batching.work import ItemResult
+    from nerserve.service.api.extraction import PlannedRun, UnitAnswers, settled
+    from nerserve.service.batching.work import Answer, ItemResult
 
     def result(value: int | str, batch: int = 0) -> ItemResult:
         return ItemResult(value, queue_seconds=0.1 * batch, run_seconds=0.5, batch_id=batch)
 
-    async def follow(sentences: int, gone: asyncio.Future[None], answer: Callable[[list[SentenceAnswer]], None]) -> UnitAnswers:
+    async def follow(sentences: int, gone: asyncio.Future[None], answer: Callable[[list[Answer]], None]) -> UnitAnswers:
         outcomes: list[UnitAnswers | BaseException] = []
 
         def start(on_done: Callable[[UnitAnswers | BaseException], None]) -> PlannedRun:
@@ -1400,14 +1400,14 @@ def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_clien
         finally:
             assert len(outcomes) <= 1
 
-    runs: list[list[SentenceAnswer]] = []  # each request's answers, as the batcher holds them
+    runs: list[list[Answer]] = []  # each request's answers, as the batcher holds them
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         never_gone: asyncio.Future[None] = loop.create_future()
         assert (await follow(0, never_gone, lambda answers: None)).entities == []
 
-        def in_reverse(answers: list[SentenceAnswer]) -> None:
+        def in_reverse(answers: list[Answer]) -> None:
             for index, answer in enumerate(reversed(answers)):
                 loop.call_later(0.01 * index, answer.set_result, result(len(answers) - 1 - index, batch=index % 2))
 
@@ -1415,7 +1415,16 @@ def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_clien
         assert answers.entities == [0, 1, 2] and answers.wanted == {"person"}
         assert answers.queue_seconds == pytest.approx(0.1) and answers.inference_seconds == pytest.approx(1.0)
 
-        def second_one_late(answers: list[SentenceAnswer]) -> None:
+        # a lone sentence's run is its own slot: its answer settles it at once, once
+        lone = await follow(1, never_gone, lambda answers: loop.call_soon(answers[0].set_result, result("one", batch=2)))
+        assert lone.entities == ["one"] and lone.queue_seconds == pytest.approx(0.2) and lone.inference_seconds == 0.5
+        assert runs[-1][0].done()
+        runs[-1][0].set_result(result("again"))  # answered already: ignored
+        with pytest.raises(ApiError) as lone_late:
+            await follow(1, never_gone, lambda answers: loop.call_soon(answers[0].set_exception, DeadlineExceeded()))
+        assert lone_late.value.code == "deadline_exceeded" and runs[-1][0].done()
+
+        def second_one_late(answers: list[Answer]) -> None:
             loop.call_soon(answers[1].set_exception, DeadlineExceeded())
 
         with pytest.raises(ApiError) as late:
@@ -1426,7 +1435,7 @@ def test_a_request_waits_for_all_its_sentences_or_the_first_failure_or_its_clien
         failing[0].set_exception(RuntimeError("graphs failed"))
         failing[2].set_result(result("late"))
 
-        def first_one_done(answers: list[SentenceAnswer]) -> None:
+        def first_one_done(answers: list[Answer]) -> None:
             answers[0].set_result(result("done"))
 
         gone: asyncio.Future[None] = loop.create_future()

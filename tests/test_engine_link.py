@@ -120,13 +120,13 @@ def test_the_engine_answers_a_workers_run_from_its_callback_and_cancels_it_on_re
     """A run_planned starts as it is read and is answered when its run settles: its answers, a
     refusal raised at once, a malformed call, or client_gone once the worker cancels it."""
     from nerserve.service.api.errors import ApiError
-    from nerserve.service.api.extraction import PlannedRun, SentenceAnswer, UnitAnswers
-    from nerserve.service.batching.work import ItemResult
+    from nerserve.service.api.extraction import PlannedRun, UnitAnswers
+    from nerserve.service.batching.work import Answer, ItemResult
     from nerserve.service.engine_link import EngineServer, _Worker
 
     async def scenario() -> list[Any]:
         runs: dict[str, PlannedRun] = {}
-        answers: dict[str, list[SentenceAnswer]] = {}
+        answers: dict[str, list[Answer]] = {}
 
         class Engine:
             def start_planned(self, model: str, query: str, tenant: str, on_done: Any, admitted: bool) -> PlannedRun:

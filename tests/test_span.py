@@ -18,7 +18,7 @@ from nerserve.ner.archs.span.graphs import (
     range_max_table,
     table_level,
 )
-from nerserve.ner.archs.span.program import enumerate_seeds
+from nerserve.ner.archs.span.program import batch_seeds, enumerate_seeds
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.decoding.overlap import accept_best_first, best_per
 from nerserve.ner.loading import build_network, eager_program
@@ -79,6 +79,21 @@ def test_adjust_moves_both_ways_and_stays_legal() -> None:
 def test_seeds_enumerate_every_width() -> None:
     seeds = enumerate_seeds(3, 2)
     assert seeds == [(0, 1), (1, 2), (2, 3), (0, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("max_width", [1, 3, 8])
+def test_a_batchs_seeds_are_each_sentences_own_then_masked_padding(max_width: int) -> None:
+    """batch_seeds gathers from a table by length: each row holds its sentence's enumerate_seeds,
+    then the padding span [0, 1) masked out, up to the longest sentence's count."""
+    rng = np.random.default_rng(max_width)
+    for lengths in ([1], [2, 1], [5, 3, 5], rng.integers(1, 70, size=33).tolist(), [256, 1, 130]):
+        seeds, mask = batch_seeds(lengths, max_width)
+        own = [enumerate_seeds(n, max_width) for n in lengths]
+        assert seeds.shape == (len(lengths), max(map(len, own)), 2) and mask.shape == seeds.shape[:2]
+        for row, listed in enumerate(own):
+            assert seeds[row, : len(listed)].tolist() == [list(seed) for seed in listed]
+            assert (seeds[row, len(listed) :] == [0, 1]).all()
+            assert mask[row].tolist() == [1.0] * len(listed) + [0.0] * (seeds.shape[1] - len(listed))
 
 
 def test_outputs_do_not_depend_on_batch(tiny_network) -> None:

@@ -24,7 +24,7 @@ from nerserve.ner.types import EntitySet
 from nerserve.service.api.errors import ApiError
 from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.auth import tenant_of
-from nerserve.service.batching.work import DeadlineExceeded, Draining, ItemResult, ModelBroken, QueueFull
+from nerserve.service.batching.work import Answer, DeadlineExceeded, Draining, ItemResult, ModelBroken, QueueFull
 from nerserve.service.models import ServedModel
 from nerserve.service.pipeline import PlannedText, Planner, assemble, flatten, keep_labels
 from nerserve.service.tenants import retry_after
@@ -212,22 +212,34 @@ class PlannedRun:
         if not sentences:
             self._settle(UnitAnswers([], wanted, 0.0, 0.0))
 
-    def answers(self) -> list[SentenceAnswer]:
-        """Each sentence's slot, for the batcher. Not kept here: a slot refers to its run and not
-        the reverse, so that an answered request is freed at once rather than by the cycle
-        collector, whose full passes, with thousands of requests a second, came as pauses."""
+    def answers(self) -> list[Answer]:
+        """Each sentence's slot, for the batcher: a lone sentence's is the run itself (nearly every
+        request through HTTP workers: a slot object and its calls cost the engine a microsecond or
+        two a request), several sentences' are SentenceAnswers. Not kept here: a slot refers to its
+        run and not the reverse, so that an answered request is freed at once rather than by the
+        cycle collector, whose full passes, with thousands of requests a second, came as pauses."""
+        if len(self._results) == 1:
+            return [self]
         return [SentenceAnswer(self, index) for index in range(len(self._results))]
 
+    # The batcher's Answer, for a run of one sentence (its own slot: `answers`).
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, result: ItemResult, /) -> None:
+        if not self.settled:
+            self._settle(UnitAnswers([result.value], self.wanted, result.queue_seconds, result.run_seconds))
+
+    def set_exception(self, error: BaseException, /) -> None:
+        self._failed(error)
+
     def _answered(self, index: int, result: ItemResult) -> None:
+        """A SentenceAnswer's result: the run settles with its last."""
         self._results[index] = result
         self._remaining -= 1
         if self._remaining or self.settled:
             return
         results = [r for r in self._results if r is not None]
-        if len(results) == 1:  # most requests: one sentence
-            only = results[0]
-            self._settle(UnitAnswers([only.value], self.wanted, only.queue_seconds, only.run_seconds))
-            return
         self._settle(
             UnitAnswers(
                 [r.value for r in results],

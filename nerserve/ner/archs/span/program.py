@@ -23,12 +23,37 @@ def enumerate_seeds(n_words: int, max_width: int) -> list[tuple[int, int]]:
     return [(i, i + w) for w in range(1, max_width + 1) for i in range(n_words - w + 1)]
 
 
-@lru_cache(maxsize=1024)
-def seed_array(n_words: int, max_width: int) -> np.ndarray:
-    """enumerate_seeds as a read-only [K, 2] array, made once per sentence length."""
-    seeds = np.array(enumerate_seeds(n_words, max_width), dtype=np.int64).reshape(-1, 2)
-    seeds.flags.writeable = False
-    return seeds
+def seed_count(n_words: int, max_width: int) -> int:
+    """len(enumerate_seeds(n_words, max_width)), without making them."""
+    return sum(max(n_words - width + 1, 0) for width in range(1, max_width + 1))
+
+
+@lru_cache(maxsize=16)
+def seed_table(longest: int, max_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every sentence length's seeds up to LONGEST words, each padded to the longest's count:
+    [LONGEST + 1, K, 2] seeds (the padding, the legal span [0, 1)) and their [LONGEST + 1, K] mask,
+    read-only. A batch's seeds are then one gather by its sentences' lengths, where a copy of each
+    sentence's own seeds into the batch cost the engine about a microsecond a sentence."""
+    count = seed_count(longest, max_width)
+    seeds = np.zeros((longest + 1, count, 2), dtype=np.int64)
+    seeds[..., 1] = 1
+    mask = np.zeros((longest + 1, count), dtype=np.float32)
+    for n_words in range(1, longest + 1):
+        own = np.array(enumerate_seeds(n_words, max_width), dtype=np.int64).reshape(-1, 2)
+        seeds[n_words, : len(own)] = own
+        mask[n_words, : len(own)] = 1.0
+    seeds.flags.writeable = mask.flags.writeable = False
+    return seeds, mask
+
+
+def batch_seeds(lengths: Sequence[int], max_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's seeds [B, K, 2] and seed mask [B, K], K its longest sentence's seed count: from
+    the table of lengths up to the next power of two (a few tables a model, the largest about 8 MB
+    at a window's 256 words)."""
+    longest = max(lengths, default=0)
+    seeds, mask = seed_table(1 << max(longest - 1, 1).bit_length(), max_width)
+    rows, count = np.asarray(lengths, dtype=np.intp), seed_count(longest, max_width)
+    return seeds[rows, :count], mask[rows, :count]
 
 
 @dataclass
@@ -44,14 +69,7 @@ class SpanProgram(ProgramBase[SpanConfig, SpanBatch, DecodeOptions]):
     def prepare(self, sentences: Sequence[Words]) -> SpanBatch:
         inputs, encoded = encoder_feeds(self.subwords, sentences)
         lengths = list(encoded.word_counts)
-        seed_lists = [seed_array(n, self.config.max_width) for n in lengths]
-        k = max(len(s) for s in seed_lists)
-        seeds = np.zeros((len(sentences), k, 2), dtype=np.int64)
-        seeds[..., 1] = 1  # padding seeds are the legal span [0, 1), masked out
-        seed_mask = np.zeros((len(sentences), k), dtype=np.float32)
-        for b, listed in enumerate(seed_lists):
-            seeds[b, : len(listed)] = listed
-            seed_mask[b, : len(listed)] = 1.0
+        seeds, seed_mask = batch_seeds(lengths, self.config.max_width)
         return SpanBatch(inputs, seeds, seed_mask, lengths, encoded.padded_tokens)
 
     def span_inputs(
