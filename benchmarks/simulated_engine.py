@@ -53,6 +53,7 @@ from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter,
 from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import create_app
 from nerserve.service.metrics import ResponseRecord, thread_cpu_seconds
+from nerserve.service.server import engine_loop_factory
 
 app = typer.Typer(add_completion=False)
 
@@ -337,7 +338,9 @@ def main(
     cores = {int(core) for core in link_client_cores.split(",")} if link_client_cores else None
     hand_over_quickly()  # as the server's processes run
     sentences = arrange(read_sentences(data), order)
-    result = asyncio.run(measure(model, sentences, levels, seconds, per_request, costs, link_clients, cores))
+    # on the engine process's own event loop (libuv's where installed), as `nerserve serve` runs it
+    with asyncio.Runner(loop_factory=engine_loop_factory()) as runner:
+        result = runner.run(measure(model, sentences, levels, seconds, per_request, costs, link_clients, cores))
     result |= {
         "simulated": True,
         "order": order.value,

@@ -21,6 +21,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -75,11 +76,7 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
     settings = settings.model_copy(update={"http_workers": settings.front_workers})
     if settings.front_workers > 1:
         settings = settings.model_copy(update={"port": free_port_or_exit(settings.host, settings.port)})
-        # the engine's loop is the workers' (libuv where installed): its per-request Python is
-        # what caps the workers' requests/s, and it shares the graphs' cores; this config only
-        # names that loop, its app is never loaded
-        front = uvicorn.Config(with_admission, host=settings.host, port=settings.port)
-        with asyncio.Runner(loop_factory=front.get_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=engine_loop_factory()) as runner:
             fatal = runner.run(_engine_process(settings, exporter))
     else:
         app = create_app(settings, exporter)
@@ -87,6 +84,13 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
         fatal = app.state.service.fatal
     if fatal:
         raise SystemExit(f"nerserve: {fatal}")
+
+
+def engine_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The engine process's event loop: the workers' (uvicorn's choice, libuv's where installed),
+    since its per-request Python is what caps the workers' requests/s and it shares the graphs'
+    cores. The config only names that loop; its app is never loaded."""
+    return uvicorn.Config(with_admission).get_loop_factory()
 
 
 def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
