@@ -333,6 +333,7 @@ def test_models_metrics_stats(server: Server) -> None:
     models = httpx.get(f"{server.url}/models").json()
     genia = next(m for m in models["models"] if m["name"] == "span-genia")
     assert genia["capabilities"]["nested"] and "threshold" in genia["options"]
+    assert extract(server, {"texts": ["Peter went to Paris."]}).status_code == 200  # counted below, whatever ran before
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'nerserve_requests_total{model="span-conll03",status="200"}' in metrics
     assert "nerserve_batch_sentences_bucket" in metrics

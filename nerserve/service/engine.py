@@ -98,8 +98,11 @@ class LocalEngine:
         return sum([model.scheduler.open_requests for model in self.state.models.values()])
 
     def served(self, model: str) -> ServedModel:
-        self.state.model(model)  # still served (an HTTP worker resolved the name on its last view)
-        served = self.state.models.get(model)
+        state = self.state
+        served = state.models.get(model)
+        if served is not None and state.model_states.get(model) == "ready":  # nearly every request
+            return served
+        state.model(model)  # still served (an HTTP worker resolved the name on its last view), else why not
         if served is None:
             raise ApiError("not_ready", f"model {model!r} is still loading", "model", headers={"Retry-After": "5"})
         return served
