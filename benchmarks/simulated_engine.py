@@ -15,10 +15,18 @@ do no HTTP and no planning: what the engine process costs a request, its link in
 workers on cores of their own keep up (a GPU node). `--link-client-cores` pins those processes;
 each row then says how busy they kept their cores.
 
+With `--replay-turns N` each level is instead N turns of one frame of CONCURRENCY requests, sent
+through the link from this process once the last frame is answered in full: the engine's CPU a
+request (its loop, with its reading of this process's replies taken out, and each thread's), as a
+worker's turn costs it, free of a closed loop's timing. Two trees compare side by side, one core
+each, each run's cores swapped the next time.
+
     taskset -c 0 python benchmarks/simulated_engine.py --data ../shared/data/conll03 \
         --concurrency 1,16,64,256 --out docs/reference-run/simulated-engine.json
     taskset -c 0 python benchmarks/simulated_engine.py --data ../shared/data/conll03 \
         --concurrency 16,64,256 --link-clients 2 --link-client-cores 1 --out RUN.json
+    taskset -c 0 python benchmarks/simulated_engine.py --data ../shared/data/conll03 \
+        --concurrency 128 --replay-turns 300 --out RUN.json
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import platform
 import resource
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -49,7 +59,7 @@ from nerserve.loadtest.stats import percentile
 from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
 from nerserve.service.config import Settings
 from nerserve.service.engine import LocalEngine
-from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter, PerTurn
+from nerserve.service.engine_link import EngineServer, FrameReader, FrameWriter, PerTurn, frame
 from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.main import create_app
 from nerserve.service.metrics import ResponseRecord, thread_cpu_seconds
@@ -129,6 +139,7 @@ async def measure(
     costs: Path | None,
     link_clients: int = 0,
     link_client_cores: set[int] | None = None,
+    replay_turns: int = 0,
 ) -> dict[str, Any]:
     # configured as for HTTP worker processes (a turn's answers in one message), which it stands in for
     settings = Settings(models=[model], device="simulated", threads=1, simulated_device_costs=costs, http_workers=2)
@@ -152,10 +163,59 @@ async def measure(
         report = await engine.device_report()
         assert report is not None  # the settings ask for the simulated device
         device = {key: report[key] for key in ("card", "source")}
-        async with link_fed(engine, model, queries, link_clients, link_client_cores) as through_link:
-            level: Level = through_link or (lambda concurrency, span: in_process(engine, model, queries, concurrency, span))
-            rows = await run_levels(engine, level, levels, seconds, per_request)
+        if replay_turns:
+            rows = [await replayed_turns(engine, model, queries, level, replay_turns) for level in levels]
+        else:
+            async with link_fed(engine, model, queries, link_clients, link_client_cores) as through_link:
+                level: Level = through_link or (lambda concurrency, span: in_process(engine, model, queries, concurrency, span))
+                rows = await run_levels(engine, level, levels, seconds, per_request)
     return {"model": model, "per_request": per_request, "seconds": seconds, "device": device, "rows": rows}
+
+
+async def replayed_turns(
+    engine: LocalEngine, model: str, queries: list[PlannedQuery], per_turn: int, turns: int
+) -> dict[str, Any]:
+    """TURNS frames of PER_TURN requests through the engine's link, each sent once the last is
+    answered in full: the engine's CPU a request, by thread, its loop's with this process's own
+    reading of the replies taken out (the median turn's, and over all turns)."""
+    folder = tempfile.mkdtemp(prefix="simulated-engine-")
+    path = os.path.join(folder, "engine.sock")
+    server = EngineServer(engine)
+    await server.start(path)
+    try:
+        reader, writer = await asyncio.open_unix_connection(path)
+        replies, ids = TimedReplies(), itertools.count(1)
+        await replies.read(reader, 1)  # the engine's state, pushed on connection
+        loop_seconds: list[float] = []
+        threads_before, passes_before = thread_cpu_seconds(), await passes_so_far(engine)
+        for turn in range(turns):
+            sent = [queries[(turn * per_turn + index) % len(queries)] for index in range(per_turn)]
+            data = frame([("run_planned", next(ids), (model, query, "", False)) for query in sent])
+            started, replies.seconds = time.thread_time(), 0.0
+            writer.write(data)
+            await replies.read(reader, per_turn)
+            loop_seconds.append(time.thread_time() - started - replies.seconds)
+        threads_after, passes = thread_cpu_seconds(), await passes_so_far(engine) - passes_before
+        writer.close()
+    finally:
+        await server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    requests = turns * per_turn
+    row = {
+        "requests_a_turn": per_turn,
+        "turns": turns,
+        "sentences_per_pass": round(requests * len(queries[0].units) / max(passes, 1), 1),
+        "loop_us_per_request": round(1e6 * statistics.median(loop_seconds) / per_turn, 2),
+        "loop_us_per_request_all_turns": round(1e6 * sum(loop_seconds) / requests, 2),
+        # the other threads from /proc, over all turns (its clock ticks are too coarse for one)
+        "thread_us_per_request": {
+            role: round(1e6 * (spent - threads_before.get(role, 0.0)) / requests, 2)
+            for role, spent in sorted(threads_after.items())
+            if role != "loop"
+        },
+    }
+    print(json.dumps(row), flush=True)
+    return row
 
 
 async def run_levels(
@@ -195,6 +255,42 @@ async def run_levels(
             rows[-1]["link_clients_cores_busy"] = round(client_cpu / elapsed, 3)
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+async def passes_so_far(engine: LocalEngine) -> int:
+    report = await engine.device_report()
+    assert report is not None  # the settings ask for the simulated device
+    return int(report["passes"])
+
+
+class TimedReplies:
+    """The engine's messages to a replayed turn, read off its link, and the CPU seconds reading
+    them took this thread (taken out of the engine's loop: the two share it)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.seconds = 0.0
+
+    async def read(self, reader: asyncio.StreamReader, count: int) -> None:
+        """Until COUNT messages have come; a refusal ends the benchmark, as over the engine's bound."""
+        while count > 0:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                raise SystemExit("the engine closed its link")
+            started = time.thread_time()
+            self.buffer += chunk
+            offset = 0
+            while len(self.buffer) - offset >= 4:
+                size = int.from_bytes(self.buffer[offset : offset + 4], "big")
+                if len(self.buffer) - offset - 4 < size:
+                    break
+                for message in pickle.loads(self.buffer[offset + 4 : offset + 4 + size]):
+                    if message[0] == "reply" and not message[2]:
+                        raise SystemExit(f"the engine refused a request: {message[3]}")
+                    count -= 1
+                offset += 4 + size
+            del self.buffer[:offset]
+            self.seconds += time.thread_time() - started
 
 
 @contextlib.asynccontextmanager
@@ -332,6 +428,9 @@ def main(
         int, typer.Option(min=0, help="processes sending the requests through the engine link as HTTP workers do (0: none)")
     ] = 0,
     link_client_cores: Annotated[str | None, typer.Option(help="the cores those processes may use, comma-separated")] = None,
+    replay_turns: Annotated[
+        int, typer.Option(min=0, help="instead of a closed loop, this many turns of CONCURRENCY requests each through the link")
+    ] = 0,
     out: Path | None = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
@@ -340,12 +439,18 @@ def main(
     sentences = arrange(read_sentences(data), order)
     # on the engine process's own event loop (libuv's where installed), as `nerserve serve` runs it
     with asyncio.Runner(loop_factory=engine_loop_factory()) as runner:
-        result = runner.run(measure(model, sentences, levels, seconds, per_request, costs, link_clients, cores))
+        result = runner.run(measure(model, sentences, levels, seconds, per_request, costs, link_clients, cores, replay_turns))
     result |= {
         "simulated": True,
         "order": order.value,
         "what": "the engine alone (no HTTP front), driven "
-        + (f"through its link by {link_clients} processes" if link_clients else "in its own process")
+        + (
+            f"through its link by turns replayed from its own process ({replay_turns} a level)"
+            if replay_turns
+            else f"through its link by {link_clients} processes"
+            if link_clients
+            else "in its own process"
+        )
         + "; the device waits the card's batch costs",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores_allowed": len(os.sched_getaffinity(0))},
         "date": time.strftime("%Y-%m-%d"),
