@@ -91,8 +91,8 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     planned to the engine; the engine sends back entity sets. Both cross a process by pickle."""
     import pickle
 
-    from nerserve.ner.text.chars import char_rows
-    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+    from nerserve.ner.text.chars import CharRows, char_rows
+    from nerserve.ner.text.subword import SubwordEncoder, Tokenized, load_tokenizer
     from nerserve.service.api.extraction import PlannedQuery, UnitAnswers
     from nerserve.service.pipeline import PlanningRule
 
@@ -107,6 +107,9 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     # the worker made each sentence's character features; the engine receives them made
     assert all("char_rows" in sentence.__dict__ for sentence, _ in received)
     assert [sentence.char_rows for sentence, _ in received] == [char_rows(sentence.words) for sentence, _ in units]
+    assert all(type(sentence.char_rows) is CharRows for sentence, _ in received)
+    bare = Tokenized(("no", "features"), units[0][0].ids, units[0][0].counts)  # none made: none sent
+    assert "char_rows" not in pickle.loads(pickle.dumps(bare)).__dict__
     found = EntitySet({Entity("PER", ((0, 2),), 0.75), Entity("LOC", ((1, 2), (3, 4)), 0.5)})
     back = pickle.loads(pickle.dumps(found))
     assert back == found and {e.score for e in back} == {0.75, 0.5}

@@ -105,8 +105,9 @@ class Tokenized:
 
     def __reduce__(self) -> tuple[Callable[..., Tokenized], tuple[Any, ...]]:
         # pickled as its bytes (an HTTP worker sends every sentence it planned to the engine), with
-        # its character features when they were made
-        return (_tokenized, (self.words, self.ids, self.counts, self.__dict__.get("char_rows")))
+        # its character features' bytes when they were made (in line: a named tuple of its own cost
+        # the engine's unpickling another object made through its class)
+        return (_tokenized, (self.words, self.ids, self.counts, *self.__dict__.get("char_rows", ())))
 
     def window(self, start: int, end: int) -> Tokenized:
         if start == 0 and end == len(self.words):
@@ -128,13 +129,13 @@ ID_SIZE, COUNT_SIZE = array(SUBWORD_ID).itemsize, array(PIECE_COUNT).itemsize
 SUBWORD_DTYPE, COUNT_DTYPE = np.dtype(np.int32), np.dtype(np.uint32)
 
 
-def _tokenized(words: tuple[str, ...], ids: bytes, counts: bytes, rows: CharRows | None) -> Tokenized:
+def _tokenized(words: tuple[str, ...], ids: bytes, counts: bytes, *rows: bytes) -> Tokenized:
     # made as unpickling makes a dataclass by default, its fields put in place without __init__ (a
     # frozen one's sets each field through object.__setattr__: a fifth of an engine's unpickling)
     sentence = object.__new__(Tokenized)
     sentence.__dict__.update(words=words, ids=ids, counts=counts)
-    if rows is not None:
-        sentence.__dict__["char_rows"] = rows  # what cached_property would have stored
+    if rows:
+        sentence.__dict__["char_rows"] = tuple.__new__(CharRows, rows)  # what cached_property would have stored
     return sentence
 
 
