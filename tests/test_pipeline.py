@@ -108,7 +108,7 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     assert all("char_rows" in sentence.__dict__ for sentence, _ in received)
     assert [sentence.char_rows for sentence, _ in received] == [char_rows(sentence.words) for sentence, _ in units]
     assert all(type(sentence.char_rows) is CharRows for sentence, _ in received)
-    bare = Tokenized(("no", "features"), units[0][0].ids, units[0][0].counts)  # none made: none sent
+    bare = Tokenized(units[0][0].words, units[0][0].ids, units[0][0].counts)  # no features made: none sent
     assert "char_rows" not in pickle.loads(pickle.dumps(bare)).__dict__
     found = EntitySet({Entity("PER", ((0, 2),), 0.75), Entity("LOC", ((1, 2), (3, 4)), 0.5)})
     back = pickle.loads(pickle.dumps(found))
