@@ -38,10 +38,13 @@ def seed_table(longest: int, max_width: int) -> tuple[np.ndarray, np.ndarray]:
     seeds = np.zeros((longest + 1, count, 2), dtype=np.int64)
     seeds[..., 1] = 1
     mask = np.zeros((longest + 1, count), dtype=np.float32)
-    for n_words in range(1, longest + 1):
-        own = np.array(enumerate_seeds(n_words, max_width), dtype=np.int64).reshape(-1, 2)
-        seeds[n_words, : len(own)] = own
-        mask[n_words, : len(own)] = 1.0
+    n_words = np.arange(longest + 1)
+    first = np.zeros(longest + 1, dtype=np.int64)  # each length's first seed of the width at hand
+    for width in range(1, max_width + 1):  # enumerate_seeds' order: by width, then by start
+        rows, starts = np.nonzero(np.arange(longest)[None, :] <= n_words[:, None] - width)
+        columns = first[rows] + starts
+        seeds[rows, columns, 0], seeds[rows, columns, 1], mask[rows, columns] = starts, starts + width, 1.0
+        first += np.maximum(n_words - width + 1, 0)
     seeds.flags.writeable = mask.flags.writeable = False
     return seeds, mask
 
