@@ -18,7 +18,7 @@ from nerserve.ner.archs.span.graphs import (
     range_max_table,
     table_level,
 )
-from nerserve.ner.archs.span.program import batch_seeds, enumerate_seeds
+from nerserve.ner.archs.span.program import batch_seeds
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.decoding.overlap import accept_best_first, best_per
 from nerserve.ner.loading import build_network, eager_program
@@ -74,6 +74,11 @@ def test_adjust_moves_both_ways_and_stays_legal() -> None:
     offsets = torch.tensor([[[-1.2, 0.6], [-3.0, 9.0], [1.0, -1.0]]])
     spans = SpanProposalGraph.adjust(seeds, offsets, torch.tensor([5]))
     assert spans.tolist() == [[[1, 5], [0, 5], [3, 4]]]  # left shift, clipped, reverted when empty
+
+
+def enumerate_seeds(n_words: int, max_width: int) -> list[tuple[int, int]]:
+    """A sentence's seeds as the graphs take them: every span of 1 to max_width words, by width, then start."""
+    return [(i, i + w) for w in range(1, max_width + 1) for i in range(n_words - w + 1)]
 
 
 def test_seeds_enumerate_every_width() -> None:

@@ -19,18 +19,15 @@ from nerserve.ner.text.subword import Words
 from nerserve.ner.types import EntitySet
 
 
-def enumerate_seeds(n_words: int, max_width: int) -> list[tuple[int, int]]:
-    return [(i, i + w) for w in range(1, max_width + 1) for i in range(n_words - w + 1)]
-
-
 def seed_count(n_words: int, max_width: int) -> int:
-    """len(enumerate_seeds(n_words, max_width)), without making them."""
+    """How many seed spans a sentence of N_WORDS has: every span of 1 to max_width words."""
     return sum(max(n_words - width + 1, 0) for width in range(1, max_width + 1))
 
 
 @lru_cache(maxsize=16)
 def seed_table(longest: int, max_width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every sentence length's seeds up to LONGEST words, each padded to the longest's count:
+    """Every sentence length's seed spans [start, end) up to LONGEST words, in order of width, then of
+    start, each length's padded to the longest's count:
     [LONGEST + 1, K, 2] seeds (the padding, the legal span [0, 1)) and their [LONGEST + 1, K] mask,
     read-only. A batch's seeds are then one gather by its sentences' lengths, where a copy of each
     sentence's own seeds into the batch cost the engine about a microsecond a sentence."""
@@ -40,7 +37,7 @@ def seed_table(longest: int, max_width: int) -> tuple[np.ndarray, np.ndarray]:
     mask = np.zeros((longest + 1, count), dtype=np.float32)
     n_words = np.arange(longest + 1)
     first = np.zeros(longest + 1, dtype=np.int64)  # each length's first seed of the width at hand
-    for width in range(1, max_width + 1):  # enumerate_seeds' order: by width, then by start
+    for width in range(1, max_width + 1):
         rows, starts = np.nonzero(np.arange(longest)[None, :] <= n_words[:, None] - width)
         columns = first[rows] + starts
         seeds[rows, columns, 0], seeds[rows, columns, 1], mask[rows, columns] = starts, starts + width, 1.0
