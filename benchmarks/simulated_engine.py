@@ -38,7 +38,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import pickle
 import platform
 import resource
 import shutil
@@ -184,8 +183,8 @@ async def replayed_turns(
     await server.start(path)
     try:
         reader, writer = await asyncio.open_unix_connection(path)
-        replies, ids = TimedReplies(), itertools.count(1)
-        await replies.read(reader, 1)  # the engine's state, pushed on connection
+        replies, ids = TimedReplies(reader), itertools.count(1)
+        await replies.read_replies(1)  # the engine's state, pushed on connection
         loop_seconds: list[float] = []
         threads_before, passes_before = thread_cpu_seconds(), await passes_so_far(engine)
         for turn in range(turns):
@@ -193,7 +192,7 @@ async def replayed_turns(
             data = frame([("run_planned", next(ids), (model, query, "", False)) for query in sent])
             started, replies.seconds = time.thread_time(), 0.0
             writer.write(data)
-            await replies.read(reader, per_turn)
+            await replies.read_replies(per_turn)
             loop_seconds.append(time.thread_time() - started - replies.seconds)
         threads_after, passes = thread_cpu_seconds(), await passes_so_far(engine) - passes_before
         writer.close()
@@ -263,34 +262,25 @@ async def passes_so_far(engine: LocalEngine) -> int:
     return int(report["passes"])
 
 
-class TimedReplies:
-    """The engine's messages to a replayed turn, read off its link, and the CPU seconds reading
+class TimedReplies(FrameReader):
+    """The engine's messages to a replayed turn, read off its link, and the CPU seconds unpickling
     them took this thread (taken out of the engine's loop: the two share it)."""
 
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-        self.seconds = 0.0
+    seconds = 0.0
 
-    async def read(self, reader: asyncio.StreamReader, count: int) -> None:
+    def complete(self) -> list[Any]:
+        started = time.thread_time()
+        messages = super().complete()
+        self.seconds += time.thread_time() - started
+        return messages
+
+    async def read_replies(self, count: int) -> None:
         """Until COUNT messages have come; a refusal ends the benchmark, as over the engine's bound."""
         while count > 0:
-            chunk = await reader.read(1 << 16)
-            if not chunk:
-                raise SystemExit("the engine closed its link")
-            started = time.thread_time()
-            self.buffer += chunk
-            offset = 0
-            while len(self.buffer) - offset >= 4:
-                size = int.from_bytes(self.buffer[offset : offset + 4], "big")
-                if len(self.buffer) - offset - 4 < size:
-                    break
-                for message in pickle.loads(self.buffer[offset + 4 : offset + 4 + size]):
-                    if message[0] == "reply" and not message[2]:
-                        raise SystemExit(f"the engine refused a request: {message[3]}")
-                    count -= 1
-                offset += 4 + size
-            del self.buffer[:offset]
-            self.seconds += time.thread_time() - started
+            for message in await self.read():
+                if message[0] == "reply" and not message[2]:
+                    raise SystemExit(f"the engine refused a request: {message[3]}")
+                count -= 1
 
 
 @contextlib.asynccontextmanager

@@ -90,7 +90,7 @@ class FrameReader:
 
     async def read(self) -> list[Any]:
         while True:
-            messages = self._complete()
+            messages = self.complete()
             if messages:
                 return messages
             chunk = await self.reader.read(READ_BYTES)
@@ -98,7 +98,8 @@ class FrameReader:
                 raise asyncio.IncompleteReadError(bytes(self.buffer), None)
             self.buffer += chunk
 
-    def _complete(self) -> list[Any]:
+    def complete(self) -> list[Any]:
+        """The messages of every complete frame buffered, taken out of the buffer."""
         messages, offset, end = [], 0, len(self.buffer)
         with memoryview(self.buffer) as view:
             while end - offset >= LENGTH.size:
