@@ -158,7 +158,7 @@ profile_served() {  # profile_served NAME MODEL: who holds each of the running s
     > "$OUT/profile-served-$name-py-spy.log" 2>&1 &
   local sampler=$!
   step "served-$name-profiled" 120 $PY benchmarks/served_check.py --url "$URL" --model "$model" --data "$DATA/conll03" \
-    --levels "$top" --per-request 1 --duration $((PROFILE_SECONDS + 3)) --processes 4 --cores "$CLIENT_CORES"
+    --levels "$top" --per-request 1 --duration $((PROFILE_SECONDS + 3)) --processes 4 --cores "$CLIENT_CORES" --no-ceiling
   wait "$sampler"
   step "profile-served-$name" 60 $PY benchmarks/interpreter_profile.py "$OUT/profile-served-$name.txt" \
     --rate 250 --seconds "$PROFILE_SECONDS"

@@ -80,14 +80,15 @@ def read(path: Path) -> tuple[dict[int, Process], int]:
     """Each process's samples (py-spy's raw format: frames root first, `;` apart, then a count),
     and the root process's id (the one every sample's stack starts from)."""
     processes: dict[int, Process] = {}
-    root = 0
+    root: int | None = None
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        chain = list(PROCESS.finditer(stack + ";"))
-        if not chain or not count.isdigit():
+        if not stack or not count.isdigit():
             continue
-        root = root or int(chain[0].group(1))
-        process = processes.setdefault(int(chain[-1].group(1)), Process(int(chain[-1].group(1))))
+        # a recording without --subprocesses names no process: the one recorded, here 0
+        chain = [int(m.group(1)) for m in PROCESS.finditer(stack + ";")] or [0]
+        root = root if root is not None else chain[0]
+        process = processes.setdefault(chain[-1], Process(chain[-1]))
         frames = PROCESS.sub("", stack + ";").rstrip(";").split(";")
         thread = next((m.group(2) for m in map(THREAD.match, frames) if m), "")
         code = [LINE_NUMBER.sub(")", f) for f in frames if f and not THREAD.match(f)]
@@ -101,7 +102,7 @@ def read(path: Path) -> tuple[dict[int, Process], int]:
             process.roles.add("http worker")
         if any("graph_process.py" in f for f in code):
             process.roles.add("graph process")
-    return processes, root
+    return processes, root or 0
 
 
 def shares(counts: Counter[str], total: int, top: int) -> list[dict[str, Any]]:

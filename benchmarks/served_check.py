@@ -190,6 +190,9 @@ def main(
     cores: Annotated[str, typer.Option(help="cores for the client processes: 12-15 or 12,13 (default: any)")] = "",
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
+    ceiling: Annotated[
+        bool, typer.Option(help="measure the client's ceiling after the levels (without it, no figure here counts as a bar's)")
+    ] = True,
 ) -> None:
     sentences = arrange(read_sentences(data), order)
     pinned = _cores(cores)
@@ -197,14 +200,14 @@ def main(
     for clients in (int(c) for c in levels.split(",")):
         rows.append(level(url, model, sentences, clients, per_request, duration, processes, pinned))
         typer.echo(json.dumps(rows[-1]), err=True)
-    ceiling = client_ceiling(url, max(r["concurrency"] for r in rows), min(duration, 5.0), processes, pinned)
+    limit = client_ceiling(url, max(r["concurrency"] for r in rows), min(duration, 5.0), processes, pinned) if ceiling else None
     for row in rows:
-        row["client_bound"] = ceiling < 2 * row["requests_per_second"]
+        row["client_bound"] = None if limit is None else limit < 2 * row["requests_per_second"]
     report = {
         "model": model,
         "url": url,
         "order": order.value,
-        "client_ceiling_requests_per_second": round(ceiling, 1),
+        "client_ceiling_requests_per_second": None if limit is None else round(limit, 1),
         "served_as": served_as(url, model),
         "levels": rows,
     }
