@@ -4,10 +4,9 @@ thread held the lock, which threads (the event loop, prepare, the graph lanes, d
 functions it was in, by their own time and with what they called.
 
 A served pass on a GPU waits for the engine's interpreter: eager torch launches each kernel from
-Python, beside the loop answering requests, the next batch's prepare and the last one's decode. The
-H200's engine process spent 0.31 ms of CPU a one-sentence request at c = 256 (docs/gpu.md) where
-the simulated device's engine spends about 0.05; this says where that goes. Sampled with `--gil`,
-a sample is the thread holding the lock at that moment, so a process's share is how busy its
+Python, beside the loop answering requests, the next batch's prepare and the last one's decode;
+what a card's engine spends its CPU on is what this says (docs/gpu.md). Sampled with `--gil`, a
+sample is the thread holding the lock at that moment, so a process's share is how busy its
 interpreter was.
 
     py-spy record --pid SERVER_PID --subprocesses --gil --threads --rate 250 --duration 5 \
@@ -28,8 +27,8 @@ from typing import Annotated, Any
 import typer
 
 # a process's command line may hold `;`, the frames' separator
-PROCESS = re.compile(r'process (\d+):"([^"]*)";')
-THREAD = re.compile(r"^thread \((\d+)\): (.*)$")
+PROCESS = re.compile(r'process (\d+):"[^"]*";')
+THREAD = re.compile(r"^thread \(\d+\): (.*)$")
 LINE_NUMBER = re.compile(r":\d+\)$")
 TOP = 25  # functions listed: a process's by own time, a thread's with their callees
 
@@ -90,7 +89,7 @@ def read(path: Path) -> tuple[dict[int, Process], int]:
         root = root if root is not None else chain[0]
         process = processes.setdefault(chain[-1], Process(chain[-1]))
         frames = PROCESS.sub("", stack + ";").rstrip(";").split(";")
-        thread = next((m.group(2) for m in map(THREAD.match, frames) if m), "")
+        thread = next((m.group(1) for m in map(THREAD.match, frames) if m), "")
         code = [LINE_NUMBER.sub(")", f) for f in frames if f and not THREAD.match(f)]
         samples = int(count)
         process.samples += samples
