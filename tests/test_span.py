@@ -171,6 +171,31 @@ def test_a_fused_proposal_graph_gives_the_trained_forms_outputs_and_a_traced_one
                 torch.testing.assert_close(got[2], probs, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("words", "stretch"), [(2, 0.0), (5, 0.0), (29, 0.0), (40, 30.0)])
+def test_a_fused_proposal_graph_passes_adjusts_and_classifies_as_the_trained_form(words: int, stretch: float) -> None:
+    """Fused, the regressor scores every real seed beside the filter and the passed seeds' offsets are
+    picked after: at a threshold some seeds pass and some do not, the candidates, spans and
+    probabilities are the trained form's. STRETCH moves every adjusted span's ends outwards, so that
+    spans of 40 words read a table past the top level's width (32 words at six levels)."""
+    torch.manual_seed(7)
+    graph = SpanProposalGraph(16, 8, n_classes=3, hidden=12, dropout=0.0, levels=6, max_width=4).eval()
+    with torch.no_grad():
+        graph.regressor.out.bias += torch.tensor([-stretch, stretch])
+    states, context, word_mask, seeds, seed_mask, _ = _proposal_inputs(words, batch=3)
+    with torch.inference_mode():
+        every_seed = torch.softmax(graph.filter(states, context, word_mask, seeds), dim=-1)[..., 1]
+        thresholds = every_seed.median().repeat(3)
+        expected = graph(states, context, word_mask, seeds, seed_mask, thresholds)
+        graph.fuse_for_eager()
+        got = graph(states, context, word_mask, seeds, seed_mask, thresholds)
+    assert 0 < len(expected[0]) < int(seed_mask.sum())
+    if stretch:
+        assert int((expected[1][:, 1] - expected[1][:, 0]).max()) == words
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1])
+    torch.testing.assert_close(got[2], expected[2], atol=1e-5, rtol=1e-5)
+
+
 def test_the_filter_passes_the_real_seeds_it_scores_as_over_every_seed() -> None:
     """The graph's filter scores a sentence's own seeds only; the seeds it passes are those the
     trained form (every seed of [B, K], padding included) scores above each sentence's threshold,

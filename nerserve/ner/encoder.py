@@ -71,18 +71,35 @@ class CharCNN(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(CHAR_VOCAB_SIZE, char_dim, padding_idx=0)
         self.conv = nn.Conv1d(char_dim, filters, kernel_size=3, padding=1)
+        # for eager inference (fuse_for_eager): the per-offset tables made once, the bias in the middle one's
+        self.fused_tables: torch.Tensor | None
+        self.register_buffer("fused_tables", None, persistent=False)
+
+    def fuse_for_eager(self) -> None:
+        """The per-offset tables, a product of two weights, made once rather than at every call, with
+        the convolution's bias added to the middle offset's (every position reads it once): two
+        operators less a pass, each a kernel launched from Python on a GPU."""
+        with torch.no_grad():
+            tables = self.offset_tables()
+            if self.conv.bias is not None:
+                tables[1] += self.conv.bias
+        self.fused_tables = tables
+
+    def offset_tables(self) -> torch.Tensor:
+        """One [V, filters] table per offset of the window, [3, V, filters]; an einsum, not a MatMul,
+        so that INT8 export (which quantises MatMuls) leaves this product of two weights to
+        constant folding."""
+        return torch.einsum("ve,fek->kvf", self.embedding.weight, self.conv.weight)
 
     def forward(self, char_stream: torch.Tensor, char_index: torch.Tensor) -> torch.Tensor:
         """char_stream [T], char_index [B, N, C] (each character's position in the stream; T: none)
         → [B, N, filters]."""
-        # one [V, filters] table per offset of the window; an einsum, not a MatMul, so that INT8
-        # export (which quantises MatMuls) leaves this product of two weights to constant folding
-        tables = torch.einsum("ve,fek->kvf", self.embedding.weight, self.conv.weight)
+        tables = self.offset_tables() if self.fused_tables is None else self.fused_tables
         edge = char_stream[:1] * 0  # the padding id beyond both ends
         before = torch.cat([edge, char_stream[:-1]])
         after = torch.cat([char_stream[1:], edge])
         hidden = tables[0].index_select(0, before) + tables[1].index_select(0, char_stream) + tables[2].index_select(0, after)
-        if self.conv.bias is not None:
+        if self.conv.bias is not None and self.fused_tables is None:
             hidden = hidden + self.conv.bias
         # relu ≥ 0, so the zero row that position T reads leaves every word's maximum as it is
         hidden = torch.cat([torch.relu(hidden), hidden.new_zeros((1, hidden.shape[1]))])

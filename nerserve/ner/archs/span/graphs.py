@@ -19,10 +19,13 @@ heads see ([max-pool of the span; left boundary word; right boundary word; conte
   leave the graph, since decoding reads nothing else: the regressor's and classifier's span work
   shrinks by as much, and a device copies the host the candidates, not [B, K] tensors.
 
-Served eagerly, the graph is fused (`SpanProposalGraph.fuse_for_eager`): the three scorers' per-word
-layers are one matrix product, their per-sentence layers another, and their max-pools read one
-range-max table, built only up to the levels the batch's sentences can use. The values are the
-same with fewer operators, each of which Python dispatches and, on a GPU, launches as a kernel.
+Served eagerly, the graph is fused (`SpanProposalGraph.fuse_for_eager`), for fewer operators, each
+of which Python dispatches and, on a GPU, launches as a kernel: the three scorers' per-word layers
+are one matrix product, their per-sentence layers another, and their max-pools read one range-max
+table, built by shifted slices only up to the levels the batch's sentences can use and laid out by
+word, then level, so that a span's two reads are found from the row of its first and of its last
+word. The filter and the regressor, which read the same seeds, score them together: every real
+seed is adjusted, and the filter's verdict then picks the candidates. The values are the same.
 Exported graphs keep the trained form (docs/decisions/gpu-engine.md).
 """
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 _PAD_VALUE = -1e4  # far below any projected word feature; representable in fp16 too
@@ -39,17 +43,44 @@ _PAD_VALUE = -1e4  # far below any projected word feature; representable in fp16
 
 def range_max_table(states: torch.Tensor, word_mask: torch.Tensor, levels: int) -> torch.Tensor:
     """[B, N, D] → [B, levels·N, D]: level j, position i = max of states[i : i + 2^j]."""
-    level = states.masked_fill(word_mask.unsqueeze(-1) == 0, _PAD_VALUE)
-    n = states.shape[1]
-    if levels == 1:
-        return level
-    steps = 2 ** torch.arange(levels - 1, device=states.device).unsqueeze(1)
-    shifted = at_most(torch.arange(n, device=states.device) + steps, n - 1)  # [levels - 1, N]
+    return torch.cat(doubled_levels(masked_words(states, word_mask), levels), dim=1)
+
+
+def masked_words(states: torch.Tensor, word_mask: torch.Tensor) -> torch.Tensor:
+    return states.masked_fill(word_mask.unsqueeze(-1) == 0, _PAD_VALUE)
+
+
+def doubled_levels(level: torch.Tensor, levels: int) -> list[torch.Tensor]:
+    """Level 0 [B, N, D] → levels 0 … levels - 1, level j + 1 the max of level j at i and at
+    i + 2^j, a position past N reading the last (a traced or exported graph's levels may reach past
+    a batch's N)."""
+    n = level.shape[1]
     tables = [level]
+    if levels == 1:
+        return tables
+    steps = 2 ** torch.arange(levels - 1, device=level.device).unsqueeze(1)
+    shifted = at_most(torch.arange(n, device=level.device) + steps, n - 1)  # [levels - 1, N]
     for j in range(levels - 1):
         level = torch.maximum(level, level.index_select(1, shifted[j]))
         tables.append(level)
-    return torch.cat(tables, dim=1)
+    return tables
+
+
+def range_max_by_word(states: torch.Tensor, word_mask: torch.Tensor, levels: int) -> torch.Tensor:
+    """[B, N, D] → [B·N·levels, D], row (b·N + i)·levels + j = max of states[b, i : i + 2^j]. Eagerly,
+    where 2^(levels - 1) ≤ N (`levels_for`), each level is one maximum of two shifted slices of the
+    words padded once past N; a graph of fixed levels shifts by index (`doubled_levels`)."""
+    level = masked_words(states, word_mask)
+    batch, n, size = states.shape
+    if fixed_shape_graph():
+        tables = doubled_levels(level, levels)
+    else:
+        padded = F.pad(level, (0, 0, 0, 2 ** (levels - 1) - 1), value=_PAD_VALUE)
+        tables = [level]
+        for j in range(levels - 1):
+            padded = torch.maximum(padded[:, : -(2**j)], padded[:, 2**j :])
+            tables.append(padded[:, :n])
+    return torch.stack(tables, dim=2).reshape(batch * n * levels, size)
 
 
 def at_most(values: torch.Tensor, bound: int) -> torch.Tensor:
@@ -60,10 +91,15 @@ def at_most(values: torch.Tensor, bound: int) -> torch.Tensor:
     return torch.minimum(values, values.new_full((), bound))
 
 
+def fixed_shape_graph() -> bool:
+    """Whether the graph is being traced, exported or compiled: its sizes are then one example's."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+
+
 def levels_for(words: int, levels: int) -> int:
     """The range-max levels spans of sentences padded to WORDS can use (⌊log2 words⌋ + 1), at most
     LEVELS. A traced, exported or compiled graph keeps all LEVELS: its WORDS is one example's."""
-    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+    if fixed_shape_graph():
         return levels
     return min(levels, max(1, words.bit_length()))
 
@@ -213,6 +249,8 @@ class SpanProposalGraph(nn.Module):
         # set by fuse_for_eager: the scorers' per-word layers [pools | lefts | rights] and per-sentence layers
         self.fused_words: nn.Linear | None = None
         self.fused_context: nn.Linear | None = None
+        self.last_read_offsets: torch.Tensor | None
+        self.register_buffer("last_read_offsets", None, persistent=False)
 
     @property
     def scorers(self) -> tuple[SpanScorer, SpanScorer, SpanScorer]:
@@ -235,28 +273,19 @@ class SpanProposalGraph(nn.Module):
             self.fused_words.weight.copy_(weight)
             self.fused_words.bias.copy_(bias)
             self.fused_context.weight.copy_(context_weight)
+        # by a table of L levels and a span's length: where its max-pool's second read lies from
+        # its last word's row, (1 - 2^level)·L + level (`span_reads`)
+        levels, length_levels = self.classifier.levels, self.classifier.length_levels
+        self.last_read_offsets = torch.stack(
+            [(1 - 2**length_levels) * table_levels + length_levels for table_levels in range(levels + 1)]
+        )
 
     def first_layers(
         self, states: torch.Tensor, context: torch.Tensor, word_mask: torch.Tensor
     ) -> tuple[list[WordLayers], list[torch.Tensor]]:
         """Each scorer's per-word layers and per-sentence layer [B, hidden] (filter, regressor,
-        classifier)."""
-        if self.fused_words is None or self.fused_context is None:
-            return [s.word_layers(states, word_mask) for s in self.scorers], [s.context(context) for s in self.scorers]
-        levels = levels_for(states.shape[1], self.classifier.levels)
-        words = self.fused_words(states)  # [B, N, 9·hidden]
-        table = range_max_table(words[..., : 3 * self.hidden], word_mask, levels)
-        contexts = self.fused_context(context)
-
-        def part(k: int) -> slice:
-            return slice(k * self.hidden, (k + 1) * self.hidden)
-
-        length_levels = self.classifier.length_levels  # the most levels of the three
-        layers = [
-            WordLayers(table[..., part(k)], levels, words[..., part(3 + k)], words[..., part(6 + k)], length_levels)
-            for k in range(3)
-        ]
-        return layers, [contexts[..., part(k)] for k in range(3)]
+        classifier), in the trained form."""
+        return [s.word_layers(states, word_mask) for s in self.scorers], [s.context(context) for s in self.scorers]
 
     def regularise(self, states: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dropout on the word and context vectors, before spans are built from them."""
@@ -283,6 +312,8 @@ class SpanProposalGraph(nn.Module):
         seed_mask: torch.Tensor,
         filter_threshold: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.fused_words is not None:
+            return self.fused_forward(word_states, context, word_mask, seeds, seed_mask, filter_threshold)
         word_states, context = self.regularise(word_states, context)
         (filter_words, regressor_words, classifier_words), (filter_context, regressor_context, classifier_context) = (
             self.first_layers(word_states, context, word_mask)
@@ -303,3 +334,98 @@ class SpanProposalGraph(nn.Module):
         spans = self.adjust(picked, offsets, lengths)
         class_logits = self.classifier.chosen_span_scores(classifier_words, classifier_context, sentence, spans)
         return candidates, spans, torch.softmax(class_logits, dim=-1)
+
+    def fused_forward(
+        self,
+        word_states: torch.Tensor,
+        context: torch.Tensor,
+        word_mask: torch.Tensor,
+        seeds: torch.Tensor,
+        seed_mask: torch.Tensor,
+        filter_threshold: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward` for eager inference (fuse_for_eager): the same outputs in fewer operators. The
+        regressor scores every real seed beside the filter, which reads the same rows; the passed
+        seeds' offsets are then picked from its outputs."""
+        assert self.fused_words is not None and self.fused_context is not None
+        h, (batch, n) = self.hidden, word_states.shape[:2]
+        levels = levels_for(n, self.classifier.levels)
+        words = self.fused_words(word_states)  # [B, N, 9h]: pools, lefts, rights; filter, regressor, classifier
+        pools = range_max_by_word(words[..., : 3 * h], word_mask, levels)
+        contexts = self.fused_context(context)
+        # The filter's boundary words beside the regressor's, both read at a span's first and last
+        # word: the regressor's are the words just outside the span, so its columns are shifted a
+        # word (at the padded row's ends, to the end word itself, as SpanScorer.span_words clamps).
+        lefts = torch.cat([words[..., 3 * h : 4 * h], shifted(words[..., 4 * h : 5 * h], -1)], dim=-1)
+        rights = torch.cat([words[..., 6 * h : 7 * h], shifted(words[..., 7 * h : 8 * h], 1)], dim=-1)
+        candidates = torch.nonzero(seed_mask > 0)
+        sentence = candidates[:, 0]
+        picked = seeds.reshape(-1, 2).index_select(0, sentence * seeds.shape[1] + candidates[:, 1])
+        first = first_layer(
+            self.span_reads(sentence, picked, n, levels),
+            pools[:, : 2 * h],
+            lefts.reshape(batch * n, 2 * h),
+            rights.reshape(batch * n, 2 * h),
+            contexts[:, : 2 * h].index_select(0, sentence),
+        )
+        hidden = self.filter.activation(first)  # the scorers' activations are the same GELU
+        filter_logits, offsets = self.filter.out(hidden[:, :h]), self.regressor.out(hidden[:, h:])
+        if filter_threshold is not None:
+            filter_prob = torch.softmax(filter_logits, dim=-1)[:, 1]
+            passed = torch.nonzero(filter_prob > filter_threshold.index_select(0, sentence)).squeeze(1)
+            candidates, picked, offsets = (part.index_select(0, passed) for part in (candidates, picked, offsets))
+            sentence = candidates[:, 0]
+        lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
+        spans = self.adjust(picked, offsets, lengths)
+        per_word = words.reshape(batch * n, 9 * h)
+        first = first_layer(
+            self.span_reads(sentence, spans, n, levels),
+            pools[:, 2 * h :],
+            per_word[:, 5 * h : 6 * h],
+            per_word[:, 8 * h :],
+            contexts[:, 2 * h :].index_select(0, sentence),
+        )
+        return candidates, spans, torch.softmax(self.classifier.score(first), dim=-1)
+
+    def span_reads(self, sentence: torch.Tensor, spans: torch.Tensor, n: int, levels: int) -> SpanReads:
+        """Where spans [M, 2] of sentences `sentence` [M] read the fused per-word rows (N words a
+        sentence) and the range-max table of LEVELS levels by word (`range_max_by_word`)."""
+        assert self.last_read_offsets is not None
+        length_levels = self.classifier.length_levels
+        starts, ends = spans[:, 0], spans[:, 1]
+        lengths = ends - starts
+        if fixed_shape_graph() or n >= length_levels.shape[0]:
+            lengths = lengths.clamp(max=length_levels.shape[0] - 1)  # past the top level's width: its level
+        row = sentence * n
+        first_word, last_word = row + starts, row + (ends - 1)
+        level = length_levels.index_select(0, lengths)
+        last_read = last_word * levels + self.last_read_offsets[levels].index_select(0, lengths)
+        return SpanReads(first_word, last_word, first_word * levels + level, last_read)
+
+
+@dataclass(frozen=True)
+class SpanReads:
+    """Spans' rows [M] each: their first and last words' in a batch's per-word rows (sentence · N +
+    position), and their max-pool's two in the range-max table by word."""
+
+    first_word: torch.Tensor
+    last_word: torch.Tensor
+    pool_first: torch.Tensor
+    pool_second: torch.Tensor
+
+
+def shifted(words: torch.Tensor, by: int) -> torch.Tensor:
+    """[B, N, h] → position i holds position i + BY (-1 or 1), clamped to the row: the words just
+    outside a span read at its own first or last word."""
+    if by < 0:
+        return torch.cat([words[:, :1], words[:, :-1]], dim=1)
+    return torch.cat([words[:, 1:], words[:, -1:]], dim=1)
+
+
+def first_layer(
+    reads: SpanReads, pools: torch.Tensor, lefts: torch.Tensor, rights: torch.Tensor, contexts: torch.Tensor
+) -> torch.Tensor:
+    """A scorer's first layer for spans, from rows of the fused per-word parts: max-pool, left and
+    right boundary words, then the sentence's part, summed in SpanScorer's order."""
+    pooled = torch.maximum(pools.index_select(0, reads.pool_first), pools.index_select(0, reads.pool_second))
+    return pooled + lefts.index_select(0, reads.first_word) + rights.index_select(0, reads.last_word) + contexts
