@@ -109,7 +109,7 @@ class Settings(Locations):
         False,
         description="the eager runtime's graphs, all but the backbone, traced to TorchScript at load and checked "
         "against the eager ones there: a pass then takes the interpreter lock a few times rather than at each of "
-        "its ~170 operators, each of which may wait a switch interval for it beside a busy thread "
+        "its ~130 operators, each of which may wait a switch interval for it beside a busy thread "
         "(docs/decisions/gpu-engine.md; not yet timed on a GPU)",
     )
     interpreter_switch_ms: float = Field(
