@@ -47,6 +47,7 @@ def range_max_table(states: torch.Tensor, word_mask: torch.Tensor, levels: int) 
 
 
 def masked_words(states: torch.Tensor, word_mask: torch.Tensor) -> torch.Tensor:
+    """The range-max table's level 0: positions past a sentence's words far below any real value."""
     return states.masked_fill(word_mask.unsqueeze(-1) == 0, _PAD_VALUE)
 
 
@@ -226,8 +227,9 @@ class SpanScorer(nn.Module):
 
 class SpanProposalGraph(nn.Module):
     """The filter scores every real seed; the regressor and the classifier read only the seeds decoding
-    will (those the filter passes at each sentence's `filter_threshold`: a few percent), and only
-    those candidates come out: (sentence, seed) of each, its adjusted span, its class
+    will (those the filter passes at each sentence's `filter_threshold`: a few percent; fused for
+    eager inference, the regressor scores every real seed beside the filter: `fused_forward`), and
+    only those candidates come out: (sentence, seed) of each, its adjusted span, its class
     probabilities, sentence by sentence in seed order. Without thresholds (tests) every seed is a
     candidate. Training calls the scorers itself (`span/loss.py`)."""
 
