@@ -555,9 +555,28 @@ def test_host_feeds_of_one_dtype_go_up_together_and_come_apart_unchanged() -> No
         np.array([0.25, 0.5, 0.75], dtype=np.float32),
         np.arange(6).reshape(2, 3)[:, ::2],
     ]
-    tensors = [torch.from_numpy(np.ascontiguousarray(feed)) for feed in feeds]
-    uploaded = upload_by_dtype(tensors, torch.device("cpu"), pin=False)
-    for sent, received in zip(tensors, uploaded, strict=True):
-        assert received.dtype == sent.dtype and received.shape == sent.shape and torch.equal(received, sent)
+    uploaded = upload_by_dtype(feeds, torch.device("cpu"), pin=False)
+    for sent, received in zip(feeds, uploaded, strict=True):
+        sent_tensor = torch.from_numpy(np.ascontiguousarray(sent))
+        assert received.dtype == sent_tensor.dtype and received.shape == sent_tensor.shape
+        assert torch.equal(received, sent_tensor)
     int64 = [received for received in uploaded if received.dtype == torch.int64]
     assert len(int64) == 3 and len({received.untyped_storage().data_ptr() for received in int64}) == 1
+
+
+def test_a_feed_already_as_the_graph_takes_it_is_passed_on_untouched() -> None:
+    """`torch_graph.as_fed`: a tensor on the graph's device in the graph's dtype is handed on as it is,
+    without a call into torch (each lets the interpreter lock go, which a launch-bound pass on a GPU
+    must then wait to get back); otherwise it is moved or cast, floats alone to half precision."""
+    import torch
+
+    from nerserve.ner.torch_graph import as_fed, to_tensors
+
+    cpu = torch.device("cpu")
+    ids, scores = torch.arange(4), torch.ones(3)
+    assert as_fed(ids, cpu, None) is ids and as_fed(scores, cpu, None) is scores
+    assert as_fed(ids, cpu, torch.float16) is ids
+    halved = as_fed(scores, cpu, torch.float16)
+    assert halved.dtype == torch.float16 and torch.equal(halved.float(), scores)
+    fed = to_tensors([np.arange(3), scores], cpu, torch.bfloat16)
+    assert fed[0].dtype == torch.int64 and fed[1].dtype == torch.bfloat16

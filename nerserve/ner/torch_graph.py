@@ -4,8 +4,10 @@ intermediates on the device, half precision and CUDA graphs; on the CPU for debu
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,33 +27,58 @@ def to_tensors(values: Sequence[Value], device: torch.device, floats: torch.dtyp
     dtype (`upload_by_dtype`): a pass's dozen feeds each pinned and copied on their own cost the
     launching thread two operators and a copy's launch apiece, under the interpreter lock a
     launch-bound pass is short of (docs/decisions/gpu-engine.md)."""
-    tensors = [value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value)) for value in values]
     if device.type == "cuda":
-        on_host = [index for index, tensor in enumerate(tensors) if tensor.device.type == "cpu"]
-        for index, uploaded in zip(on_host, upload_by_dtype([tensors[i] for i in on_host], device), strict=True):
-            tensors[index] = uploaded
-    return [tensor.to(device, floats if floats and tensor.is_floating_point() else tensor.dtype) for tensor in tensors]
+        tensors = upload_host_values(values, device)
+    else:
+        tensors = [
+            value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value)) for value in values
+        ]
+    return [as_fed(tensor, device, floats) for tensor in tensors]
 
 
-def upload_by_dtype(tensors: Sequence[torch.Tensor], device: torch.device, pin: bool = True) -> list[torch.Tensor]:
-    """Host TENSORS on DEVICE, in order: those of one dtype copied into one buffer (pinned, where
-    PIN), which goes up in one copy without blocking, and comes apart there as views."""
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        by_dtype.setdefault(tensor.dtype, []).append(index)
+def as_fed(tensor: torch.Tensor, device: torch.device, floats: torch.dtype | None) -> torch.Tensor:
+    """TENSOR on DEVICE, its floats in FLOATS where given: as it is when it is so already, since a
+    call to `to`, like every call into torch, lets the interpreter lock go and must then wait to
+    get it back beside a busy thread, even when it changes nothing. A DEVICE without an index
+    (`cuda`) is the one the graph's tensors are on."""
+    dtype = floats if floats is not None and tensor.dtype.is_floating_point else tensor.dtype
+    on = tensor.device
+    if dtype == tensor.dtype and on.type == device.type and (device.index is None or on.index == device.index):
+        return tensor
+    return tensor.to(device, dtype)
+
+
+def upload_host_values(values: Sequence[Value], device: torch.device, pin: bool = True) -> list[torch.Tensor]:
+    """VALUES on DEVICE: host arrays uploaded together (`upload_by_dtype`), tensors as they are."""
+    uploaded = iter(
+        upload_by_dtype([np.asarray(value) for value in values if not isinstance(value, torch.Tensor)], device, pin)
+    )
+    return [value if isinstance(value, torch.Tensor) else next(uploaded) for value in values]
+
+
+def upload_by_dtype(arrays: Sequence[np.ndarray], device: torch.device, pin: bool = True) -> list[torch.Tensor]:
+    """Host ARRAYS on DEVICE, in order: those of one dtype copied by numpy into one buffer (pinned,
+    where PIN), which goes up in one copy without blocking and comes apart there as views. A
+    dtype's group costs four calls into torch and each array at most one (its view), each of which
+    lets the interpreter lock go."""
+    by_dtype: dict[np.dtype[Any], list[int]] = {}
+    for index, array in enumerate(arrays):
+        by_dtype.setdefault(array.dtype, []).append(index)
     uploaded: dict[int, torch.Tensor] = {}
     for dtype, indices in by_dtype.items():
-        sizes = [tensors[i].numel() for i in indices]
-        packed = torch.empty(sum(sizes), dtype=dtype, pin_memory=pin)
-        host = packed.numpy()  # filled by numpy: one copy a feed, no operator dispatched
-        start = 0
-        for index, size in zip(indices, sizes, strict=True):
-            host[start : start + size] = tensors[index].reshape(-1).numpy()
-            start += size
+        sizes = [arrays[index].size for index in indices]
+        packed = torch.empty(sum(sizes), dtype=torch_dtype(dtype), pin_memory=pin)
+        np.concatenate([arrays[index].reshape(-1) for index in indices], out=packed.numpy())
         parts = packed.to(device, non_blocking=pin).split(sizes)
         for index, part in zip(indices, parts, strict=True):
-            uploaded[index] = part.view(tensors[index].shape)
-    return [uploaded[index] for index in range(len(tensors))]
+            shape = arrays[index].shape
+            uploaded[index] = part if len(shape) == 1 else part.view(shape)
+    return [uploaded[index] for index in range(len(arrays))]
+
+
+@functools.cache
+def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def from_tensors(
@@ -117,9 +144,11 @@ def cuda_pass_clock() -> Callable[[], float]:
 
 def _host_array(out: torch.Tensor) -> np.ndarray:
     """A half-precision output comes back as float32 (numpy decoding is written for it), cast after
-    the copy, so that only half the bytes cross to the host."""
-    host = out.detach().cpu()
-    return (host.float() if host.is_floating_point() and host.dtype != torch.float32 else host).numpy()
+    the copy, so that only half the bytes cross to the host. No call into torch that changes
+    nothing (see `as_fed`)."""
+    host = out.detach() if out.requires_grad else out
+    host = host if host.device.type == "cpu" else host.cpu()
+    return (host.float() if host.dtype.is_floating_point and host.dtype != torch.float32 else host).numpy()
 
 
 # Half precision is the network's weights converted once, at load (`loading.load_model`), and its
