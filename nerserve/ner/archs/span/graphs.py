@@ -314,26 +314,24 @@ class SpanProposalGraph(nn.Module):
         seed_mask: torch.Tensor,
         filter_threshold: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # the real seeds only, [V, 2] (sentence, seed), row-major: a batch's sentences are padded to
+        # its longest's seed count, which in a batch of mixed lengths is most of [B, K]
+        candidates = torch.nonzero(seed_mask > 0)
+        picked = seeds.reshape(-1, 2).index_select(0, candidates[:, 0] * seeds.shape[1] + candidates[:, 1])
         if self.fused_words is not None:
-            return self.fused_forward(word_states, context, word_mask, seeds, seed_mask, filter_threshold)
+            return self.fused_forward(word_states, context, word_mask, candidates, picked, filter_threshold)
         word_states, context = self.regularise(word_states, context)
         (filter_words, regressor_words, classifier_words), (filter_context, regressor_context, classifier_context) = (
             self.first_layers(word_states, context, word_mask)
         )
-        # the real seeds only, [V, 2] (sentence, seed), row-major: a batch's sentences are padded to
-        # its longest's seed count, which in a batch of mixed lengths is most of [B, K]
-        candidates = torch.nonzero(seed_mask > 0)
         sentence = candidates[:, 0]
-        picked = seeds.reshape(-1, 2).index_select(0, sentence * seeds.shape[1] + candidates[:, 1])
         if filter_threshold is not None:
             filter_logits = self.filter.chosen_span_scores(filter_words, filter_context, sentence, picked)
-            filter_prob = torch.softmax(filter_logits, dim=-1)[:, 1]
-            passed = torch.nonzero(filter_prob > filter_threshold.index_select(0, sentence)).squeeze(1)
+            passed = passed_by_filter(filter_logits, filter_threshold, sentence)
             candidates, picked = candidates.index_select(0, passed), picked.index_select(0, passed)
             sentence = candidates[:, 0]
         offsets = self.regressor.chosen_span_scores(regressor_words, regressor_context, sentence, picked)
-        lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
-        spans = self.adjust(picked, offsets, lengths)
+        spans = self.adjust(picked, offsets, sentence_lengths(word_mask, sentence, picked.dtype))
         class_logits = self.classifier.chosen_span_scores(classifier_words, classifier_context, sentence, spans)
         return candidates, spans, torch.softmax(class_logits, dim=-1)
 
@@ -342,13 +340,14 @@ class SpanProposalGraph(nn.Module):
         word_states: torch.Tensor,
         context: torch.Tensor,
         word_mask: torch.Tensor,
-        seeds: torch.Tensor,
-        seed_mask: torch.Tensor,
+        candidates: torch.Tensor,
+        picked: torch.Tensor,
         filter_threshold: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward` for eager inference (fuse_for_eager): the same outputs in fewer operators. The
-        regressor scores every real seed beside the filter, which reads the same rows; the passed
-        seeds' offsets are then picked from its outputs."""
+        """`forward` for eager inference (fuse_for_eager), from the real seeds (`candidates`, their
+        spans `picked`): the same outputs in fewer operators. The regressor scores every real seed
+        beside the filter, which reads the same rows; the passed seeds' offsets are then picked
+        from its outputs."""
         assert self.fused_words is not None and self.fused_context is not None
         h, (batch, n) = self.hidden, word_states.shape[:2]
         levels = levels_for(n, self.classifier.levels)
@@ -360,9 +359,7 @@ class SpanProposalGraph(nn.Module):
         # word (at the padded row's ends, to the end word itself, as SpanScorer.span_words clamps).
         lefts = torch.cat([words[..., 3 * h : 4 * h], shifted(words[..., 4 * h : 5 * h], -1)], dim=-1)
         rights = torch.cat([words[..., 6 * h : 7 * h], shifted(words[..., 7 * h : 8 * h], 1)], dim=-1)
-        candidates = torch.nonzero(seed_mask > 0)
         sentence = candidates[:, 0]
-        picked = seeds.reshape(-1, 2).index_select(0, sentence * seeds.shape[1] + candidates[:, 1])
         first = first_layer(
             self.span_reads(sentence, picked, n, levels),
             pools[:, : 2 * h],
@@ -373,12 +370,10 @@ class SpanProposalGraph(nn.Module):
         hidden = self.filter.activation(first)  # the scorers' activations are the same GELU
         filter_logits, offsets = self.filter.out(hidden[:, :h]), self.regressor.out(hidden[:, h:])
         if filter_threshold is not None:
-            filter_prob = torch.softmax(filter_logits, dim=-1)[:, 1]
-            passed = torch.nonzero(filter_prob > filter_threshold.index_select(0, sentence)).squeeze(1)
+            passed = passed_by_filter(filter_logits, filter_threshold, sentence)
             candidates, picked, offsets = (part.index_select(0, passed) for part in (candidates, picked, offsets))
             sentence = candidates[:, 0]
-        lengths = word_mask.sum(dim=1).to(seeds.dtype).index_select(0, sentence)
-        spans = self.adjust(picked, offsets, lengths)
+        spans = self.adjust(picked, offsets, sentence_lengths(word_mask, sentence, picked.dtype))
         per_word = words.reshape(batch * n, 9 * h)
         first = first_layer(
             self.span_reads(sentence, spans, n, levels),
@@ -403,6 +398,17 @@ class SpanProposalGraph(nn.Module):
         level = length_levels.index_select(0, lengths)
         last_read = last_word * levels + self.last_read_offsets[levels].index_select(0, lengths)
         return SpanReads(first_word, last_word, first_word * levels + level, last_read)
+
+
+def passed_by_filter(filter_logits: torch.Tensor, filter_threshold: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
+    """The rows of seeds whose p(entity) is above their sentence's threshold, [P]."""
+    filter_prob = torch.softmax(filter_logits, dim=-1)[:, 1]
+    return torch.nonzero(filter_prob > filter_threshold.index_select(0, sentence)).squeeze(1)
+
+
+def sentence_lengths(word_mask: torch.Tensor, sentence: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each span's sentence's word count, [M], in DTYPE (its spans')."""
+    return word_mask.sum(dim=1).to(dtype).index_select(0, sentence)
 
 
 @dataclass(frozen=True)
