@@ -10,6 +10,7 @@ import torch
 
 from nerserve.ner.archs.span.graphs import SpanProposalGraph
 from nerserve.ner.encoder import LengthSafeBiLSTM
+from nerserve.ner.loading import InferenceDropout
 
 
 @pytest.mark.parametrize("lengths", [[7], [5, 9, 1, 9], [3, 3, 2]])
@@ -43,6 +44,9 @@ def test_a_model_loaded_for_inference_finds_what_it_finds_as_trained(model: str,
     assert any(m.both_directions is not None for m in served.network.modules() if isinstance(m, LengthSafeBiLSTM))
     fused_heads = [m.fused_words is not None for m in served.network.modules() if isinstance(m, SpanProposalGraph)]
     assert fused_heads == ([True] if model.startswith("span") else [])
+    # every dropout (the backbone's and the heads') passes its input on without a call into torch
+    assert not any(type(m) is torch.nn.Dropout for m in served.network.modules())
+    assert sum(isinstance(m, InferenceDropout) for m in served.network.modules()) > 10
     sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 96)]
     expected = [e for start in range(0, 96, 32) for e in trained.program.predict(sentences[start : start + 32])]
     found = [e for start in range(0, 96, 32) for e in served.program.predict(sentences[start : start + 32])]

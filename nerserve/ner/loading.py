@@ -63,6 +63,25 @@ def fuse_for_eager(network: nn.Module) -> None:
     saved. Exported graphs keep the trained form: their runtime fuses on its own, and on the CPU
     ONNX Runtime ran span's fused products slower (docs/decisions/cpu-inference.md)."""
     each_part_that_can(network, "fuse_for_eager")
+    skip_dropouts(network)
+
+
+class InferenceDropout(nn.Dropout):
+    """A dropout at inference, where it changes nothing: its input, without the call into torch a
+    dropout in eval mode still makes (which lets the interpreter lock go, and an eager pass on a GPU
+    then waits to get it back: docs/decisions/gpu-engine.md). A dropout still, so that code reading
+    its rate (`p`) finds it."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return input
+
+
+def skip_dropouts(network: nn.Module) -> None:
+    """Every dropout of NETWORK (its backbone's and its heads') an InferenceDropout."""
+    for module in list(network.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Dropout:
+                setattr(module, name, InferenceDropout(child.p, child.inplace))
 
 
 def each_part_that_can(network: nn.Module, method: str) -> None:
