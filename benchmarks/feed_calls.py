@@ -11,10 +11,7 @@ alone and beside a thread running Python at the server's switch interval.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,13 +19,14 @@ from typing import Annotated, Any
 
 import torch
 import typer
+from pass_anatomy import beside, median_ms, python_only
 
 from nerserve.ner.data import read_split
 from nerserve.ner.graph import Value
 from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import Locations
 from nerserve.ner.torch_graph import as_fed, upload_host_values
-from nerserve.service.interpreter import DEFAULT_SWITCH_MS
+from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
 LOCATIONS = Locations()
 CPU = torch.device("cpu")
@@ -60,33 +58,11 @@ def _is_torch(function: Any) -> bool:
     return "torch" in (getattr(function, "__module__", None) or "") or isinstance(owner, torch.Tensor)
 
 
-def median_ms(run: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
-def beside_python(run: Callable[[], Any], repeats: int, switch_ms: float) -> float:
-    """RUN's median ms while another thread runs Python without pause."""
-    stop = threading.Event()
-
-    def busy() -> None:
-        while not stop.is_set():
-            pass
-
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(switch_ms / 1000)
-    thread = threading.Thread(target=busy, daemon=True)
-    thread.start()
-    try:
-        return median_ms(run, repeats)
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(previous)
+def beside_python(run: Callable[[], Any], repeats: int) -> float:
+    """RUN's median ms while another thread runs Python without pause, at the server's switch interval."""
+    hand_over_quickly()
+    with beside(python_only):
+        return median_ms(lambda _: run(), [None] * repeats)
 
 
 @app.command()
@@ -118,8 +94,8 @@ def main(
         "feeds": [len(values) for values in groups],
         "torch_calls": sum(calls.values()),
         "torch_calls_by_name": dict(calls.most_common()),
-        "alone_ms": round(median_ms(run, repeats * 10), 4),
-        "beside_python_ms": round(beside_python(run, repeats, DEFAULT_SWITCH_MS), 3),
+        "alone_ms": median_ms(lambda _: run(), [None] * repeats * 10),
+        "beside_python_ms": beside_python(run, repeats),
         "switch_ms": DEFAULT_SWITCH_MS,
     }
     typer.echo(json.dumps(report, indent=2))

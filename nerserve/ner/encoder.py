@@ -331,5 +331,4 @@ class WordEncoder(nn.Module):
         BiLSTM: [B, N, 2·lstm_hidden]."""
         features = torch.cat([words, self.chars(char_stream, char_index), self.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
-        # not called at inference, where it changes nothing: a call into torch lets the interpreter lock go
-        return self.lstm(self.dropout(features) if self.training else features, lengths)
+        return self.lstm(self.dropout(features), lengths)
