@@ -261,6 +261,33 @@ def test_bad_input_errors(server: Server, payload: dict[str, object], status: in
     assert response.json()["error"]["field"] == where
 
 
+@pytest.mark.parametrize(
+    ("payload", "headers"),
+    [
+        ({"texts": ["EU rejects German call to boycott British lamb.", "Peter went to Paris."]}, {}),
+        ({"model": "span-genia", "tokens": [["IL-2", "gene", "expression", "requires", "NF-kappa", "B"]]}, {}),
+        ({"model": "nag-cadec", "texts": ["I had severe pain in my left knee."], "options": {"threshold": 0.4}}, {}),
+        ({"model": "setgen-cadec", "texts": ["My legs ached."], "flat": True, "labels": ["ADR"]}, {}),
+        ({"texts": ["a"], "model": "nope"}, {}),
+        ({"texts": ["a"], "labels": ["PER", "DRUG"]}, {}),
+        ({"tokens": [["a", "b c"]]}, {}),
+        ({"texts": ["a"] * 300}, {}),
+        ({"texts": ["a"]}, {"x-deadline-ms": "nan"}),
+        ({"texts": ["a"]}, {"x-deadline-ms": "0.001"}),
+    ],
+)
+def test_the_lane_answers_as_the_route(server: Server, payload: dict[str, object], headers: dict[str, str]) -> None:
+    """A body of declared length takes the lane (service.api.extract_lane); the same body streamed
+    (chunked, no length) goes through FastAPI's route: the same status, body and media type."""
+    body = json.dumps(payload).encode()
+    sent = {"content-type": "application/json", **headers}
+    lane = httpx.post(f"{server.url}/extract", content=body, headers=sent, timeout=60)
+    route = httpx.post(f"{server.url}/extract", content=iter([body]), headers=sent, timeout=60)
+    assert "content-length" not in route.request.headers
+    assert (lane.status_code, lane.headers["content-type"]) == (route.status_code, route.headers["content-type"])
+    assert lane.json() == route.json()
+
+
 def test_malformed_and_oversized_bodies(server: Server) -> None:
     bad = httpx.post(f"{server.url}/extract", content=b'{"texts": [', headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"

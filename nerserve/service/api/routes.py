@@ -22,6 +22,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for co
 
 @router.post("/extract", response_model=ExtractResponse, responses=ERRORS, summary="Extract entities")
 async def extract(body: ExtractRequest, request: Request, response: Response) -> dict[str, Any]:
+    answer, done = await extraction_answer(body, request)
+    timing_headers(response, done)
+    return answer
+
+
+async def extraction_answer(body: ExtractRequest, request: Request) -> tuple[dict[str, Any], Extraction]:
+    """What POST /extract answers (before the response model checks it), and the extraction's times."""
     state = service_state(request)
     check_serving(state)
     model = state.model(body.model)
@@ -35,8 +42,8 @@ async def extract(body: ExtractRequest, request: Request, response: Response) ->
         deadline_ms=body.deadline_ms or _header_float(request, "x-deadline-ms"),
     )
     done = await run_extraction(request, model.name, query)
-    timing_headers(response, done)
-    return {"model": model.name, "version": model.version, "results": [{"entities": found} for found in done.entities]}
+    answer = {"model": model.name, "version": model.version, "results": [{"entities": found} for found in done.entities]}
+    return answer, done
 
 
 def timing_headers(response: Response, done: Extraction) -> None:
