@@ -5,9 +5,20 @@ a turn's responses are recorded in one message."""
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
-from nerserve.service.engine_link import LENGTH, FrameReader, FrameWriter, PerTurn
+import pytest
+
+from nerserve.ner.backbone import resolve_backbone
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.service.api.errors import ApiError
+from nerserve.service.api.extraction import ExtractionQuery
+from nerserve.service.api.state import ServiceState
+from nerserve.service.config import Settings
+from nerserve.service.engine_link import LENGTH, EngineAddress, FrameReader, FrameWriter, PerTurn, RemoteEngine
+from nerserve.service.pipeline import Planner
 
 
 class CapturedWrites:
@@ -156,3 +167,34 @@ def test_the_engine_answers_a_workers_run_from_its_callback_and_cancels_it_on_re
     assert replies[2][2:4] == (False, ("queue_full", "overloaded", None, {}))
     assert replies[3][3][0] == "client_gone"
     assert replies[4][2] is False and replies[4][3][0] == "internal"
+
+
+def test_a_worker_abandons_the_run_of_a_client_gone() -> None:
+    """The client goes away before the engine answers: its request ends as client_gone at once,
+    the engine is told to cancel that run, and the engine's late reply is dropped."""
+    planner = Planner(SubwordEncoder(load_tokenizer(resolve_backbone().path)), window_subwords=128, overlap_words=2)
+
+    async def planner_of(model: str) -> Planner:
+        return planner
+
+    async def scenario() -> tuple[str, list[str]]:
+        engine = RemoteEngine(EngineAddress(Path("unused"), os.getpid()), ServiceState(Settings(models="span-conll03")))
+        out = CapturedWrites()
+        engine.out = FrameWriter(out)  # type: ignore[arg-type]
+        engine.planner = planner_of  # type: ignore[method-assign]
+        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        request = asyncio.create_task(engine.extract("span-conll03", ExtractionQuery(texts=["Peter went."]), "", gone))
+        while not engine.pending:  # planned and sent
+            await asyncio.sleep(0)
+        (call_id,) = engine.pending
+        gone.set_result(None)
+        with pytest.raises(ApiError) as ended:
+            await request
+        await asyncio.sleep(0)  # the turn ends: the writer flushes
+        engine._handle(("reply", call_id, True, None))  # late: nobody waits for it any more
+        sent = [message for frame in [await read_back(bytes(out.data))] for message in frame]
+        return ended.value.code, [message[0] for message in sent]
+
+    code, sent_kinds = asyncio.run(scenario())
+    assert code == "client_gone"
+    assert sent_kinds == ["run_planned", "cancel"]

@@ -1,17 +1,21 @@
 """POST /extract's lane (service.api.extract_lane): which requests it answers itself and which go on
-to FastAPI with their body exactly as sent. Its answers against the route's own, end to end:
-tests/test_service.py::test_the_lane_answers_as_the_route."""
+to FastAPI with their body exactly as sent (its answers against the route's own, end to end:
+tests/test_service.py::test_the_lane_answers_as_the_route); the tokens' check every extraction
+runs in the HTTP process."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 import pytest
 from starlette.types import Message, Scope
 
+from nerserve.service.api.errors import ApiError
 from nerserve.service.api.extract_lane import ExtractLane
+from nerserve.service.api.extraction import check_tokens
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 
@@ -103,3 +107,30 @@ def test_a_client_gone_while_sending_goes_on_to_fastapi() -> None:
     gone: list[Message] = [{"type": "http.request", "body": VALID[:10], "more_body": True}, {"type": "http.disconnect"}]
     downstream, _ = run(scope(**JSON), gone)
     assert downstream.bodies == [VALID[:10]]  # FastAPI meets the disconnect as it always has
+
+
+@pytest.mark.parametrize(
+    ("tokens", "where"),
+    [
+        ([["Peter", "went", "."], ["ok"]], None),
+        ([["a"], []], "tokens[1]"),
+        ([["a", ""]], "tokens[0][1]"),
+        ([[" a"]], "tokens[0][0]"),
+        ([["x", "a\u00a0b"]], "tokens[0][1]"),
+        ([["a\u2028"]], "tokens[0][0]"),
+        ([["a\u200bb"]], None),  # a zero-width space is not whitespace to str.isspace
+    ],
+)
+def test_tokens_are_checked_where_they_fail(tokens: list[list[str]], where: str | None) -> None:
+    if where is None:
+        check_tokens(tokens)
+        return
+    with pytest.raises(ApiError) as refused:
+        check_tokens(tokens)
+    assert refused.value.field == where
+
+
+def test_every_whitespace_character_splits_a_token() -> None:
+    """The C-speed check (join, then split) holds exactly where str.isspace does."""
+    differ = [c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace() != (len(f"a{c}b".split()) == 2)]
+    assert differ == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -434,14 +435,26 @@ class RemoteEngine:
         planned = await plan_query(await self.planner(model), query)
         admitted = not _admitted_with_run.get()
         call_id, reply = self._ask("run_planned", model, PlannedQuery.of(query, planned), tenant, admitted)
-        await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not reply.done():
-            self.pending.pop(call_id, None)
-            reply.cancel()
-            self._send("cancel", (call_id,))
-            raise ApiError("client_gone", "the client closed the connection before the answer")
+        # a callback rather than asyncio.wait on both: its waiter and callbacks cost a worker more
+        # a request than the callback does
+        abandon = functools.partial(self._abandon, call_id)
+        gone.add_done_callback(abandon)
+        try:
+            await reply
+        finally:
+            gone.remove_done_callback(abandon)
         answers: UnitAnswers = self._value(reply)
         return answer(query, planned, answers)
+
+    def _abandon(self, call_id: int, _gone: asyncio.Future[Any]) -> None:
+        """The client went away before its answer: the engine is told to drop the run, and the
+        request ends as client_gone."""
+        reply = self.pending.pop(call_id, None)
+        if reply is None or reply.done():
+            return
+        reply.set_result((False, ("client_gone", "the client closed the connection before the answer", None, {})))
+        with contextlib.suppress(ApiError):  # the engine is gone: it runs nothing any more
+            self._send("cancel", (call_id,))
 
     async def admit(self, model: str | None, tenant: str, body_bytes: int | None) -> Refusal | None:
         """A small body is let through here and admitted by the engine with its run (one round trip

@@ -13,6 +13,7 @@ refusal's task would wait its turn behind the answers the event loop is writing
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
@@ -22,6 +23,79 @@ from nerserve.service.admission import LET_THROUGH, EdgeCounter, Refusal, model_
 from nerserve.service.api.errors import error_body
 from nerserve.service.auth import CHALLENGE, Door, key_name, tenant_of
 from nerserve.service.metrics import ResponseRecorder
+
+
+class TurnWrites(asyncio.Transport):
+    """A connection's writes of one turn of the event loop, sent as one. uvicorn writes a response's
+    head as the application starts it and its body after: two system calls a response and, at the
+    client, two reads (on a network, two segments) for one small answer."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.transport = transport
+        self.loop = loop
+        self.pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.pending:
+            self.loop.call_soon(self.flush)
+        self.pending.append(bytes(data))
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        data, self.pending = b"".join(self.pending), []
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self.transport.write_eof()
+
+    def abort(self) -> None:
+        self.pending = []
+        self.transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() + sum(map(len, self.pending))
+
+    def can_write_eof(self) -> bool:
+        return self.transport.can_write_eof()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.transport.get_write_buffer_limits()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.transport.get_protocol()
+
+    def is_reading(self) -> bool:
+        return self.transport.is_reading()
+
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.transport.resume_reading()
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -41,7 +115,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self.header_check: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(TurnWrites(transport, self.loop))
         self.headers_since = self.loop.time()
         self.header_check = self.loop.call_later(self.header_timeout, self._check_headers)
 

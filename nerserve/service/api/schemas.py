@@ -60,7 +60,7 @@ class ExtractRequest(BaseModel):
         """JSON may carry lone UTF-16 surrogates ("\\ud800"); no tokenizer can encode them."""
         for index, item in enumerate(value or []):
             for inner, text in enumerate(item if isinstance(item, list) else [item]):
-                if any("\ud800" <= c <= "\udfff" for c in text):
+                if not text.isascii() and _has_lone_surrogate(text):
                     where = f"{info.field_name}[{index}]" + (f"[{inner}]" if isinstance(item, list) else "")
                     raise ValueError(f"{where}: contains a lone surrogate (invalid Unicode)")
         return value
@@ -81,6 +81,15 @@ class ExtractRequest(BaseModel):
         if (self.texts is None) == (self.tokens is None):
             raise ValueError("give exactly one of 'texts' or 'tokens'")
         return self
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    # UTF-8 cannot encode a surrogate: the encoder finds one at C speed
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class EntityOut(BaseModel):
