@@ -6,8 +6,8 @@ read, which answers as the route always has.
 
 Why: an HTTP worker's CPU a one-sentence request is what a GPU node's front is bought with (its
 answers going out and the next requests coming in are the device's idle time between cohorts),
-and FastAPI's dispatch (its middleware, routing, dependency solving and response checking) was
-about half of that CPU, the request's own work (planning, the engine link) a quarter."""
+and FastAPI's dispatch (its middleware, routing, dependency solving and response checking) was the
+larger part of that CPU (docs/decisions/http-workers.md, "A worker's CPU a request")."""
 
 from __future__ import annotations
 
@@ -39,12 +39,8 @@ class ExtractLane:
             await self.app(scope, receive, send)
             return
         received = await whole_body(receive)
-        body = b"".join(message.get("body", b"") for message in received)
-        try:
-            if received[-1]["type"] != "http.request":
-                raise ValueError("the client went away while sending")
-            parsed = ExtractRequest.model_validate_json(body)
-        except (ValueError, ValidationError):  # FastAPI's answer, exactly as without the lane
+        parsed = accepted(received)
+        if parsed is None:  # FastAPI's answer, exactly as without the lane
             await self.app(scope, replaying(received, receive), send)
             return
         response = await answer(parsed, Request(scope, receive))
@@ -65,6 +61,16 @@ async def whole_body(receive: Receive) -> list[Message]:
     while received[-1]["type"] == "http.request" and received[-1].get("more_body", False):
         received.append(await receive())
     return received
+
+
+def accepted(received: list[Message]) -> ExtractRequest | None:
+    """The request as its model reads it; None for a body it refuses, or a client gone while sending."""
+    if received[-1]["type"] != "http.request":
+        return None
+    try:
+        return ExtractRequest.model_validate_json(b"".join(message.get("body", b"") for message in received))
+    except ValidationError:
+        return None
 
 
 def replaying(received: list[Message], receive: Receive) -> Receive:
