@@ -78,20 +78,20 @@ class Planner:
 
     def plan(self, texts: list[str] | None = None, tokens: list[list[str]] | None = None) -> list[PlannedText]:
         planned: list[PlannedText] = []
-        sentences: list[tuple[int, int, list[Word]]] = []  # (text index, first word index, words)
+        sentences: list[tuple[int, int, list[str]]] = []  # (text index, first word index, the words' texts)
         if texts is not None:
             for t, text in enumerate(texts):
                 words: list[Word] = []
                 for sentence in split_sentences(text):
-                    sentences.append((t, len(words), sentence))
+                    sentences.append((t, len(words), [word.text for word in sentence]))
                     words.extend(sentence)
                 planned.append(PlannedText(text, words, []))
         else:
             for t, token_list in enumerate(tokens or []):
                 text, words = words_of_tokens(token_list)
-                sentences.append((t, 0, words))
+                sentences.append((t, 0, token_list))
                 planned.append(PlannedText(text, words, []))
-        tokenized = self.subwords.tokenize([[word.text for word in words] for _, _, words in sentences]) if sentences else []
+        tokenized = self.subwords.tokenize([words for _, _, words in sentences]) if sentences else []
         specials = self.subwords.special_count
         for (t, first, _), tokens_of in zip(sentences, tokenized, strict=True):
             counts = tokens_of.piece_counts

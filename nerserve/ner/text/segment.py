@@ -7,6 +7,7 @@ training data (punctuation split off, abbreviations such as "U.S." and hyphenate
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import re
@@ -28,15 +29,23 @@ def _alternatives(names: list[str]) -> str:
     return "|".join(names + [name.upper() for name in names if not name.isupper()])  # "ST. LOUIS" in a headline
 
 
+def _abbreviations(names: list[str]) -> str:
+    """NAMES (or their upper case), each followed by a period, behind a lookahead on that shape: the
+    regex engine tries a long alternation one name at a time, and the lookahead fails at once
+    where most words are (too long, or no period after them)."""
+    shortest, longest = min(map(len, names)), max(map(len, names))
+    return rf"(?=[A-Za-z]{{{shortest},{longest}}}\.)(?:{_alternatives(names)})\."
+
+
 _WORD = re.compile(
     r"""
     (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
-    | \b(?:"""
-    + _alternatives(TITLES)
-    + r""")\.                      # titles and months: Mr. St. Jan.
-    | \b(?:"""
-    + _alternatives(SUFFIXES)
-    + r""")\.(?!\s*(?:$|[\n\r"”.]))  # company suffixes, states: Corp. Fla., unless they end the sentence
+    | \b"""
+    + _abbreviations(TITLES)
+    + r"""                        # titles and months: Mr. St. Jan.
+    | \b"""
+    + _abbreviations(SUFFIXES)
+    + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
     | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
     | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
     | \d+(?:[-.,:/]\d+)*          # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38
@@ -62,8 +71,13 @@ def _split_clitic(word: Word) -> list[Word]:
     return [Word(word.text[: match.start()], word.start, cut), Word(match.group(), cut, word.end)]
 
 
+# A Word made from its (text, start, end) in C: a named tuple's own constructor is a Python function,
+# and every request makes one a word.
+_word = functools.partial(tuple.__new__, Word)
+
+
 def words_of(text: str) -> list[Word]:
-    words = [Word(match.group(), match.start(), match.end()) for match in _WORD.finditer(text)]
+    words = [_word((match.group(), match.start(), match.end())) for match in _WORD.finditer(text)]
     if "'" not in text and "’" not in text:  # every clitic has an apostrophe: most texts skip the search
         return words
     return [part for word in words for part in (_split_clitic(word) if "'" in word.text or "’" in word.text else (word,))]
@@ -144,5 +158,7 @@ def split_sentences(text: str) -> list[list[Word]]:
 def words_of_tokens(tokens: list[str]) -> tuple[str, list[Word]]:
     """Pre-tokenised input: the text is the tokens joined by single spaces (the API's convention)."""
     lengths = list(map(len, tokens))
-    starts = list(itertools.accumulate((length + 1 for length in lengths[:-1]), initial=0))
-    return " ".join(tokens), list(map(Word, tokens, starts, map(operator.add, starts, lengths)))
+    starts = list(itertools.accumulate(map((1).__add__, lengths[:-1]), initial=0))
+    ends = map(operator.add, starts, lengths)
+    # not strict: no tokens still have a start (0)
+    return " ".join(tokens), list(map(_word, zip(tokens, starts, ends, strict=False)))
