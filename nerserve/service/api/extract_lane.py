@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nerserve.service.api.errors import ApiError, error_response
+from nerserve.service.api.errors import ApiError, api_error_handler
 from nerserve.service.api.routes import extraction_answer, timing_headers
 from nerserve.service.api.schemas import ExtractRequest, ExtractResponse
 
@@ -85,8 +85,8 @@ def replaying(received: list[Message], receive: Receive) -> Receive:
 async def answer(parsed: ExtractRequest, request: Request) -> Response:
     try:
         content, done = await extraction_answer(parsed, request)
-    except ApiError as error:
-        return error_response(error.code, error.message, error.field, error.headers, request.url.path)
+    except ApiError as error:  # answered as the app's handler answers it behind FastAPI
+        return await api_error_handler(request, error)
     response = Response(answer_json(content), media_type="application/json")
     timing_headers(response, done)
     return response
