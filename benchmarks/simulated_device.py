@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nerserve.loadtest.client import ORDER_HELP, Order, arrange, make_client, read_sentences
+from nerserve.loadtest.client import ORDER_HELP, Order, Route, arrange, make_client, read_sentences
 from nerserve.loadtest.runs import closed_loop, trivial_ceiling
 
 app = typer.Typer(add_completion=False)
@@ -67,6 +67,7 @@ async def measure(
     workers: int,
     pid: int | None,
     per_request: int = 1,
+    route: str = "extract",
 ) -> dict[str, Any]:
     rows = []
     processes = server_processes(pid) if pid is not None else {}
@@ -75,7 +76,7 @@ async def measure(
         for concurrency in levels:
             before = (await _info(client))["simulated_device"]
             cpu_before = {role: cpu_seconds(p) for role, p in processes.items()}
-            run = await closed_loop(client, model, sentences, concurrency, duration, per_request=per_request)
+            run = await closed_loop(client, model, sentences, concurrency, duration, per_request=per_request, route=route)
             cpu_after = {role: cpu_seconds(p) for role, p in processes.items()}
             after = (await _info(client))["simulated_device"]
             busy = after["busy_seconds"] - before["busy_seconds"]
@@ -101,6 +102,7 @@ async def measure(
         "simulated": True,
         "device": {k: device[k] for k in ("card", "source")},
         "model": model,
+        "route": route,
         "http_workers": workers,
         "sentences_per_request": per_request,
         "seconds_per_level": duration,
@@ -123,11 +125,14 @@ def main(
     ] = None,
     per_request: Annotated[int, typer.Option(min=1, help="sentences in each request")] = 1,
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
+    route: Annotated[Route, typer.Option(help="extract: POST /extract, pre-tokenised; v2: the model's KServe v2 infer")] = (
+        Route.extract
+    ),
     out: Annotated[Path | None, typer.Option(help="JSON file to write")] = None,
 ) -> None:
     levels = [int(level) for level in concurrency.split(",")]
     sentences = arrange(read_sentences(data), order)
-    report = asyncio.run(measure(url, model, sentences, levels, duration, workers, server_pid, per_request))
+    report = asyncio.run(measure(url, model, sentences, levels, duration, workers, server_pid, per_request, route.value))
     report["order"] = order.value
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,11 +105,14 @@ def test_v2_json_infer_equals_extract(server: Server) -> None:
         ({"name": "sentence"}, "text"),
         ({"shape": [2]}, "shape"),
         ({"data": [3]}, "data[0]"),
+        # pydantic's JSON parser refuses a lone surrogate's escape (binary data: the UTF-8 decoder does)
+        ({"data": ["Paris \ud800"]}, "Invalid JSON"),
     ],
 )
 def test_v2_bad_tensors_are_4xx(server: Server, change: dict[str, Any], where: str) -> None:
     tensor = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Peter went to Paris."], **change}
-    response = post(server, "/v2/models/span-conll03/infer", {"inputs": [tensor]})
+    body = json.dumps({"inputs": [tensor]}).encode()  # escaped to ASCII: JSON may carry a lone surrogate
+    response = httpx.post(f"{server.url}/v2/models/span-conll03/infer", content=body, timeout=60)
     assert response.status_code == 400 and where in response.json()["error"]
 
 
@@ -126,6 +129,48 @@ def test_v2_errors_and_metadata(server: Server) -> None:
     )
     assert httpx.get(f"{server.url}/v2/models/span-genia/ready").status_code == 200
     assert httpx.get(f"{server.url}/v2/models/nope/ready").status_code == 404
+
+
+def binary_infer(texts: list[str], **parameters: Any) -> tuple[bytes, dict[str, str]]:
+    """A request in the binary tensor extension, as tritonclient sends one."""
+    blob = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
+    tensor = {"name": "text", "shape": [len(texts)], "datatype": "BYTES", "parameters": {"binary_data_size": len(blob)}}
+    header = json.dumps({"inputs": [tensor], "parameters": parameters}).encode()
+    return header + blob, {"inference-header-content-length": str(len(header))}
+
+
+def json_infer(tensor: dict[str, Any], **parameters: Any) -> tuple[bytes, dict[str, str]]:
+    return json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", **tensor}], "parameters": parameters}).encode(), {}
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        ("span-conll03/infer", json_infer({"shape": [2], "data": [CONLL, ""]})),
+        ("span-conll03/infer", json_infer({"shape": [1], "data": [CONLL]}, labels="PER", flat=True)),
+        ("span-genia/infer", binary_infer([GENIA, CONLL], binary_data_output=True)),
+        ("span-genia/infer", binary_infer([GENIA])),
+        ("span-conll03/infer", json_infer({"shape": [2], "data": [CONLL]})),
+        ("span-conll03/infer", json_infer({"shape": [1], "data": ["a"]}, threshold=3.0)),
+        ("nope/infer", json_infer({"shape": [1], "data": ["a"]})),
+        ("span-conll03/versions/0/infer", json_infer({"shape": [1], "data": ["a"]})),
+        ("span-conll03/infer", (b"{", {})),
+        ("span-conll03/infer", (b"{}", {"inference-header-content-length": "99"})),
+    ],
+    ids=["json", "labels-flat", "binary-out", "binary-in", "shape", "option", "model", "version", "malformed", "header"],
+)
+def test_the_v2_lane_answers_as_the_route(server: Server, path: str, sent: tuple[bytes, dict[str, str]]) -> None:
+    """A body of declared length takes the lane (service.api.lanes); the same body streamed (chunked,
+    no length) goes through FastAPI's route: the same status, headers that say what the body is, and body."""
+    body, headers = sent
+    url = f"{server.url}/v2/models/{path}"
+    lane = httpx.post(url, content=body, headers=headers, timeout=60)
+    route = httpx.post(url, content=iter([body]), headers=headers, timeout=60)
+    assert "content-length" not in route.request.headers
+    said = ("content-type", "inference-header-content-length")
+    assert lane.status_code == route.status_code
+    assert [lane.headers.get(name) for name in said] == [route.headers.get(name) for name in said]
+    assert lane.content == route.content
 
 
 def test_tritonclient_talks_to_it(server: Server) -> None:

@@ -277,7 +277,7 @@ def test_bad_input_errors(server: Server, payload: dict[str, object], status: in
     ],
 )
 def test_the_lane_answers_as_the_route(server: Server, payload: dict[str, object], headers: dict[str, str]) -> None:
-    """A body of declared length takes the lane (service.api.extract_lane); the same body streamed
+    """A body of declared length takes the lane (service.api.lanes); the same body streamed
     (chunked, no length) goes through FastAPI's route: the same status, body and media type."""
     body = json.dumps(payload).encode()
     sent = {"content-type": "application/json", **headers}

@@ -18,6 +18,7 @@ import typer
 from nerserve.loadtest.client import (
     ORDER_HELP,
     Order,
+    Route,
     arrange,
     has_uvloop,
     make_client,
@@ -39,11 +40,6 @@ class Table(StrEnum):
     nag = "nag"
     setgen = "setgen"
     gner = "gner"
-
-
-class Route(StrEnum):
-    extract = "extract"
-    v2 = "v2"
 
 
 class Mode(StrEnum):

@@ -45,6 +45,13 @@ def read_sentences(data_dir: Path, split: str = "test") -> list[list[str]]:
         return [json.loads(line)["tokens"] for line in handle if line.strip()]
 
 
+class Route(StrEnum):
+    """Where a load test's requests go: POST /extract (pre-tokenised) or the model's KServe v2 infer (texts)."""
+
+    extract = "extract"
+    v2 = "v2"
+
+
 class Order(StrEnum):
     SHUFFLED = "shuffled"
     FILE = "file"

@@ -30,7 +30,7 @@ from nerserve.service.api.errors import (
     http_error_handler,
     validation_error_handler,
 )
-from nerserve.service.api.extract_lane import ExtractLane
+from nerserve.service.api.lanes import Lanes
 from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
@@ -274,7 +274,7 @@ def create_app(
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    app.add_middleware(ExtractLane)  # innermost: the routes' usual request, past FastAPI's dispatch
+    app.add_middleware(Lanes)  # innermost: the extraction routes' usual requests, past FastAPI's dispatch
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(CountResponses, record=state.engine.record)  # sees every response the app makes
     return app

@@ -173,8 +173,6 @@ def _texts(request: InferRequest, binary: bytes) -> list[str]:
                 raise _invalid(f"inputs[0].data[{index}]: not UTF-8") from None
         if not isinstance(element, str):
             raise _invalid(f"inputs[0].data[{index}]: a BYTES element is a string, got {type(element).__name__}")
-        if any("\ud800" <= c <= "\udfff" for c in element):
-            raise _invalid(f"inputs[0].data[{index}]: contains a lone surrogate (invalid Unicode)")
         texts.append(element)
     return texts
 
@@ -258,11 +256,17 @@ def _answer(request: InferRequest, model: ModelView, entities: list[list[dict[st
 @v2.post("/models/{name}/infer", responses=V2_ERRORS, openapi_extra=INFER_BODY)
 @v2.post("/models/{name}/versions/{version}/infer", responses=V2_ERRORS, openapi_extra=INFER_BODY)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
+    return await infer_answer(request, name, version, await request.body())
+
+
+async def infer_answer(request: Request, name: str, version: str | None, raw: bytes) -> Response:
+    """What `infer` answers to RAW, the request's body (the route's work, shared with its lane:
+    service.api.lanes)."""
     state = service_state(request)
     check_serving(state)
     model = state.model(name)
     request.state.model = model.name  # for the response counter (service.main.CountResponses)
-    head, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+    head, binary = _split_body(raw, request.headers.get(HEADER_LENGTH))
     try:
         parsed = InferRequest.model_validate_json(head)
     except ValidationError as error:

@@ -1,7 +1,7 @@
-"""POST /extract's lane (service.api.extract_lane): which requests it answers itself and which go on
-to FastAPI with their body exactly as sent (its answers against the route's own, end to end:
-tests/test_service.py::test_the_lane_answers_as_the_route); the tokens' check every extraction
-runs in the HTTP process."""
+"""The extraction routes' lanes (service.api.lanes): which requests they answer themselves and which
+go on to FastAPI with their body exactly as sent (their answers against the routes' own, end to end:
+tests/test_service.py::test_the_lane_answers_as_the_route and tests/test_kserve_v2.py); the tokens'
+check every extraction runs in the HTTP process."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from starlette.types import Message, Scope
 
 from nerserve.service.api.errors import ApiError
-from nerserve.service.api.extract_lane import ExtractLane
 from nerserve.service.api.extraction import check_tokens
+from nerserve.service.api.lanes import Lanes
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 
@@ -70,7 +70,7 @@ async def _run(lane_scope: Scope, incoming: list[Message]) -> tuple[App, list[Me
     async def send(message: Message) -> None:
         sent.append(message)
 
-    await ExtractLane(downstream)(lane_scope, receive, send)
+    await Lanes(downstream)(lane_scope, receive, send)
     return downstream, sent
 
 
@@ -85,6 +85,21 @@ def test_a_valid_request_is_answered_by_the_lane_with_the_route_s_errors() -> No
     assert json.loads(sent[1]["body"])["error"] == {"code": "not_ready", "message": "models are still loading", "field": None}
 
 
+INFER = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Peter went to Paris."]}]}).encode()
+
+
+@pytest.mark.parametrize("path", ["/v2/models/span-conll03/infer", "/v2/models/span-conll03/versions/1/infer"])
+@pytest.mark.parametrize("content_type", ["application/json", "application/octet-stream", ""])
+def test_a_v2_inference_is_answered_by_its_lane_whatever_its_body(path: str, content_type: str) -> None:
+    """The v2 route reads its body itself (JSON, or a JSON header and binary tensors), and says in
+    its own errors what is wrong with one: every body of declared length takes the lane."""
+    for body in (INFER, b"{not json"):
+        downstream, sent = run(scope(path, content_type=content_type, content_length=str(len(body))), body_of([body]))
+        assert downstream.bodies == []
+        assert sent[0]["status"] == 503  # as the route answers before its models are ready
+        assert json.loads(sent[1]["body"]) == {"error": "models are still loading"}
+
+
 @pytest.mark.parametrize(
     ("lane_scope", "chunks"),
     [
@@ -92,10 +107,12 @@ def test_a_valid_request_is_answered_by_the_lane_with_the_route_s_errors() -> No
         (scope(**JSON), [b'{"texts": [']),  # not JSON: FastAPI's 400
         (scope(content_type="application/json"), [VALID]),  # streamed, no declared length
         (scope(content_type="text/plain", content_length=str(len(VALID))), [VALID]),
-        (scope(path="/v2/models/m/infer", **JSON), [VALID]),
+        (scope(path="/v2/models/m/ready", **JSON), [VALID]),
+        (scope(path="/v2/models/m/infer/more", **JSON), [VALID]),
+        (scope(path="/v2/models/m/infer", content_type="application/json"), [INFER]),  # streamed
         (scope(method="PUT", **JSON), [VALID]),
     ],
-    ids=["refused", "malformed", "streamed", "text-plain", "other-path", "other-method"],
+    ids=["refused", "malformed", "streamed", "text-plain", "other-path", "longer-path", "v2-streamed", "other-method"],
 )
 def test_everything_else_goes_on_with_its_body_as_sent(lane_scope: Scope, chunks: list[bytes]) -> None:
     downstream, sent = run(lane_scope, body_of(chunks))
