@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from nerserve.loadtest.client import parse_metrics
 from nerserve.ner.model_store import Locations
 
 READY_TIMEOUT = 900  # first start exports the graphs
@@ -127,3 +129,29 @@ def _scores(result: dict[str, object]) -> list[float]:
     entities = result["entities"]
     assert isinstance(entities, list)
     return [float(entity["score"]) for entity in entities]
+
+
+def dropped_as_gone(server: Server) -> float:
+    metrics = parse_metrics(httpx.get(f"{server.url}/metrics").text)
+    return metrics.get('nerserve_dropped_total{model="span-conll03",reason="client_gone"}', 0.0)
+
+
+def assert_a_hang_up_leaves_its_sentences_unrun(server: Server, key: str | None = None) -> None:
+    """A client that hangs up while its sentences wait: those not yet run are dropped (counted as
+    client_gone), not run for nobody. The body is over 64 KiB, so uvicorn pauses reading while it
+    arrives: the hang-up must still be seen once the body is read."""
+    words = ["Chancellorship", "Representatives", "Brussels", "Commission", "reported"] * 6
+    body = json.dumps({"model": "span-conll03", "tokens": [words] * 256}).encode()
+    assert len(body) > 65_536
+    before = dropped_as_gone(server)
+    host, port = server.url.removeprefix("http://").split(":")
+    head = ["POST /extract HTTP/1.1", f"host: {host}", "content-type: application/json", f"content-length: {len(body)}"]
+    if key is not None:
+        head.append(f"authorization: Bearer {key}")
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall("\r\n".join(head).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.5)  # read and queued: 256 sentences of 30 words take seconds to run
+    deadline = time.monotonic() + 30
+    while dropped_as_gone(server) - before < 64 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert dropped_as_gone(server) - before >= 64

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from nerserve.loadtest.client import growth_by_label, parse_metrics
-from tests.serving import Server, assert_same_results, spawned_children
+from tests.serving import Server, assert_a_hang_up_leaves_its_sentences_unrun, assert_same_results, spawned_children
 
 pytestmark = pytest.mark.e2e
 SENTENCES = [
@@ -198,6 +198,12 @@ def test_connections_spread_over_the_workers(servers: tuple[Server, Server]) -> 
         held = asyncio.run(burst())
         assert sum(held.values()) == 16 and min(held.values()) >= 1, held
         time.sleep(0.2)  # the round's connections closed
+
+
+def test_a_client_gone_is_seen_through_a_worker(servers: tuple[Server, Server]) -> None:
+    """The worker that holds the connection tells the engine, which drops what has not run."""
+    assert_a_hang_up_leaves_its_sentences_unrun(servers[1], KEY)
+    assert post(servers[1], "/extract", {"tokens": SENTENCES[:1]}).status_code == 200
 
 
 def test_a_port_in_use_ends_the_server_saying_so() -> None:

@@ -22,7 +22,7 @@ from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 from nerserve.service.main import loading_order
-from tests.serving import LOCATIONS, Server, assert_same_results
+from tests.serving import LOCATIONS, Server, assert_a_hang_up_leaves_its_sentences_unrun, assert_same_results
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +286,11 @@ def test_the_lane_answers_as_the_route(server: Server, payload: dict[str, object
     assert "content-length" not in route.request.headers
     assert (lane.status_code, lane.headers["content-type"]) == (route.status_code, route.headers["content-type"])
     assert lane.json() == route.json()
+
+
+def test_a_client_gone_before_its_answer_leaves_its_sentences_unrun(server: Server) -> None:
+    assert_a_hang_up_leaves_its_sentences_unrun(server)
+    assert extract(server, {"tokens": [["Peter", "went", "to", "Paris", "."]]}).status_code == 200
 
 
 def test_malformed_and_oversized_bodies(server: Server) -> None:

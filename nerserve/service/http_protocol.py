@@ -21,6 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from nerserve.service.admission import LET_THROUGH, EdgeCounter, Refusal, model_route, refusal_answer
 from nerserve.service.api.errors import error_body
+from nerserve.service.api.extraction import CONNECTION_LOST
 from nerserve.service.auth import CHALLENGE, Door, key_name, tenant_of
 from nerserve.service.metrics import ResponseRecorder
 
@@ -113,6 +114,10 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         # request's parsing). The timer checks that note when it fires and re-arms itself.
         self.headers_since: float | None = None
         self.header_check: asyncio.TimerHandle | None = None
+        # done once the connection is lost: what a request's extraction watches for its client gone
+        # (api.extraction.CONNECTION_LOST; a connection's requests come one after another), which
+        # spares a task a request awaiting the ASGI disconnect
+        self.lost: asyncio.Future[None] = self.loop.create_future()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(TurnWrites(transport, self.loop))
@@ -143,6 +148,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             if record is not None:
                 record("", status, key_name(scope), None)
             return
+        scope.setdefault("extensions", {})[CONNECTION_LOST] = self.lost
         super()._start_asgi_task(cycle, app)
 
     def _edge_refusal(self, scope: Any) -> Refusal | None:
@@ -179,6 +185,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self.header_check.cancel()
             self.header_check = None
         super().connection_lost(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     def _check_headers(self) -> None:
         since = self.headers_since

@@ -92,6 +92,11 @@ def _label_filter(model: ServedModel, labels: list[str] | None) -> set[str] | No
     return set(labels)
 
 
+# The scope's extension (service.http_protocol) holding a future done once the request's
+# connection is lost: the client gone is noticed without a task a request awaiting its disconnect.
+CONNECTION_LOST = "nerserve.connection_lost"
+
+
 async def client_gone(request: Request) -> None:
     """Returns when the client disconnects (the body was read already: the next ASGI message is
     the disconnect). Event-driven, so in-flight requests cost nothing while they wait."""
@@ -111,9 +116,13 @@ async def run_extraction(request: Request, model: str, query: ExtractionQuery) -
         raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
     if query.tokens is not None:
         check_tokens(query.tokens)
-    gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))
+    tenant = tenant_of(request.scope)
+    lost: asyncio.Future[Any] | None = request.scope.get("extensions", {}).get(CONNECTION_LOST)
+    if lost is not None:
+        return await state.engine.extract(model, query, tenant, lost)
+    gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))  # another server than ours
     try:
-        return await state.engine.extract(model, query, tenant_of(request.scope), gone)
+        return await state.engine.extract(model, query, tenant, gone)
     finally:
         gone.cancel()
 
