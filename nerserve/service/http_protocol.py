@@ -148,7 +148,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             if record is not None:
                 record("", status, key_name(scope), None)
             return
-        scope.setdefault("extensions", {})[CONNECTION_LOST] = self.lost
+        scope.setdefault("extensions", {})[CONNECTION_LOST] = {"future": self.lost}  # an extension is a dict
         super()._start_asgi_task(cycle, app)
 
     def _edge_refusal(self, scope: Any) -> Refusal | None:

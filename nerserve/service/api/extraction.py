@@ -92,7 +92,7 @@ def _label_filter(model: ServedModel, labels: list[str] | None) -> set[str] | No
     return set(labels)
 
 
-# The scope's extension (service.http_protocol) holding a future done once the request's
+# The scope's extension (service.http_protocol) whose "future" is done once the request's
 # connection is lost: the client gone is noticed without a task a request awaiting its disconnect.
 CONNECTION_LOST = "nerserve.connection_lost"
 
@@ -117,9 +117,9 @@ async def run_extraction(request: Request, model: str, query: ExtractionQuery) -
     if query.tokens is not None:
         check_tokens(query.tokens)
     tenant = tenant_of(request.scope)
-    lost: asyncio.Future[Any] | None = request.scope.get("extensions", {}).get(CONNECTION_LOST)
-    if lost is not None:
-        return await state.engine.extract(model, query, tenant, lost)
+    connection = request.scope.get("extensions", {}).get(CONNECTION_LOST)
+    if connection is not None:
+        return await state.engine.extract(model, query, tenant, connection["future"])
     gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))  # another server than ours
     try:
         return await state.engine.extract(model, query, tenant, gone)
