@@ -54,8 +54,11 @@ def server_processes(pid: int) -> dict[str, int]:
 
 
 def cpu_per_request(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, float]:
-    """CPU milliseconds each process spent per answered request over a level."""
-    return {role: round(1000 * (after[role] - before[role]) / max(requests, 1), 3) for role in before}
+    """CPU milliseconds each process spent per answered request over a level (a worker's own share
+    of every request), and the workers' together: what a request costs the HTTP front."""
+    spent = {role: 1000 * (after[role] - before[role]) / max(requests, 1) for role in before}
+    workers = sum(ms for role, ms in spent.items() if role.startswith("http-"))
+    return {**{role: round(ms, 3) for role, ms in spent.items()}, "workers": round(workers, 3)}
 
 
 async def measure(
