@@ -1,13 +1,19 @@
-"""The HTTP protocol's writes (service.http_protocol.TurnWrites): what a connection writes in one
-turn of the event loop reaches its socket in one write, closing sends what was written first, and
-nothing is written to a connection already closing. The protocol's deadline, door and edge answers
-are tested end to end (tests/test_service.py, tests/test_tenants.py, tests/test_http_workers.py)."""
+"""The HTTP protocol (service.http_protocol): what a connection writes in one turn of the event loop
+reaches its socket in one write (TurnWrites), closing sends what was written first, and nothing is
+written to a connection already closing; a request's connection tells it when it is lost, a large
+body notwithstanding. The protocol's deadline, door and edge answers are tested end to end
+(tests/test_service.py, tests/test_tenants.py, tests/test_http_workers.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from nerserve.service.http_protocol import TurnWrites
+import uvicorn
+from uvicorn.server import ServerState
+
+from nerserve.service.api.extraction import CONNECTION_LOST
+from nerserve.service.http_protocol import HeaderDeadlineProtocol, TurnWrites
 
 
 class Socket(asyncio.Transport):
@@ -26,6 +32,17 @@ class Socket(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self.closed
+
+    reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
 
 
 def test_a_turns_writes_reach_the_socket_as_one() -> None:
@@ -67,3 +84,44 @@ def test_aborting_drops_what_was_not_sent() -> None:
         return socket.writes
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_request_learns_its_connection_is_lost_after_a_large_body() -> None:
+    """The request reads its whole body, then waits on its connection's `lost` (as an extraction
+    does) and no longer on the ASGI receive. Its body's last part arrives at once and over
+    uvicorn's high-water mark, which pauses reading: the protocol reads on once the body is
+    complete, so the client's hanging up reaches the request."""
+    body = b"x" * 200_000
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        seen: dict[str, Any] = {}
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            received = b""
+            while True:
+                message = await receive()
+                received += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            seen["body"] = received
+            seen["lost"] = scope["extensions"][CONNECTION_LOST]["future"]
+            await seen["lost"]
+
+        config = uvicorn.Config(app, lifespan="off", log_level="warning")
+        config.load()
+        protocol = HeaderDeadlineProtocol(config=config, server_state=ServerState(), app_state={})
+        socket = Socket()
+        protocol.connection_made(socket)
+        head = b"POST /extract HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
+        protocol.data_received(head + body[:1000])
+        for _ in range(5):
+            await asyncio.sleep(0)  # the request reads the first part and awaits the rest
+        protocol.data_received(body[1000:])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        whole, reading = seen.get("body") == body, socket.reading
+        protocol.connection_lost(None)  # what the event loop calls once reading sees the hang-up
+        await asyncio.sleep(0)
+        return whole, reading, seen["lost"].done()
+
+    assert asyncio.run(scenario()) == (True, True, True)

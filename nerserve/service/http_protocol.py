@@ -176,6 +176,14 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self.transport.close()
         cycle.on_response()
 
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # The whole body is in: reading goes on, so that the connection's loss is seen while the
+        # answer is made (`lost`). uvicorn pauses reading while an unread body passes its high-water
+        # mark and resumes it when the application next awaits its ASGI receive, which a request
+        # watching `lost` no longer does. A pipelined request's headers pause it again.
+        self.flow.resume_reading()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self.headers_since = None  # an idle keep-alive connection is uvicorn's timeout_keep_alive's
