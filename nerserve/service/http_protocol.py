@@ -118,6 +118,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         # (api.extraction.CONNECTION_LOST; a connection's requests come one after another), which
         # spares a task a request awaiting the ASGI disconnect
         self.lost: asyncio.Future[None] = self.loop.create_future()
+        self.lost_extension = {"future": self.lost}  # an ASGI extension is a dict; one a connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(TurnWrites(transport, self.loop))
@@ -148,7 +149,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             if record is not None:
                 record("", status, key_name(scope), None)
             return
-        scope.setdefault("extensions", {})[CONNECTION_LOST] = {"future": self.lost}  # an extension is a dict
+        scope.setdefault("extensions", {})[CONNECTION_LOST] = self.lost_extension
         super()._start_asgi_task(cycle, app)
 
     def _edge_refusal(self, scope: Any) -> Refusal | None:

@@ -160,5 +160,5 @@ def words_of_tokens(tokens: list[str]) -> tuple[str, list[Word]]:
     lengths = list(map(len, tokens))
     starts = list(itertools.accumulate(map((1).__add__, lengths[:-1]), initial=0))
     ends = map(operator.add, starts, lengths)
-    # not strict: no tokens still have a start (0)
+    # not strict: with no tokens, `starts` still holds one 0
     return " ".join(tokens), list(map(_word, zip(tokens, starts, ends, strict=False)))
