@@ -61,7 +61,9 @@ while [ $# -gt 0 ]; do
     *) echo "usage: gpu_check.sh [--device cuda|cpu] [--quick] [--onnx-only]" >&2; exit 2 ;;
   esac
 done
-PY=${PY:-python3}
+# the project's own environment where there is one (a checkout here), else the machine's (the GPU
+# machine, with the bundle on PYTHONPATH)
+if [ -z "${PY:-}" ]; then if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi; fi
 DATA=${DATA:-../shared/data}
 OUT=${OUT:-build/gpu-check}
 RESUME=${RESUME:-0}
@@ -140,10 +142,10 @@ serve() {  # serve NAME MODEL RUNTIME [flags…]: a server pinned to the server 
   ready || { log "FAILED server $name (see server-$name.log)"; stop; return 1; }
 }
 stop() { [ -n "$SERVER" ] && kill -TERM "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null; SERVER=""; }
-# py-spy: on PATH, or where gpu_bundle.sh unpacked the bundle's wheels (a folder on PYTHONPATH)
+# py-spy: on PATH, where gpu_bundle.sh unpacked the bundle's wheels (a folder on PYTHONPATH), or beside $PY
 PYSPY=${PYSPY:-$(command -v py-spy || true)}
 if [ -z "$PYSPY" ]; then
-  for dir in ${PYTHONPATH//:/ }; do if [ -x "$dir/bin/py-spy" ]; then PYSPY=$dir/bin/py-spy; break; fi; done
+  for dir in ${PYTHONPATH:+${PYTHONPATH//:/ }} "$(dirname "$PY")/.."; do if [ -x "$dir/bin/py-spy" ]; then PYSPY=$dir/bin/py-spy; break; fi; done
 fi
 PROFILE_SECONDS=5
 profile_served() {  # profile_served NAME MODEL: who holds each of the running server's interpreter
