@@ -26,12 +26,12 @@ def _stop_at_once(signum: int, frame: object) -> None:
 
 
 def export_at_start_up(
-    source: Path, fmt: str, locations: Locations, parity_sentences: int, background: bool, report: Any
+    source: Path, fmt: str, int8: bool, locations: Locations, parity_sentences: int, background: bool, report: Any
 ) -> None:
     signal.signal(signal.SIGINT, _stop_at_once)
     from nerserve.export.build import export_for_service
 
-    export_for_service(source, fmt, locations, parity_sentences, background, report)
+    export_for_service(source, fmt, int8, locations, parity_sentences, background, report)
 
 
 START_UP_EXPORTER = Exporter(run=export_at_start_up, preload=("nerserve.export.build",))

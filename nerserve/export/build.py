@@ -252,7 +252,7 @@ def _graphs_that_missed(graphs_info: Mapping[str, Any], report: ParityReport) ->
 
 
 def export_for_service(
-    source: Path, fmt: str, locations: Locations, parity_sentences: int, background: bool, report: Any
+    source: Path, fmt: str, int8: bool, locations: Locations, parity_sentences: int, background: bool, report: Any
 ) -> None:
     """A service's start-up export, in a process forked from its export server (which has torch,
     transformers and peft imported already, seconds a model otherwise). → `report` (a Connection):
@@ -267,6 +267,7 @@ def export_for_service(
             GraphFormat(fmt),
             locations.graph_cache,
             locations.data_root,
+            int8,
             parity_sentences=parity_sentences,
             log=lambda _: None,
             on_staging=lambda path: report.send(("staging", str(path))),

@@ -168,7 +168,12 @@ class LocalEngine:
         """The papers' efficiency table, live: sentences/s and tokens/s per model over 10 s, 1 min
         and since start, mean batch size and padding ratio."""
         table: dict[str, Any] = {
-            name: {**model.observer.stats.table(), "runtime": model.runtime, "queue_depth": model.scheduler.depth}
+            name: {
+                **model.observer.stats.table(),
+                "runtime": model.runtime,
+                "precision": model.precision,
+                "queue_depth": model.scheduler.depth,
+            }
             for name, model in self.state.models.items()
         }
         if self.state.tenants.enabled:  # requests (by status), sentences and latency by API key name

@@ -66,6 +66,7 @@ class ServedModel:
     runtime: str
     graphs: GraphProcess | None = None  # the process running the graphs, with --graph-process
     warmed_up: WarmUp | None = None
+    precision: str = "fp32"  # what its graphs compute in: fp32, fp16, bf16 or int8
 
     @property
     def execution_providers(self) -> dict[str, str]:
@@ -109,6 +110,7 @@ class ServedModel:
             },
             "options": self.spec.option_defaults(self.defaults),
             "runtime": self.runtime,
+            "precision": self.precision,
             "execution_providers": self.execution_providers,
             "warm_up": self.warmed_up.as_dict() if self.warmed_up else None,
             "scores": {k: v for k, v in manifest.scores.items() if k in ("dev", "test")},
@@ -162,11 +164,12 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
     if settings.runtime == Runtime.eager:
         folder = settings.model_dir(name)
     else:
-        folder = settings.graph_set_folder(name, settings.runtime.value)
+        folder = settings.graph_set_folder(name, settings.runtime.value, settings.int8)
         if not (folder / EXPORT_JSON).is_file():
             if not settings.export_missing:
-                raise ModelLoadError(f"{name}: no {settings.runtime.value} export at {folder}")
-            folder = exports.run(name, settings.runtime.value, background)
+                kind = f"{settings.runtime.value}{' INT8' if settings.int8 else ''}"
+                raise ModelLoadError(f"{name}: no {kind} export at {folder}")
+            folder = exports.run(name, settings.runtime.value, background, settings.int8)
     return GraphSource(
         settings.runtime,
         folder,
@@ -243,7 +246,17 @@ def load_served_model(
         pass_timeout=settings.pass_timeout,
     )
     served = ServedModel(
-        folder.name, manifest, spec, program, planning, planner, scheduler, observer, settings.runtime.value, graphs
+        folder.name,
+        manifest,
+        spec,
+        program,
+        planning,
+        planner,
+        scheduler,
+        observer,
+        settings.runtime.value,
+        graphs,
+        precision=settings.served_precision,
     )
 
     full_batch = FullBatch(settings.batch_size_bound, settings.batch_tokens_bound, window)

@@ -43,7 +43,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class Exporter:
-    """How a server exports the graphs missing at start-up. `run(model_folder, format, locations,
+    """How a server exports the graphs missing at start-up. `run(model_folder, format, int8, locations,
     parity_sentences, background, report)` runs in a child process and tells `report` (a Connection)
     ("staging", folder) once its staging folder exists, then ("done", None or why it failed).
     `preload`: modules the export server imports once for every export (torch, transformers and
@@ -77,35 +77,41 @@ class StartUpExports:
         self._lock = threading.Lock()
         self._stopped = False
 
-    def run(self, name: str, runtime: str, background: bool) -> Path:
-        """The graph set folder of NAME, exported now if missing (`background`: at a lower priority)."""
-        folder = self.locations.graph_set_folder(name, runtime)
+    def run(self, name: str, runtime: str, background: bool, int8: bool = False) -> Path:
+        """The graph set folder of NAME (its INT8 graphs with `int8`), exported now if missing
+        (`background`: at a lower priority)."""
+        folder = self.locations.graph_set_folder(name, runtime, int8)
+        runtime_named = f"{runtime} (INT8)" if int8 else runtime
         if (folder / EXPORT_JSON).is_file():
             return folder
         exporter = self.exporter
         if exporter is None:
-            raise ModelLoadError(f"{name}: no {runtime} graphs at {folder}, and this server exports none (nerserve export)")
+            raise ModelLoadError(
+                f"{name}: no {runtime_named} graphs at {folder}, and this server exports none (nerserve export)"
+            )
         if importlib.util.find_spec("torch") is None:  # the serving-only install (nerserve[cpu] / [gpu])
             raise ModelLoadError(
-                f"{name}: no {runtime} graphs at {folder}, and exporting them needs torch: "
+                f"{name}: no {runtime_named} graphs at {folder}, and exporting them needs torch: "
                 "pip install 'nerserve[export]', or export where it is installed and point --graph-cache at those graphs"
             )
         if self._stopped:
             raise ModelLoadError(f"{name}: not exported: the server is shutting down")
-        log.info("exporting %s to %s (missing at start-up)", name, runtime)
-        reason, exit_code = self._export(exporter, name, runtime, background)
+        log.info("exporting %s to %s (missing at start-up)", name, runtime_named)
+        reason, exit_code = self._export(exporter, name, runtime, int8, background)
         if self._stopped:
-            raise ModelLoadError(f"{name}: export to {runtime} stopped: the server is shutting down")
+            raise ModelLoadError(f"{name}: export to {runtime_named} stopped: the server is shutting down")
         if reason is not None or not (folder / EXPORT_JSON).is_file():
             log.error("export of %s failed: %s (exit %s)", name, reason, exit_code)
-            raise ModelLoadError(f"{name}: export to {runtime} failed (exit {exit_code}): {reason}")
+            raise ModelLoadError(f"{name}: export to {runtime_named} failed (exit {exit_code}): {reason}")
         return folder
 
-    def _export(self, exporter: Exporter, name: str, runtime: str, background: bool) -> tuple[str | None, int | None]:
+    def _export(
+        self, exporter: Exporter, name: str, runtime: str, int8: bool, background: bool
+    ) -> tuple[str | None, int | None]:
         """(what went wrong or None, the exit code) of one export process."""
         receiving, sending = _export_processes.Pipe(duplex=False)
         source = self.locations.model_dir(name)
-        arguments = (source, runtime, self.locations, START_UP_PARITY_SENTENCES, background, sending)
+        arguments = (source, runtime, int8, self.locations, START_UP_PARITY_SENTENCES, background, sending)
         process = _export_processes.Process(target=exporter.run, args=arguments, name=f"export {name}")
         process.start()  # the first one starts the export server: seconds, during which stop() may come
         with self._lock:

@@ -119,6 +119,7 @@ async def info(request: Request) -> dict[str, Any]:
         "version": __version__,
         "python": platform.python_version(),
         "runtime": settings.runtime.value,
+        "precision": settings.served_precision,
         "device": settings.device,
         **({"simulated_device": device_report} if device_report is not None else {}),
         "http_workers": settings.front_workers,

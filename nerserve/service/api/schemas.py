@@ -140,6 +140,7 @@ class ModelInfo(BaseModel):
     capabilities: dict[str, bool] | None = None
     options: dict[str, Any] | None = Field(None, description="per-request options with their defaults")
     runtime: str | None = None
+    precision: str | None = Field(None, description="what its graphs compute in: fp32, fp16, bf16 or int8")
     execution_providers: dict[str, str] | None = Field(None, description="what each graph actually runs on")
     warm_up: WarmUpInfo | None = None
     scores: dict[str, Any] | None = None
@@ -154,6 +155,7 @@ class InfoResponse(BaseModel):
     version: str
     python: str
     runtime: str
+    precision: str = Field(description="what the graphs compute in: fp32, fp16 or bf16 (--precision), int8 (--int8)")
     device: str
     simulated_device: dict[str, str | float | int] | None = Field(
         None, description="--device simulated: the card it stands in for, where its costs come from, busy seconds, passes"
