@@ -192,7 +192,8 @@ def export_model(
             report = _parity_at_lower_levels(name, staging, info, runs, report, strict, log)
         parity = {**report.to_dict(), "source": parity_source}
         if int8:
-            # Quantised graphs are not meant to match fp32 to 1e-4: they are judged by their F1.
+            # Quantised graphs are not meant to match fp32 to 1e-4: they are judged by their F1, and
+            # served only where their entity sets mostly agree with fp32's (graph_format.int8_refusal).
             parity["mode"] = "int8: differences expected; judge by eval F1"
             info["ready"] = True
         else:

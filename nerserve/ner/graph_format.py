@@ -33,6 +33,28 @@ TOKENIZER_JSON = "tokenizer.json"
 TORCHSCRIPT_IO = "graph_io.json"
 
 
+# INT8 graphs are not meant to match fp32 to 1e-4, and are judged by test F1 (docs/decisions/
+# cpu-inference.md). A quantisation that broke a model still shows in the export's parity check:
+# its entity sets then agree with eager fp32's on few sentences, where the committed models' INT8
+# graphs agree on 80-97 % of 200 dev sentences (GENIA's long sentences the fewest).
+INT8_MIN_IDENTICAL_SHARE = 0.5
+
+
+def int8_refusal(info: dict[str, Any]) -> str | None:
+    """Why an INT8 graph set (its export.json) must not be served, or None."""
+    parity = info.get("parity", {})
+    sentences = int(parity.get("sentences", 0))
+    if not sentences:
+        return "its export checked no sentences against fp32"
+    share = 1.0 - int(parity.get("sentences_differing", 0)) / sentences
+    if share >= INT8_MIN_IDENTICAL_SHARE:
+        return None
+    return (
+        f"its INT8 graphs find fp32's entity sets on {share:.0%} of the export's {sentences} parity sentences "
+        f"(at least {INT8_MIN_IDENTICAL_SHARE:.0%} to serve them): serve it in fp32"
+    )
+
+
 def graph_file(folder: Path, graph_name: str, fmt: GraphFormat) -> Path:
     return folder / f"{graph_name}{GRAPH_SUFFIX[fmt]}"
 

@@ -94,8 +94,9 @@ class Settings(Locations):
     int8: bool = Field(
         False,
         description="serve each model's dynamically INT8-quantised ONNX graphs (exported at start-up where missing, "
-        "as fp32's are): on a CPU about 1.7 times fp32's sentences a second, at test F1 within 0.005 of fp32's for "
-        "every committed model (docs/decisions/cpu-inference.md); the ONNX runtime on the CPU only",
+        "as fp32's are; refused where their entity sets match fp32's on under half the export's parity sentences): "
+        "served on one core 1.4-1.8 times fp32's sentences a second, test F1 within 0.008 of fp32's for every "
+        "committed model (docs/decisions/cpu-inference.md); the ONNX runtime on the CPU only",
     )
     cuda_graphs: bool | None = Field(
         None,

@@ -18,7 +18,7 @@ from nerserve.ner.archs.base import ArchitectureSpec, ProgramBase
 from nerserve.ner.archs.registry import architecture
 from nerserve.ner.backbone import resolve_backbone
 from nerserve.ner.graph import execution_providers
-from nerserve.ner.graph_format import EXPORT_JSON, Runtime
+from nerserve.ner.graph_format import EXPORT_JSON, Runtime, int8_refusal, read_export_info
 from nerserve.ner.model_store import Locations, Manifest, read_manifest
 from nerserve.ner.runtime import lane_stream, pass_clock
 from nerserve.ner.runtime.graph_set import load_graph_set
@@ -170,6 +170,8 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
                 kind = f"{settings.runtime.value}{' INT8' if settings.int8 else ''}"
                 raise ModelLoadError(f"{name}: no {kind} export at {folder}")
             folder = exports.run(name, settings.runtime.value, background, settings.int8)
+        if settings.int8 and (refusal := int8_refusal(read_export_info(folder))) is not None:
+            raise ModelLoadError(f"{name}: {refusal}")
     return GraphSource(
         settings.runtime,
         folder,

@@ -77,11 +77,12 @@ def _pip_config(key: str) -> str:
     return " ".join(result.stdout.split()) if result.returncode == 0 else ""
 
 
-def build(dockerfile: str, tag: str, models: str, timeout: float = 1800) -> float:
-    """Build an image from the repository; returns its size in MB."""
+def build(dockerfile: str, tag: str, models: str, *arguments: str, timeout: float = 1800) -> float:
+    """Build an image from the repository (ARGUMENTS: more build arguments, NAME=VALUE); returns its size in MB."""
+    more = [part for argument in arguments for part in ("--build-arg", argument)]
     podman(
         "build", "--pull=never", "--format", "docker", "-f", dockerfile, "-t", tag,
-        "--build-arg", f"MODELS={models}", *build_args(), str(ROOT),
+        "--build-arg", f"MODELS={models}", *more, *build_args(), str(ROOT),
         timeout=timeout,
     )  # fmt: skip
     return image_megabytes(tag)

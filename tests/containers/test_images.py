@@ -50,8 +50,9 @@ def cpu_image() -> str:
     pm.require_podman()
     pm.make_standin_images()
     started = time.monotonic()
-    size = pm.build("Dockerfile.cpu", CPU_TAG, MODEL)
-    _report(cpu_image_mb=round(size), cpu_image_models=MODEL, cpu_build_seconds=round(time.monotonic() - started))
+    size = pm.build("Dockerfile.cpu", CPU_TAG, MODEL, "INT8=true")
+    seconds = round(time.monotonic() - started)
+    _report(cpu_image_mb=round(size), cpu_image_models=f"{MODEL}, fp32 and INT8", cpu_build_seconds=seconds)
     return CPU_TAG
 
 
@@ -82,6 +83,21 @@ def test_cpu_image_answers_as_make_serve_does(running: tuple[str, str]) -> None:
     assert in_image.json()["version"] == on_host.json()["version"]
     assert_same_results(in_image.json()["results"], on_host.json()["results"])
     types = {(e["text"], e["type"]) for e in in_image.json()["results"][0]["entities"]}
+    assert {("EU", "ORG"), ("German", "MISC"), ("British", "MISC")} <= types
+
+
+def test_cpu_image_serves_its_int8_graphs_when_asked(cpu_image: str) -> None:
+    """Built with INT8=true, the slim image holds the INT8 graphs too (it has no torch to export
+    them): NERSERVE_INT8=true serves them."""
+    port = free_port()
+    environment = ["-e", "NERSERVE_INT8=true", "-p", f"127.0.0.1:{port}:8000"]
+    with pm.container(cpu_image, *environment, name="nerserve-test-cpu-int8") as name:
+        url = f"http://127.0.0.1:{port}"
+        pm.wait_ready(url, name)
+        assert httpx.get(f"{url}/info").json()["precision"] == "int8"
+        response = _extract(url, README_TEXTS)
+    assert response.status_code == 200, response.text
+    types = {(e["text"], e["type"]) for e in response.json()["results"][0]["entities"]}
     assert {("EU", "ORG"), ("German", "MISC"), ("British", "MISC")} <= types
 
 
