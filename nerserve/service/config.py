@@ -289,7 +289,7 @@ class Settings(Locations):
     @model_validator(mode="after")
     def int8_on_the_cpu(self) -> Settings:
         """The quantised graphs are ONNX Runtime's CPU kernels (its INT8 LSTMs have no others): on a
-        GPU they would run on the CPU beside it, or not at all."""
+        GPU they would run partly on the CPU beside it, unmeasured."""
         if self.int8 and (self.runtime != Runtime.onnx or self.device != "cpu"):
             raise ValueError(
                 f"int8 serves ONNX graphs on the CPU only (asked for runtime {self.runtime.value} on device {self.device}; "

@@ -12,6 +12,7 @@ SPEC = ArchitectureSpec(
     program=DiffusionProgram,
     signatures=signatures,
     capabilities=Capabilities(nested=True),
+    int8_graphs=("encoder", "denoiser"),
     # φ/3: the paper's 2.5/3 ≈ 0.83 (tuned in [2.5, 2.7]); a CPU-trained model is less confident
     tuning=Tuning({"threshold": tuple(round(0.1 + 0.05 * i, 2) for i in range(17))}),
     network="nerserve.ner.archs.diffusion.network:DiffusionNetwork",
