@@ -85,11 +85,11 @@ def export_model(
     """Export the trained model in folder SOURCE to a graph set under GRAPH_CACHE, its parity checked
     on dev sentences of its dataset under DATA_ROOT.
 
-    INT8 quantises the graphs the architecture allows (the encoder: nearly all the time) and
-    keeps the small heads in fp32 (span boundaries are rounded to words, where quantisation noise
-    flips them). `on_staging(path)` is told the staging folder as soon as it exists (a service
-    that stops an export removes it when the export could not). `time_every_core`: time the
-    graphs on every core too (session_tuning)."""
+    INT8 quantises the graphs the architecture lists (`int8_graphs`: the encoder always, other
+    graphs where quantising them paid for its cost in F1: docs/decisions/cpu-inference.md).
+    `on_staging(path)` is told the staging folder as soon as it exists (a service that stops an
+    export removes it when the export could not). `time_every_core`: time the graphs on every
+    core too (session_tuning)."""
     if int8 and fmt != GraphFormat.onnx:
         raise ValueError("--int8 is available for --format onnx only")
     name = source.name

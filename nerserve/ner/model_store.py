@@ -135,7 +135,7 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # span proposal's filter scores the real seeds only, not the batch's padding)
 EXPORT_VERSION = "15"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
-INT8_VERSION = "int8-5"
+INT8_VERSION = "int8-6"
 
 
 def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:

@@ -15,6 +15,7 @@ SPEC = ArchitectureSpec(
     program=BartnerProgram,
     signatures=signatures,
     capabilities=Capabilities(nested=True, discontinuous=True, autoregressive=True),
+    int8_graphs=("encoder", "decoder"),
     tuning=Tuning({"threshold": (0.0, 0.2, 0.3, 0.4, 0.5, 0.6)}),
     network="nerserve.ner.archs.bartner.network:BartnerNetwork",
     trainer="nerserve.ner.training.bartner_trainer:train_bartner",

@@ -23,6 +23,7 @@ SPEC = ArchitectureSpec(
     program=NagProgram,
     signatures=signatures,
     capabilities=Capabilities(nested=True, discontinuous=True),
+    int8_graphs=("encoder", "decoder"),
     tuning=Tuning(
         {"start_threshold": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7), "threshold": (0.0, 0.3, 0.4, 0.5, 0.6)},
         loosest_start_threshold,
