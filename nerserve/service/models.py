@@ -167,7 +167,7 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
         folder = settings.graph_set_folder(name, settings.runtime.value, settings.int8)
         if not (folder / EXPORT_JSON).is_file():
             if not settings.export_missing:
-                kind = f"{settings.runtime.value}{' INT8' if settings.int8 else ''}"
+                kind = f"{settings.runtime.value} (INT8)" if settings.int8 else settings.runtime.value
                 raise ModelLoadError(f"{name}: no {kind} export at {folder}")
             folder = exports.run(name, settings.runtime.value, background, settings.int8)
         if settings.int8 and (refusal := int8_refusal(read_export_info(folder))) is not None:
