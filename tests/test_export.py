@@ -36,6 +36,7 @@ from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, write_ma
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.ner.runtime.onnx import OPTIMIZATION_LEVELS
 from nerserve.ner.runtime.torchscript import retarget_device_constants, traced_graphs
+from nerserve.ner.text.subword import ATTENTION_COST_PER_POSITION, UNPADDED_ATTENTION_COST_PER_POSITION
 from nerserve.ner.types import EntitySet
 from tests.device_tags import refused_on_a_gpu
 
@@ -161,8 +162,12 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
     assert set(info["graphs"]) == set(spec.signatures(CONFIGS[spec.name]))
     if fmt == GraphFormat.onnx:  # every encoder traces to a graph that holds at other sizes (the fast export)
         assert info["exporter"]["encoder"] == TRACED and set(info["exporter"].values()) <= {TRACED, DYNAMO}
+    # the word encoder's BERT backbone skips the padding in ONNX graphs (gner's own backbone does not)
+    assert info["backbone_on_real_subwords_only"] == (fmt == GraphFormat.onnx and info["architecture"] != "gner")
     folder = Path(info["folder"])
     loaded = load_graph_set(folder)
+    packs_for = UNPADDED_ATTENTION_COST_PER_POSITION if info["backbone_on_real_subwords_only"] else ATTENTION_COST_PER_POSITION
+    assert loaded.program.subwords.attention_cost == packs_for
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"]]
     expected = load_model(tiny_model).program.predict(sentences)
     got = loaded.program.predict(sentences)

@@ -2,6 +2,7 @@ import random
 import re
 
 import numpy as np
+import pytest
 import torch
 
 from nerserve.ner.data import read_split
@@ -9,7 +10,16 @@ from nerserve.ner.encoder import CharCNN, pool_subwords
 from nerserve.ner.text import segment
 from nerserve.ner.text.chars import SHAPES, CharFeeds, char_rows, encode_chars, shape_id
 from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
-from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer, longest_first, pack_rows, packed_rows, packing_cost
+from nerserve.ner.text.subword import (
+    ATTENTION_COST_PER_POSITION,
+    UNPADDED_ATTENTION_COST_PER_POSITION,
+    SubwordEncoder,
+    load_tokenizer,
+    longest_first,
+    pack_rows,
+    packed_rows,
+    packing_cost,
+)
 
 
 def test_words_have_exact_offsets() -> None:
@@ -174,6 +184,10 @@ def test_each_batch_takes_the_row_length_that_costs_least() -> None:
     assert packed_rows([200, 50, 50], 128) == [[0], [1, 2]]  # a sentence over the bound sets the row length
     assert packed_rows([5, 5], 0) == [[0], [1]]
     assert packed_rows([0, 5, 0], 16) == pack_rows([0, 5, 0], 5) == [[1, 0, 2]]  # empty sentences fit anywhere
+    # where padding costs attention alone (an unpadded backbone), short sentences share shorter rows
+    one_long = [20, *[6] * 9]
+    assert packed_rows(one_long, 256) == [list(range(10))]
+    assert packed_rows(one_long, 256, UNPADDED_ATTENTION_COST_PER_POSITION) == [[0], [1, 2, 3], [4, 5, 6], [7, 8, 9]]
 
 
 def test_character_features_fill_each_word_in_its_place() -> None:
@@ -222,10 +236,11 @@ def test_a_word_the_vocabulary_lacks_is_read_in_its_plain_form_and_a_known_one_a
     assert encoder.unk_id in encoder.tokenize([unreadable])[0].pieces[0]
 
 
-def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length() -> None:
+@pytest.mark.parametrize("attention", [ATTENTION_COST_PER_POSITION, UNPADDED_ATTENTION_COST_PER_POSITION])
+def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length(attention: float) -> None:
     """packed_rows (runs of equal lengths placed together, row lengths past the cost floor skipped)
     gives the same rows as first-fit decreasing one sentence at a time at every candidate row length,
-    the cheapest kept (the first of equal costs)."""
+    the cheapest kept (the first of equal costs), whatever attention costs."""
     generator = random.Random(7)
     for _ in range(300):
         lengths = [
@@ -235,8 +250,9 @@ def test_packed_rows_is_the_cheapest_first_fit_of_every_row_length() -> None:
         longest = max(lengths)
         candidates = [longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)]
         order = longest_first(lengths)
-        one_at_a_time = min((pack_rows(lengths, c, order) for c in candidates), key=lambda rows: packing_cost(lengths, rows))
-        assert packed_rows(lengths, longest_row) == one_at_a_time
+        packings = (pack_rows(lengths, c, order) for c in candidates)
+        one_at_a_time = min(packings, key=lambda rows: packing_cost(lengths, rows, attention))
+        assert packed_rows(lengths, longest_row, attention) == one_at_a_time
 
 
 def test_the_abbreviations_lookahead_only_saves_time(data_root) -> None:  # type: ignore[no-untyped-def]

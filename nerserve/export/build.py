@@ -31,6 +31,7 @@ from nerserve.export.parity import (
 from nerserve.export.session_tuning import lower_level_candidates, tune_graphs
 from nerserve.export.writers import OPSET, fuse_transformer, quantize_int8, write_onnx, write_torchscript
 from nerserve.ner.data import read_split
+from nerserve.ner.encoder import WordEncoder
 from nerserve.ner.examples import CHECK_SENTENCES, EXAMPLE_SENTENCES
 from nerserve.ner.graph_format import EXPORT_JSON, TOKENIZER_JSON, GraphFormat, graph_file
 from nerserve.ner.loading import load_model
@@ -105,6 +106,9 @@ def export_model(
     signatures = spec.signatures(model.network.config)
     int8_graphs = spec.int8_graphs if int8 else ()
     merged = merge_adapters(copy.deepcopy(model.network))
+    # ONNX graphs are the CPU's: their backbone skips the rows' padding (ner.unpadded)
+    encoders = [module for module in merged.modules() if isinstance(module, WordEncoder)] if fmt == GraphFormat.onnx else []
+    real_subwords_only = any([encoder.skip_padding() for encoder in encoders])
     # graphs() may wrap the network's parts in new modules, which start in training mode
     modules = {graph_name: module.eval() for graph_name, module in merged.graphs().items()}
 
@@ -158,6 +162,7 @@ def export_model(
             "int8_graphs": list(int8_graphs),
             "opset": OPSET if fmt == GraphFormat.onnx else None,
             "fusions": fusions,
+            "backbone_on_real_subwords_only": real_subwords_only,
             "exporter": exporters if fmt == GraphFormat.onnx else "torch.jit.trace",
             "onnx_session": onnx_session,
             "versions": {

@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from nerserve.ner.backbone import BackboneInfo
 from nerserve.ner.text.chars import CHAR_VOCAB_SIZE, SHAPE_VOCAB_SIZE
+from nerserve.ner.unpadded import bert_layers, real_subword_states
 
 Pooling = Literal["first", "max", "mean"]
 
@@ -238,6 +239,8 @@ class WordEncoder(nn.Module):
         self.static_backbone: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # after_backbone traced to TorchScript (served with traced heads: ner.traced_heads)
         self.traced_after_backbone: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        # the backbone over real sub-words only (ner.unpadded; the ONNX export's choice: skip_padding)
+        self.real_subwords_only = False
 
     def forward(
         self,
@@ -265,6 +268,12 @@ class WordEncoder(nn.Module):
         static.capture_all()
         self.static_backbone = static
 
+    def skip_padding(self) -> bool:
+        """From now on run the backbone's position-wise layers on real sub-words only, where the
+        backbone is BERT-shaped (ner.unpadded); → whether it is."""
+        self.real_subwords_only = bert_layers(self.backbone) is not None
+        return self.real_subwords_only
+
     def backbone_states(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Packed rows → [R, S, H]: the mean of the backbone's last layers."""
         if self.static_backbone is not None:
@@ -274,10 +283,15 @@ class WordEncoder(nn.Module):
     def backbone_layers(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """backbone_states, run by the backbone's modules."""
         dtype = next(self.backbone.parameters()).dtype
-        extra = {} if self.position_offset is None else {"position_ids": position_ids + self.position_offset}
+        mask = segment_attention_mask(segment_ids, dtype)
+        positions = None if self.position_offset is None else position_ids + self.position_offset
+        layers = bert_layers(self.backbone) if self.real_subwords_only else None
+        if layers is not None:
+            return real_subword_states(self.backbone, layers, input_ids, segment_ids, positions, mask, self.config.last_layers)
+        extra = {} if positions is None else {"position_ids": positions}
         outputs = self.backbone(
             input_ids=input_ids,
-            attention_mask=segment_attention_mask(segment_ids, dtype),
+            attention_mask=mask,
             output_hidden_states=True,
             **extra,
         )

@@ -132,8 +132,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # proposal's range-max levels come from a table, so no reduction meets an empty candidate set; 13: that
 # table is a constant of the graph, not computed in it; 14: bounds read from shapes (span, gner) are
 # numbers or made on the device: traced, a `clamp` took a host tensor there, which CUDA refuses; 15: the
-# span proposal's filter scores the real seeds only, not the batch's padding)
-EXPORT_VERSION = "15"
+# span proposal's filter scores the real seeds only, not the batch's padding; 16: ONNX encoders run the
+# backbone's position-wise layers on real sub-words only)
+EXPORT_VERSION = "16"
 # INT8 exports' own version, changed when what they quantise changes (an architecture's int8_graphs)
 INT8_VERSION = "int8-6"
 

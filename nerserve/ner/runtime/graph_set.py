@@ -11,7 +11,12 @@ from nerserve.ner.graph_format import GraphFormat, graph_file, read_export_info
 from nerserve.ner.model_store import Manifest, read_manifest
 from nerserve.ner.runtime import load_graph
 from nerserve.ner.runtime.simulated import SIMULATED, SimulatedGraph, simulated_device
-from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
+from nerserve.ner.text.subword import (
+    ATTENTION_COST_PER_POSITION,
+    UNPADDED_ATTENTION_COST_PER_POSITION,
+    SubwordEncoder,
+    load_tokenizer,
+)
 
 
 @dataclass
@@ -45,5 +50,9 @@ def load_graph_set(
             name: load_graph(graph_file(folder, name, fmt), fmt, device, threads, levels.get(name))
             for name in spec.signatures(config)
         }
-    subwords = SubwordEncoder(load_tokenizer(folder))
+    # an encoder whose backbone skips the rows' padding packs shorter rows (ner.unpadded); the
+    # simulated device stands in for a GPU's padded passes
+    unpadded = info.get("backbone_on_real_subwords_only", False) and device != SIMULATED
+    attention_cost = UNPADDED_ATTENTION_COST_PER_POSITION if unpadded else ATTENTION_COST_PER_POSITION
+    subwords = SubwordEncoder(load_tokenizer(folder), attention_cost=attention_cost)
     return LoadedGraphSet(folder, manifest, info, spec.build_program(graphs, config, subwords))

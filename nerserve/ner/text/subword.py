@@ -42,6 +42,9 @@ ROW_SUBWORDS = 256
 # Attention's extra cost a position per position of its row, relative to a position's other work
 # (measured on MiniLM-L6: docs/decisions/packing.md).
 ATTENTION_COST_PER_POSITION = 1 / 700
+# The same for a backbone whose position-wise layers skip the rows' padding (ner.unpadded: the ONNX
+# encoders), where a padded position costs attention alone, so shorter rows pay (measured, ibid.).
+UNPADDED_ATTENTION_COST_PER_POSITION = 1 / 150
 
 
 class SentenceTooLong(ValueError):
@@ -238,20 +241,22 @@ def longest_first(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
 
 
-def packing_cost(lengths: Sequence[int], rows: list[list[int]]) -> float:
+def packing_cost(lengths: Sequence[int], rows: list[list[int]], attention: float = ATTENTION_COST_PER_POSITION) -> float:
     """The encoder's work for these rows, in positions of a row of one: rows × row length, each
-    position dearer by attention over the row's length."""
-    return float(row_cost(len(rows), max(sum(lengths[i] for i in row) for row in rows)))
+    position dearer by attention over the row's length (`attention` a position per position)."""
+    return float(row_cost(len(rows), max(sum(lengths[i] for i in row) for row in rows), attention))
 
 
-def row_cost(rows: int | np.ndarray, length: int | np.ndarray) -> float | np.ndarray:
+def row_cost(
+    rows: int | np.ndarray, length: int | np.ndarray, attention: float = ATTENTION_COST_PER_POSITION
+) -> float | np.ndarray:
     """`rows` rows of `length` positions, in positions of a row of one (numbers or numpy arrays)."""
-    return rows * length * (1 + length * ATTENTION_COST_PER_POSITION)
+    return rows * length * (1 + length * attention)
 
 
-def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
-    """The cheapest packing (packing_cost) among rows of the longest sentence's length up to
-    `longest_row` sub-words, in steps of 16; longest_row 0: a sentence a row."""
+def packed_rows(lengths: Sequence[int], longest_row: int, attention: float = ATTENTION_COST_PER_POSITION) -> list[list[int]]:
+    """The cheapest packing (packing_cost with `attention`) among rows of the longest sentence's
+    length up to `longest_row` sub-words, in steps of 16; longest_row 0: a sentence a row."""
     if longest_row <= 0 or not lengths:
         return pack_rows(lengths, 0)
     longest, total = max(lengths), sum(lengths)
@@ -261,12 +266,12 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     for capacity in (longest, *range(longest - longest % 16 + 16, longest_row + 1, 16)):
         # the first row takes everything, or is left with less room than the longest sentence: a
         # floor that only rises with the row length, so no longer row can do better either
-        if fill_floor(total, min(total, capacity - longest + 1)) >= best_cost:
+        if fill_floor(total, min(total, capacity - longest + 1), attention) >= best_cost:
             break
-        if cost_floor(runs, total, capacity, first_row_fill(runs, capacity)) >= best_cost:
+        if cost_floor(runs, total, capacity, first_row_fill(runs, capacity), attention) >= best_cost:
             continue  # it cannot cost less: no need to pack it
         free, placements = first_fit_runs(runs, capacity)
-        cost = float(row_cost(len(free), capacity - min(free)))
+        cost = float(row_cost(len(free), capacity - min(free), attention))
         if cost < best_cost:  # the first of equal costs, as the narrowest rows
             best_cost, best = cost, (len(free), placements)
     row_count, placements = best
@@ -278,18 +283,18 @@ def packed_rows(lengths: Sequence[int], longest_row: int) -> list[list[int]]:
     return rows
 
 
-def fill_floor(total: int, fullest: int) -> float:
+def fill_floor(total: int, fullest: int, attention: float) -> float:
     """A floor under packing_cost when some row holds `fullest` positions: the rows times the longest
     row cover every position, and each position costs attention over at least `fullest`."""
-    return total * (1 + fullest * ATTENTION_COST_PER_POSITION)
+    return total * (1 + fullest * attention)
 
 
-def cost_floor(runs: list[tuple[int, int]], total: int, capacity: int, fullest: int) -> float:
+def cost_floor(runs: list[tuple[int, int]], total: int, capacity: int, fullest: int, attention: float) -> float:
     """fill_floor, raised where the rows must be more than `total` positions: there are at least
     total ÷ capacity of them, and one for each sentence longer than half a row (no two share a row),
     each as long as the longest (`fullest` at least)."""
     rows = max(-(-total // capacity), sum(count for length, count in runs if 2 * length > capacity))
-    return fill_floor(max(total, rows * fullest), fullest)
+    return fill_floor(max(total, rows * fullest), fullest, attention)
 
 
 def first_row_fill(runs: list[tuple[int, int]], capacity: int) -> int:
@@ -334,10 +339,17 @@ def first_fit_runs(runs: list[tuple[int, int]], capacity: int) -> tuple[list[int
 
 
 class SubwordEncoder:
-    def __init__(self, tokenizer: Tokenizer, max_subwords: int = MAX_SUBWORDS, row_subwords: int = ROW_SUBWORDS) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_subwords: int = MAX_SUBWORDS,
+        row_subwords: int = ROW_SUBWORDS,
+        attention_cost: float = ATTENTION_COST_PER_POSITION,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_subwords = max_subwords
         self.row_subwords = row_subwords  # the longest packed row; 0: one sentence a row
+        self.attention_cost = attention_cost  # what packing weighs a row's length by (packed_rows)
         unk = tokenizer.model.unk_token if hasattr(tokenizer.model, "unk_token") else None
         unk_id = tokenizer.token_to_id(unk or "[UNK]")
         self.unk_id = unk_id if unk_id is not None else 0
@@ -441,7 +453,7 @@ class SubwordEncoder:
         """The batch's sub-word ids flat (specials included), each sentence's count, and each word's
         sub-word count → packed arrays, each filled in one scatter."""
         batch = len(counts)
-        rows = packed_rows(counts, self.row_subwords)
+        rows = packed_rows(counts, self.row_subwords, self.attention_cost)
         row_of, start_of, segment_of = [0] * batch, [0] * batch, [0] * batch
         seq = 0
         for r, row in enumerate(rows):
