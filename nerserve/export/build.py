@@ -108,7 +108,7 @@ def export_model(
     merged = merge_adapters(copy.deepcopy(model.network))
     # ONNX graphs are the CPU's: their backbone skips the rows' padding (ner.unpadded)
     encoders = [module for module in merged.modules() if isinstance(module, WordEncoder)] if fmt == GraphFormat.onnx else []
-    real_subwords_only = any([encoder.skip_padding() for encoder in encoders])
+    real_subwords_only = any([encoder.skip_padding() for encoder in encoders])  # a list: every encoder is told
     # graphs() may wrap the network's parts in new modules, which start in training mode
     modules = {graph_name: module.eval() for graph_name, module in merged.graphs().items()}
 
