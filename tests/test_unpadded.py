@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel, RobertaConfig, RobertaModel
+from transformers import (
+    BertConfig,
+    BertModel,
+    DistilBertConfig,
+    DistilBertModel,
+    ElectraConfig,
+    ElectraModel,
+    RobertaConfig,
+    RobertaModel,
+)
 
 from nerserve.ner.encoder import EncoderConfig, WordEncoder
 
@@ -33,8 +42,12 @@ def backbone_states(backbone: torch.nn.Module, real_subwords_only: bool) -> tupl
 
 @pytest.mark.parametrize(
     "backbone",
-    [BertModel(BertConfig(**SIZES)), RobertaModel(RobertaConfig(**SIZES, max_position_embeddings=64))],
-    ids=["bert", "roberta"],
+    [
+        BertModel(BertConfig(**SIZES)),
+        RobertaModel(RobertaConfig(**SIZES, max_position_embeddings=64)),
+        ElectraModel(ElectraConfig(**SIZES, embedding_size=SIZES["hidden_size"])),
+    ],
+    ids=["bert", "roberta", "electra"],
 )
 def test_real_subwords_only_give_the_padded_backbones_states(backbone: torch.nn.Module) -> None:
     torch.manual_seed(0)
@@ -48,8 +61,15 @@ def test_real_subwords_only_give_the_padded_backbones_states(backbone: torch.nn.
     assert padded[~real].abs().sum() > 0  # the padded backbone did compute its padding
 
 
-def test_another_backbone_keeps_its_padded_rows() -> None:
-    backbone = DistilBertModel(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=4, hidden_dim=64))
+@pytest.mark.parametrize(
+    "backbone",
+    [
+        DistilBertModel(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=4, hidden_dim=64)),
+        ElectraModel(ElectraConfig(**SIZES, embedding_size=16)),  # its embeddings projected up to its layers
+    ],
+    ids=["distilbert", "electra-projected"],
+)
+def test_another_backbone_keeps_its_padded_rows(backbone: torch.nn.Module) -> None:
     torch.manual_seed(0)
     padded, _ = backbone_states(backbone, real_subwords_only=False)
     torch.manual_seed(0)

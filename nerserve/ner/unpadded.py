@@ -21,12 +21,14 @@ from torch import nn
 
 
 def bert_layers(backbone: nn.Module) -> nn.ModuleList | None:
-    """The backbone's transformer layers when it is BERT-shaped (BERT, RoBERTa, ELECTRA: embeddings,
-    then layers of self-attention with query/key/value projections and absolute positions), else
-    None: another backbone runs on its padded rows."""
+    """The backbone's transformer layers when it is BERT-shaped (BERT, RoBERTa, ELECTRA with embeddings
+    as wide as its layers: embeddings, then layers of self-attention with query/key/value projections
+    and absolute positions), else None: another backbone runs on its padded rows."""
     config: Any = getattr(backbone, "config", None)
     layers = getattr(getattr(backbone, "encoder", None), "layer", None)
     if config is None or not isinstance(layers, nn.ModuleList) or not hasattr(backbone, "embeddings"):
+        return None
+    if hasattr(backbone, "embeddings_project"):  # ELECTRA's projection of narrower embeddings
         return None
     if getattr(config, "position_embedding_type", "absolute") != "absolute" or getattr(config, "is_decoder", False):
         return None
