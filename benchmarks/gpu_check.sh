@@ -1,43 +1,43 @@
 #!/usr/bin/env bash
-# The GPU figures (docs/gpu.md) in one run, on one device, every bar's figures first, so that a
-# run cut short still holds them:
-#   1. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted with attention
+# The GPU figures (docs/gpu.md) in one run, on one device. The two served ratios that a card has not
+# yet met come first, for every way of serving that could meet them, then the bars a card has met,
+# then what explains them, so that a lease's first minutes answer what is still open:
+#   1. the served ratios' denominator: span-conll03 offline (eager torch: tokenise → graphs →
+#      decode) at batch 32/128/256/512, length-sorted and in arrival order, plain and with the
+#      backbone replayed from CUDA graphs;
+#   2. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
+#      at c = 16, the load client in its own processes on its own cores, with its ceiling
+#      (served_check.py): in the service's own layout on a device (HTTP worker processes in front of
+#      the engine, two graph lanes, the backbone replayed), each batch's way through the engine
+#      logged (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py),
+#      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
+#      profile-served-span-graphs, by interpreter_profile.py); then as that with the graphs in a
+#      process of their own (--graph-process: two lanes there; profiled too), with all but the
+#      backbone traced (--traced-heads), through ONNX Runtime's CUDA execution provider where this
+#      onnxruntime has it (exported here; a pass that holds no interpreter lock; then offline and
+#      with one graph lane), with the graph process and traced heads both, through TorchScript
+#      (exported here), and in half precision (weights converted at load; the backbone's replay
+#      against its plain pass in half first, then offline, half's own denominator);
+#   — every served ratio has its figures by here —
+#   3. the bare-encoder limit: the backbone alone, fp32 and fp16 (weights converted with attention
 #      off cuDNN's kernels, as the service runs it; then torch's choice of kernels, whose cuDNN
 #      execution graphs, built per shape, the autocast row after it finds built), batch
-#      1/32/128/512, length-sorted;
-#   2. span-conll03 offline (eager torch: tokenise → graphs → decode) at batch 1/32/128/256/512,
-#      length-sorted and in arrival order;
-#   3. the backbone replayed from CUDA graphs (serve's default in fp32 on CUDA): entity sets against
-#      the plain program's, span-conll03 offline with it;
-#   4. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
-#      at c = 16, in the service's own layout on a device (HTTP worker processes in front of the
-#      engine, two graph lanes, the backbone replayed), each batch's way through the engine logged
-#      (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py); the load
-#      client in its own processes on its own cores, with its ceiling (served_check.py);
-#      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
-#      profile-served-span-graphs, by interpreter_profile.py; also for the graph process in 6);
-#   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 3 found it exact
+#      1/32/128/512, length-sorted; span offline at batch 1;
+#   4. the backbone replayed from CUDA graphs (serve's default in fp32 on CUDA): entity sets against
+#      the plain program's on the whole test split, and so with traced heads;
+#   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 4 found it exact
 #      and faster);
 #   — every bar has its figures by here; the rest explains them —
-#   6. the remedies for an eager pass's wait for the interpreter lock, the layouts that could become
-#      the default first: span served as 4 with the graphs in a process of their own
-#      (--graph-process: two lanes there), with all but the backbone traced (--traced-heads; their
-#      entity sets against the plain program's on the whole test split, as 3), with both; a pass
-#      alone, on fresh shapes, and beside a thread running Python or preparing, at three switch
-#      intervals (pass_anatomy.py), eager, in a process of its own and traced; span served with every
-#      thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
-#   7. span-conll03 through ONNX Runtime's CUDA execution provider (exported here, from the model
-#      store), where this onnxruntime has that provider: served as 4 (a pass that holds no
-#      interpreter lock), then offline, then with one graph lane;
-#   8. as measured before: span served as 4 with the plain program (--no-cuda-graphs); the batch-1
-#      server at c = 64; span through TorchScript on the device (exported here), offline and served;
-#   9. span in half precision (weights converted at load): the backbone's replay against its plain
-#      pass in half first, then offline and served as 4 (replayed where that kept the entity sets);
-#   10. span served as 4 with the front in the engine's process, and with one graph lane; offline
+#   6. a pass alone, on fresh shapes, and beside a thread running Python or preparing, at three
+#      switch intervals (pass_anatomy.py), eager, in a process of its own and traced; span served
+#      with every thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
+#   7. as measured before: span served as 2 with the plain program (--no-cuda-graphs); the batch-1
+#      server at c = 64; TorchScript offline;
+#   8. span served as 2 with the front in the engine's process, and with one graph lane; offline
 #      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
-#   11. nag, setgen, bartner and diffusion (1 step) offline, as 2;
-#   12. summary.json: the ratios the engine issue asks for.
+#   9. nag, setgen, bartner and diffusion (1 step) offline, as 1;
+#   10. summary.json: the ratios the engine issue asks for.
 # Offline, bare and served figures all take samples of CoNLL-2003 test (the split shuffled, seeded:
 # --order in batching_ceiling.py, bare_encoder.py and served_check.py), so that the ratios divide
 # figures taken on the same kind of sentences (the split's first 2,048 average 14.8 words, the
@@ -57,7 +57,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    --onnx-only) ONNX_ONLY=1; shift ;;  # step 7 alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
+    --onnx-only) ONNX_ONLY=1; shift ;;  # ONNX Runtime's steps alone (e.g. once onnxruntime-gpu has arrived), into the same OUT
     *) echo "usage: gpu_check.sh [--device cuda|cpu] [--quick] [--onnx-only]" >&2; exit 2 ;;
   esac
 done
@@ -84,6 +84,7 @@ else
   HALF_LIMIT=""; SERVED_MODELS="setgen-conll03 bartner-conll03"; ANATOMY_SIZES=1,16,64,128; ANATOMY_BATCHES=12
 fi
 HALF=$([ "$DEVICE" = cpu ] && echo bf16 || echo fp16)  # on the CPU bf16 (a dry run of the steps)
+HALF_GRAPHS_FLAG=""  # --cuda-graphs where the replay in half kept the entity sets (served_half)
 mkdir -p "$OUT"
 # ONNX Runtime's CUDA provider loads CUDA and cuDNN by name: where they came as pip packages (a
 # CUDA torch's nvidia-* wheels), their folders go on the loader's path
@@ -170,12 +171,16 @@ served() {  # served NAME MODEL LEVELS PER_REQUEST
     --levels "$3" --per-request "$4" --duration "$SECONDS_PER_LEVEL" --processes 4 --cores "$CLIENT_CORES"
 }
 offline() {  # offline MODEL SENTENCES [batching_ceiling flags…]: batch 1 on fewer sentences, the rest on SENTENCES
-  offline_as "$1" "$@"
+  offline_batch1 "$1" "$1" "${@:3}"
+  offline_batches "$1" "$@"
 }
-offline_as() {  # offline_as NAME MODEL SENTENCES [flags…]: offline's steps, named offline-NAME…
-  local name=$1 model=$2 sentences=$3; shift 3
+offline_batch1() {  # offline_batch1 NAME MODEL [flags…]: batch 1, on fewer sentences, as offline-NAME-batch1
+  local name=$1 model=$2; shift 2
   step "offline-$name-batch1" 300 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
     --runtime eager --device "$DEVICE" --sizes 1 --limit "$BATCH1_LIMIT" --json "$@"
+}
+offline_batches() {  # offline_batches NAME MODEL SENTENCES [flags…]: the larger batches, as offline-NAME
+  local name=$1 model=$2 sentences=$3; shift 3
   step "offline-$name" 600 $PY benchmarks/batching_ceiling.py --model "$model" --data "$DATA/conll03" \
     --runtime eager --device "$DEVICE" --sizes "$SIZES" --limit "$sentences" --json "$@"
 }
@@ -195,7 +200,7 @@ PICK
   echo "${flag:-${3:-}}"
 }
 
-onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (step 7)
+onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (in step 2)
   if [ "$DEVICE" != cpu ] && ! $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null; then
     log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
     return
@@ -218,23 +223,13 @@ onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this on
   fi
 }
 
-if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
-if [ "$ONNX_ONLY" = 0 ]; then
-step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
-  --sizes "1,$SIZES" --precisions "fp32,$HALF-no-cudnn-attention,$HALF,$HALF-autocast" --limit "$LIMIT"
-offline span-conll03 "$LIMIT"
-# the backbone replayed from CUDA graphs captured at load (a small batch's kernels launched at once,
-# not one by one from Python; serve's default for fp32 eager on CUDA): offline, and served in the
-# service's layout (a capture needs a GPU)
-if [ "$DEVICE" != cpu ]; then
-  # its entity sets against the plain program's on the whole test split, speed (to batch 512, both
-  # programs in one process, beside the offline rows that take each in a process of its own: the
-  # two have disagreed from batch 128 on, docs/gpu.md), load time, memory
-  step cuda-graphs-check 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
-    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128,512 --timed 1024
-  offline_as span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs
+# each way of serving span: started once, its steps skipped where kept (RESUME=1)
+REPLAYED=$([ "$DEVICE" = cpu ] && echo --no-cuda-graphs || echo --cuda-graphs)
+served_default() {  # the service's layout on a device: HTTP worker processes in front of the engine,
+  # two graph lanes, the backbone replayed from CUDA graphs (serve's default for fp32 eager on CUDA;
+  # a capture needs a GPU); each batch's way through the engine logged; who holds which interpreter
   if todo served-span-graphs-1 served-span-graphs-32 \
-    && serve span-graphs span-conll03 eager --http-workers "$HTTP_WORKERS" --cuda-graphs \
+    && serve span-graphs span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" \
       --batch-log "$OUT/batches-span-graphs.jsonl"; then
     served span-graphs-1 span-conll03 "$LEVELS" 1
     served span-graphs-32 span-conll03 16 32
@@ -242,6 +237,88 @@ if [ "$DEVICE" != cpu ]; then
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/gpu-memory-span-cuda-graphs.csv" 2>&1
     stop
   fi
+}
+served_split() {  # the graphs in a process of their own, two lanes there, each over a pipe of its
+  # own: their launches no longer share the engine's interpreter lock
+  if todo served-span-split-1 served-span-split-32 \
+    && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
+    served span-split-1 span-conll03 "$LEVELS" 1
+    served span-split-32 span-conll03 16 32
+    profile_served span-split span-conll03
+    stop
+  fi
+}
+served_traced() {  # all but the backbone traced: a pass takes the interpreter lock a few times
+  if todo served-span-traced-1 served-span-traced-32 \
+    && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
+    served span-traced-1 span-conll03 "$LEVELS" 1
+    served span-traced-32 span-conll03 16 32
+    stop
+  fi
+}
+served_split_traced() {
+  if todo served-span-split-traced \
+    && serve span-split-traced span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
+    served span-split-traced span-conll03 "$LEVELS" 1
+    stop
+  fi
+}
+served_torchscript() {  # the traced graphs on the device (traced on the CPU, their device constants
+  # retargeted at load): operators dispatched from C++, not Python; served in the service's layout
+  # (no graph process: TorchScript runs without the interpreter lock)
+  step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript --parity-sentences 32
+  if todo served-span-torchscript-1 served-span-torchscript-32 \
+    && serve span-torchscript span-conll03 torchscript --http-workers "$HTTP_WORKERS"; then
+    served span-torchscript-1 span-conll03 "$LEVELS" 1
+    served span-torchscript-32 span-conll03 16 32
+    stop
+  fi
+}
+served_half() {  # half precision (weights converted at load; the CPU serves fp32 only) in the
+  # service's layout: the backbone's replay against its plain pass in half first (padded shapes may
+  # pick other kernels, whose rounding differs more in half), then offline (the denominator of its
+  # served figures) and served, replayed where that kept the entity sets
+  [ "$DEVICE" != cpu ] || return 0
+  step cuda-graphs-check-half 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF"
+  HALF_GRAPHS_FLAG=$(replay_flag cuda-graphs-check-half any "")
+  log "half precision with: ${HALF_GRAPHS_FLAG:-no CUDA graphs}"
+  offline_batches span-conll03-half span-conll03 "$LIMIT" --precision "$HALF" $HALF_GRAPHS_FLAG
+  if todo served-span-half served-span-half-32 \
+    && serve span-half span-conll03 eager --precision "$HALF" --http-workers "$HTTP_WORKERS" $HALF_GRAPHS_FLAG; then
+    served span-half span-conll03 "$LEVELS" 1
+    served span-half-32 span-conll03 16 32
+    stop
+  fi
+}
+
+if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
+if [ "$ONNX_ONLY" = 0 ]; then
+# the served ratios' denominator: span offline at the larger batches, plain and with the backbone
+# replayed (the summary divides by the better); batch 1 comes with the other bars below
+offline_batches span-conll03 span-conll03 "$LIMIT"
+if [ "$DEVICE" != cpu ]; then offline_batches span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs; fi
+# then every way of serving that could meet them, the likeliest first
+served_default
+served_split
+served_traced
+onnx_steps
+served_split_traced
+served_torchscript
+served_half
+# — every served ratio has its figures by here; then the other bars (each met on the last card) —
+step bare-encoder 300 $PY benchmarks/bare_encoder.py --device "$DEVICE" --data "$DATA/conll03" \
+  --sizes "1,$SIZES" --precisions "fp32,$HALF-no-cudnn-attention,$HALF,$HALF-autocast" --limit "$LIMIT"
+offline_batch1 span-conll03 span-conll03
+if [ "$DEVICE" != cpu ]; then
+  # the replay's entity sets against the plain program's on the whole test split, speed (to batch
+  # 512, both programs in one process, beside the offline rows that take each in a process of its
+  # own: the two have disagreed from batch 128 on, docs/gpu.md), load time, memory
+  step cuda-graphs-check 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128,512 --timed 1024
+  offline_batch1 span-conll03-cuda-graphs span-conll03 --cuda-graphs
+  step cuda-graphs-check-traced 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --traced-heads
 fi
 # setgen and bartner (the pair of one bar) served alike: with CUDA graphs where the comparison above
 # found span's entity sets kept and its batches of 8 faster with them (each served JSON's
@@ -251,39 +328,11 @@ log "setgen and bartner served with: $GRAPHS_FLAG"
 for model in $SERVED_MODELS; do
   if todo "served-$model" && serve "$model" "$model" eager --http-workers "$HTTP_WORKERS" $GRAPHS_FLAG; then served "$model" "$model" 64 1; stop; fi
 done
-# every bar has its figures by here; what follows explains them
-# why a served pass takes longer than the same pass offline, and the remedies, the layouts that could
-# become the default first: the graphs in a process of their own (two lanes there, each over a pipe
-# of its own: their launches no longer share the engine's interpreter lock); all but the backbone
-# traced (--traced-heads: a pass takes the lock a few times), with their entity sets against the plain
-# program's on the whole test split (as step 3); both; then the pass alone, on fresh shapes, and
-# beside a thread running Python or preparing, at the server's switch interval and lower ones (an
-# eager pass releases the interpreter lock at every operator), eager, in a process of its own and
-# traced; the service's layout with every thread asking for the lock after 0.05 ms
-REPLAYED=$([ "$DEVICE" = cpu ] && echo --no-cuda-graphs || echo --cuda-graphs)
-if todo served-span-split-1 served-span-split-32 \
-  && serve span-split span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
-  served span-split-1 span-conll03 "$LEVELS" 1
-  served span-split-32 span-conll03 16 32
-  profile_served span-split span-conll03
-  stop
-fi
-if todo served-span-traced-1 served-span-traced-32 \
-  && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
-  served span-traced-1 span-conll03 "$LEVELS" 1
-  served span-traced-32 span-conll03 16 32
-  stop
-fi
-if [ "$DEVICE" != cpu ]; then
-  step cuda-graphs-check-traced 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
-    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --traced-heads
-fi
-if todo served-span-split-traced \
-  && serve span-split-traced span-conll03 eager --graph-process --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
-  served span-split-traced span-conll03 "$LEVELS" 1
-  stop
-fi
-onnx_steps
+# — every bar has its figures by here; what follows explains them —
+# a pass alone, on fresh shapes, and beside a thread running Python or preparing, at the server's
+# switch interval and lower ones (an eager pass releases the interpreter lock at every operator):
+# eager, in a process of its own, traced; the service's layout with every thread asking for the lock
+# after 0.05 ms
 step pass-anatomy 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step pass-anatomy-graph-process 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
@@ -296,8 +345,8 @@ if todo served-span-graphs-switch && serve span-graphs-switch span-conll03 eager
   stop
 fi
 # the comparisons measured before (H200, 37dd7c2), again: the plain program (--no-cuda-graphs) in the
-# service's layout, HTTP worker processes in front of the engine, two graph lanes (serve() pins one
-# worker, so the default count is named here); the batch-1 server; TorchScript
+# service's layout (serve() pins one worker, so the default count is named here); the batch-1 server;
+# TorchScript offline
 if todo served-span-workers-1 served-span-workers-32 \
   && serve span-workers span-conll03 eager --http-workers "$HTTP_WORKERS" --no-cuda-graphs; then
   served span-workers-1 span-conll03 "$LEVELS" 1
@@ -306,36 +355,10 @@ if todo served-span-workers-1 served-span-workers-32 \
   stop
 fi
 if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
-# the traced graphs on the device (traced on the CPU, their device constants retargeted at load):
-# operators dispatched from C++, not Python, so a lone sentence's pass is not bound by launches
-# from the interpreter; served in the service's layout (no graph process: TorchScript runs without
-# the interpreter lock)
-step export-torchscript 600 $PY -m nerserve export span-conll03 --format torchscript --parity-sentences 32
 step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
   --data "$DATA/conll03" --runtime torchscript --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
-if todo served-span-torchscript-1 served-span-torchscript-32 \
-  && serve span-torchscript span-conll03 torchscript --http-workers "$HTTP_WORKERS"; then
-  served span-torchscript-1 span-conll03 "$LEVELS" 1
-  served span-torchscript-32 span-conll03 16 32
-  stop
-fi
-# half precision (weights converted at load; the CPU serves fp32 only) in the service's layout: the
-# backbone's replay against its plain pass in half first (padded shapes may pick other kernels,
-# whose rounding differs more in half), then offline and served, replayed where that kept the entity sets
-if [ "$DEVICE" != cpu ]; then
-  step cuda-graphs-check-half 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
-    --data "$DATA/conll03" --device "$DEVICE" --precision "$HALF"
-  HALF_GRAPHS_FLAG=$(replay_flag cuda-graphs-check-half any "")
-  log "half precision with: ${HALF_GRAPHS_FLAG:-no CUDA graphs}"
-  offline_as span-conll03-half span-conll03 "$LIMIT" --precision "$HALF" $HALF_GRAPHS_FLAG
-  if todo served-span-half served-span-half-32 \
-    && serve span-half span-conll03 eager --precision "$HALF" --http-workers "$HTTP_WORKERS" $HALF_GRAPHS_FLAG; then
-    served span-half span-conll03 "$LEVELS" 1
-    served span-half-32 span-conll03 16 32
-    stop
-  fi
-fi
-# the front and the engine in one process
+if [ "$DEVICE" != cpu ]; then offline_batch1 span-conll03-half span-conll03 --precision "$HALF" $HALF_GRAPHS_FLAG; fi
+# the front in the engine's process
 if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
   served span-1 span-conll03 "$LEVELS" 1
   served span-32 span-conll03 16 32
