@@ -6,6 +6,11 @@ a server receives them) and length-sorted (the best a batcher could pack).
     python benchmarks/batching_ceiling.py --model setgen-conll03 --runtime eager --device cuda --sizes 1,8,32,128
     python benchmarks/batching_ceiling.py --runtime eager --device cuda --sizes 128,256,512 --lanes 2
 
+With `--as-on-a-device` (the eager runtime on the CPU) each batch runs whole, as on a GPU, where the
+CPU would run it in groups of similar lengths: what a device pays for a batch of mixed lengths,
+measured without one; `--entities FILE` writes every sentence's entity set at the first batch size,
+so that two trees' outputs can be compared sentence by sentence.
+
 With `--lanes 2` two batches are in flight at once, each predicted from a thread of its own (on
 CUDA, each launching on a stream of its own), as the service's graph lanes run them: one batch's
 tokenising, preparing and decoding overlap the other's device pass. One lane is one batch at a
@@ -110,13 +115,24 @@ def main(
         bool, typer.Option("--cuda-graphs", help="eager on CUDA: the backbone replayed from CUDA graphs (as serve's)")
     ] = False,
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
+    as_on_a_device: Annotated[
+        bool, typer.Option("--as-on-a-device", help="on the CPU, each batch whole, as a GPU runs it (no length groups)")
+    ] = False,
+    entities: Annotated[Path | None, typer.Option(help="write each sentence's entity set here (first size)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     program = load_program(model, runtime, device, threads, precision, int8, cuda_graphs)
+    if as_on_a_device:
+        for graph in program.graphs.values():
+            graph.device_resident = True
     chosen = dataclasses.replace(program.config.decode, **json.loads(options)) if options else None
     arrival = arrange([list(s.tokens) for s in read_split(data, "test")], order)[:limit]
     by_length = sorted(arrival, key=len)
     setup = lane_stream(runtime, device)  # as the service's lanes
+    if entities is not None:
+        first = int(sizes.split(",")[0])
+        found = [program.predict(arrival[i : i + first], chosen) for i in range(0, len(arrival), first)]
+        entities.write_text(json.dumps([sorted(map(str, s.keys())) for batch in found for s in batch]) + "\n")
     rows = []
     for size in (int(n) for n in sizes.split(",")):
         rows.append(
@@ -138,6 +154,7 @@ def main(
         "int8": int8,
         "lanes": lanes,
         "cuda_graphs": cuda_graphs,
+        "as_on_a_device": as_on_a_device,
         "options": json.loads(options) if options else {},
         "rows": rows,
         "best_gain_over_batch_1": max(max(r["arrival_order"], r["length_sorted"]) for r in rows) / base,

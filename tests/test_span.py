@@ -141,13 +141,14 @@ def test_grouped_calls_give_the_whole_batchs_candidates(tiny_network) -> None:
 
 
 def _proposal_inputs(words: int, batch: int = 2) -> tuple[torch.Tensor, ...]:
-    """Random word states and context, sentences of `words` words (the last one shorter), every
-    seed of up to 4 words, and a filter threshold every seed passes."""
+    """Random word states and context, sentences of `words` words (the last one shorter), each
+    sentence's seeds of up to 4 words (the last one's past its words masked, as a program's are),
+    and a filter threshold every seed passes."""
     states, context = torch.randn(batch, words, 16), torch.randn(batch, 8)
     word_mask = torch.ones(batch, words)
-    word_mask[-1, words // 2 :] = 0
+    word_mask[-1, max(words // 2, 1) :] = 0
     seeds = torch.tensor([enumerate_seeds(words, 4)] * batch)
-    seed_mask = torch.ones(seeds.shape[:2])
+    seed_mask = (seeds[..., 1] <= word_mask.sum(dim=1, keepdim=True)).float()
     return states, context, word_mask, seeds, seed_mask, torch.zeros(batch)
 
 

@@ -25,12 +25,15 @@ are one matrix product, their per-sentence layers another, and their max-pools r
 table, built by shifted slices only up to the levels the batch's sentences can use and laid out by
 word, then level, so that a span's two reads are found from the row of its first and of its last
 word. The filter and the regressor, which read the same seeds, score them together: every real
-seed is adjusted, and the filter's verdict then picks the candidates. The values are the same.
-Exported graphs keep the trained form (docs/decisions/gpu-engine.md).
+seed is adjusted, and the filter's verdict then picks the candidates. And it works on the words'
+rows (`WordRows`: each sentence's words one after another) rather than on [B, N], which a GPU's
+whole batch of mixed lengths holds mostly as padding. The values are the same. Exported graphs keep
+the trained form, which the CPU runs in groups of similar lengths (docs/decisions/gpu-engine.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -67,21 +70,21 @@ def doubled_levels(level: torch.Tensor, levels: int) -> list[torch.Tensor]:
     return tables
 
 
-def range_max_by_word(states: torch.Tensor, word_mask: torch.Tensor, levels: int) -> torch.Tensor:
-    """[B, N, D] → [B·N·levels, D], row (b·N + i)·levels + j = max of states[b, i : i + 2^j]. Eagerly,
-    where 2^(levels - 1) ≤ N (`levels_for`), each level is one maximum of two shifted slices of the
-    words padded once past N; a graph of fixed levels shifts by index (`doubled_levels`)."""
-    level = masked_words(states, word_mask)
-    batch, n, size = states.shape
+def range_max_by_row(rows: torch.Tensor, levels: int) -> torch.Tensor:
+    """[R, D] → [R·levels, D], row r·levels + j = max of rows[r : r + 2^j] (past R: far below any
+    real value). Rows run on from one sentence into the next; a span's two reads (`range_max`) never
+    do. Eagerly each level is one maximum of two shifted slices of the rows padded once; a graph of
+    fixed levels shifts by index (`doubled_levels`)."""
+    count, size = rows.shape
     if fixed_shape_graph():
-        tables = doubled_levels(level, levels)
+        tables = [level.squeeze(0) for level in doubled_levels(rows.unsqueeze(0), levels)]
     else:
-        padded = F.pad(level, (0, 0, 0, 2 ** (levels - 1) - 1), value=_PAD_VALUE)
-        tables = [level]
+        padded = F.pad(rows, (0, 0, 0, 2 ** (levels - 1) - 1), value=_PAD_VALUE)
+        tables = [rows]
         for j in range(levels - 1):
-            padded = torch.maximum(padded[:, : -(2**j)], padded[:, 2**j :])
-            tables.append(padded[:, :n])
-    return torch.stack(tables, dim=2).reshape(batch * n * levels, size)
+            padded = torch.maximum(padded[: -(2**j)], padded[2**j :])
+            tables.append(padded[:count])
+    return torch.stack(tables, dim=1).reshape(count * levels, size)
 
 
 def at_most(values: torch.Tensor, bound: int) -> torch.Tensor:
@@ -345,26 +348,25 @@ class SpanProposalGraph(nn.Module):
         filter_threshold: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`forward` for eager inference (fuse_for_eager), from the real seeds (`candidates`, their
-        spans `picked`): the same outputs in fewer operators. The regressor scores every real seed
-        beside the filter, which reads the same rows; the passed seeds' offsets are then picked
-        from its outputs."""
+        spans `picked`): the same outputs in fewer operators, on the words' rows (`WordRows`) rather
+        than on [B, N]. The regressor scores every real seed beside the filter, which reads the same
+        rows; the passed seeds' offsets are then picked from its outputs."""
         assert self.fused_words is not None and self.fused_context is not None
-        h, (batch, n) = self.hidden, word_states.shape[:2]
+        h, n = self.hidden, word_states.shape[1]
         levels = levels_for(n, self.classifier.levels)
-        words = self.fused_words(word_states)  # [B, N, 9h]: pools, lefts, rights; filter, regressor, classifier
-        pools = range_max_by_word(words[..., : 3 * h], word_mask, levels)
+        rows = WordRows.of(word_mask)
+        # [W, 9h]: pools, lefts, rights; filter, regressor, classifier
+        words = self.fused_words(word_states.reshape(-1, word_states.shape[2]).index_select(0, rows.flat))
+        pools = range_max_by_row(words[:, : 3 * h], levels)
         contexts = self.fused_context(context)
-        # The filter's boundary words beside the regressor's, both read at a span's first and last
-        # word: the regressor's are the words just outside the span, so its columns are shifted a
-        # word (at the padded row's ends, to the end word itself, as SpanScorer.span_words clamps).
-        lefts = torch.cat([words[..., 3 * h : 4 * h], shifted(words[..., 4 * h : 5 * h], -1)], dim=-1)
-        rights = torch.cat([words[..., 6 * h : 7 * h], shifted(words[..., 7 * h : 8 * h], 1)], dim=-1)
         sentence = candidates[:, 0]
+        reads = self.span_reads(rows, sentence, picked, levels, outside=True)
+        # the filter's boundary words are a span's first and last; the regressor's those just outside it
         first = first_layer(
-            self.span_reads(sentence, picked, n, levels),
+            reads,
             pools[:, : 2 * h],
-            lefts.reshape(batch * n, 2 * h),
-            rights.reshape(batch * n, 2 * h),
+            (words[:, 3 * h : 4 * h], words[:, 4 * h : 5 * h]),
+            (words[:, 6 * h : 7 * h], words[:, 7 * h : 8 * h]),
             contexts[:, : 2 * h].index_select(0, sentence),
         )
         hidden = self.filter.activation(first)  # the scorers' activations are the same GELU
@@ -373,31 +375,39 @@ class SpanProposalGraph(nn.Module):
             passed = passed_by_filter(filter_logits, filter_threshold, sentence)
             candidates, picked, offsets = (part.index_select(0, passed) for part in (candidates, picked, offsets))
             sentence = candidates[:, 0]
-        spans = self.adjust(picked, offsets, sentence_lengths(word_mask, sentence, picked.dtype))
-        per_word = words.reshape(batch * n, 9 * h)
+        spans = self.adjust(picked, offsets, rows.lengths.index_select(0, sentence))
         first = first_layer(
-            self.span_reads(sentence, spans, n, levels),
+            self.span_reads(rows, sentence, spans, levels),
             pools[:, 2 * h :],
-            per_word[:, 5 * h : 6 * h],
-            per_word[:, 8 * h :],
+            (words[:, 5 * h : 6 * h],),
+            (words[:, 8 * h :],),
             contexts[:, 2 * h :].index_select(0, sentence),
         )
         return candidates, spans, torch.softmax(self.classifier.score(first), dim=-1)
 
-    def span_reads(self, sentence: torch.Tensor, spans: torch.Tensor, n: int, levels: int) -> SpanReads:
-        """Where spans [M, 2] of sentences `sentence` [M] read the fused per-word rows (N words a
-        sentence) and the range-max table of LEVELS levels by word (`range_max_by_word`)."""
+    def span_reads(
+        self, rows: WordRows, sentence: torch.Tensor, spans: torch.Tensor, levels: int, outside: bool = False
+    ) -> SpanReads:
+        """Where spans [M, 2] of sentences `sentence` [M] read the words' rows and their range-max
+        table of LEVELS levels (`range_max_by_row`); with OUTSIDE, the words just outside them too."""
         assert self.last_read_offsets is not None
         length_levels = self.classifier.length_levels
         starts, ends = spans[:, 0], spans[:, 1]
         lengths = ends - starts
-        if fixed_shape_graph() or n >= length_levels.shape[0]:
+        if fixed_shape_graph() or rows.longest >= length_levels.shape[0]:
             lengths = lengths.clamp(max=length_levels.shape[0] - 1)  # past the top level's width: its level
-        row = sentence * n
-        first_word, last_word = row + starts, row + (ends - 1)
+        first_row = rows.first.index_select(0, sentence)
+        first_word, last_word = first_row + starts, first_row + (ends - 1)
         level = length_levels.index_select(0, lengths)
         last_read = last_word * levels + self.last_read_offsets[levels].index_select(0, lengths)
-        return SpanReads(first_word, last_word, first_word * levels + level, last_read)
+        reads = SpanReads(first_word, last_word, first_word * levels + level, last_read)
+        if not outside:
+            return reads
+        # as SpanScorer.span_words reads a padded row: the word before the span's first (its first at
+        # the row's start) and the row after its last (`WordRows`)
+        before = torch.maximum(first_word - 1, first_row)
+        after = torch.minimum(last_word + 1, rows.last.index_select(0, sentence))
+        return dataclasses.replace(reads, before=before, after=after)
 
 
 def passed_by_filter(filter_logits: torch.Tensor, filter_threshold: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
@@ -412,28 +422,64 @@ def sentence_lengths(word_mask: torch.Tensor, sentence: torch.Tensor, dtype: tor
 
 
 @dataclass(frozen=True)
+class WordRows:
+    """A batch's word states [B, N, D] as rows: each sentence's words, then the position after its
+    last word, sentence after sentence. That one row more is what a padded row holds there (or,
+    in the batch's longest sentence, its last word again): a span's outer right word, which the
+    trained form reads at the padded row. Only the rows spans read are then projected and tabled,
+    where [B, N] holds a batch of mixed lengths mostly as padding (256 CoNLL-2003 test sentences in
+    arrival order: 3,533 words of a [256, 72])."""
+
+    flat: torch.Tensor  # [W'] the rows' positions in [B·N]
+    first: torch.Tensor  # [B] each sentence's first row
+    last: torch.Tensor  # [B] each sentence's last row: the one after its words, or its last word
+    lengths: torch.Tensor  # [B] each sentence's words
+    longest: int  # N
+
+    @classmethod
+    def of(cls, word_mask: torch.Tensor) -> WordRows:
+        lengths = word_mask.sum(dim=1).to(torch.int64)
+        taken = torch.arange(word_mask.shape[1], device=word_mask.device).unsqueeze(0) <= lengths.unsqueeze(1)
+        count = taken.sum(dim=1)
+        ends = torch.cumsum(count, 0)
+        flat = torch.nonzero(taken.reshape(-1)).squeeze(1)
+        return cls(flat, ends - count, ends - 1, lengths, word_mask.shape[1])
+
+
+@dataclass(frozen=True)
 class SpanReads:
-    """Spans' rows [M] each: their first and last words' in a batch's per-word rows (sentence · N +
-    position), and their max-pool's two in the range-max table by word."""
+    """Spans' rows [M] each: their first and last words' among the words' rows (`WordRows`), their
+    max-pool's two in the range-max table by row, and (where asked) the words just outside them."""
 
     first_word: torch.Tensor
     last_word: torch.Tensor
     pool_first: torch.Tensor
     pool_second: torch.Tensor
-
-
-def shifted(words: torch.Tensor, by: int) -> torch.Tensor:
-    """[B, N, h] → position i holds position i + BY (-1 or 1), clamped to the row: the words just
-    outside a span read at its own first or last word."""
-    if by < 0:
-        return torch.cat([words[:, :1], words[:, :-1]], dim=1)
-    return torch.cat([words[:, 1:], words[:, -1:]], dim=1)
+    before: torch.Tensor | None = None
+    after: torch.Tensor | None = None
 
 
 def first_layer(
-    reads: SpanReads, pools: torch.Tensor, lefts: torch.Tensor, rights: torch.Tensor, contexts: torch.Tensor
+    reads: SpanReads,
+    pools: torch.Tensor,
+    lefts: tuple[torch.Tensor, ...],
+    rights: tuple[torch.Tensor, ...],
+    contexts: torch.Tensor,
 ) -> torch.Tensor:
-    """A scorer's first layer for spans, from rows of the fused per-word parts: max-pool, left and
-    right boundary words, then the sentence's part, summed in SpanScorer's order."""
+    """Scorers' first layer for spans (the filter's and the regressor's side by side, or the
+    classifier's), from the words' rows of the fused per-word parts: max-pool, left and right
+    boundary words (a second scorer's are those just outside the span), then the sentence's part,
+    summed in SpanScorer's order."""
     pooled = torch.maximum(pools.index_select(0, reads.pool_first), pools.index_select(0, reads.pool_second))
-    return pooled + lefts.index_select(0, reads.first_word) + rights.index_select(0, reads.last_word) + contexts
+    left = _side_by_side(lefts, (reads.first_word, reads.before))
+    right = _side_by_side(rights, (reads.last_word, reads.after))
+    return pooled + left + right + contexts
+
+
+def _side_by_side(parts: tuple[torch.Tensor, ...], rows: tuple[torch.Tensor | None, ...]) -> torch.Tensor:
+    """Each part's rows (the first part's at rows[0], a second's at rows[1]), side by side."""
+    read = []
+    for part, at in zip(parts, rows[: len(parts)], strict=True):
+        assert at is not None, "a second scorer's words just outside the span: span_reads(outside=True)"
+        read.append(part.index_select(0, at))
+    return read[0] if len(read) == 1 else torch.cat(read, dim=1)
