@@ -427,8 +427,8 @@ class WordRows:
     last word, sentence after sentence. That one row more is what a padded row holds there (or,
     in the batch's longest sentence, its last word again): a span's outer right word, which the
     trained form reads at the padded row. Only the rows spans read are then projected and tabled,
-    where [B, N] holds a batch of mixed lengths mostly as padding (256 CoNLL-2003 test sentences in
-    arrival order: 3,533 words of a [256, 72])."""
+    where [B, N] holds a batch of mixed lengths mostly as padding (a few long sentences make every
+    row as long)."""
 
     flat: torch.Tensor  # [W'] the rows' positions in [B·N]
     first: torch.Tensor  # [B] each sentence's first row
