@@ -14,8 +14,8 @@
 #      profile-served-span-graphs, by interpreter_profile.py); then as that with the graphs in a
 #      process of their own (--graph-process: two lanes there; profiled too), with all but the
 #      backbone traced (--traced-heads), through ONNX Runtime's CUDA execution provider where this
-#      onnxruntime has it (exported here; a pass that holds no interpreter lock; then offline and
-#      with one graph lane), with the graph process and traced heads both, through TorchScript
+#      onnxruntime has it (exported here; a pass that holds no interpreter lock), with the graph
+#      process and traced heads both, through TorchScript
 #      (exported here), and in half precision (weights converted at load; the backbone's replay
 #      against its plain pass in half first, then offline, half's own denominator);
 #   — every served ratio has its figures by here —
@@ -32,7 +32,7 @@
 #      switch intervals (pass_anatomy.py), eager, in a process of its own and traced; span served
 #      with every thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
 #   7. as measured before: span served as 2 with the plain program (--no-cuda-graphs); the batch-1
-#      server at c = 64; TorchScript offline;
+#      server at c = 64; TorchScript offline; ONNX Runtime offline and with one graph lane;
 #   8. span served as 2 with the front in the engine's process, and with one graph lane; offline
 #      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
@@ -200,23 +200,25 @@ PICK
   echo "${flag:-${3:-}}"
 }
 
-onnx_steps() {  # span-conll03 through ONNX Runtime on the device, where this onnxruntime can (in step 2)
-  if [ "$DEVICE" != cpu ] && ! $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null; then
-    log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"
-    return
-  fi
+has_onnx_cuda() {  # this onnxruntime can run on the device (the CPU always can: a dry run)
+  [ "$DEVICE" = cpu ] || $PY -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null
+}
+served_onnx() {  # span-conll03 through ONNX Runtime on the device in the service's layout: a pass
+  # that runs without the interpreter lock, beside the eager remedies (in step 2)
+  if ! has_onnx_cuda; then log "skipped ONNX Runtime on CUDA: this onnxruntime has no CUDA execution provider"; return; fi
   step export-onnx 600 $PY -m nerserve export span-conll03 --format onnx --parity-sentences 32
-  # the service's layout on a device first: a pass that runs without the interpreter lock, beside the
-  # eager remedies above
   if todo served-span-onnx-split-1 served-span-onnx-split-32 \
     && serve span-onnx-split span-conll03 onnx --http-workers "$HTTP_WORKERS"; then
     served span-onnx-split-1 span-conll03 "$LEVELS" 1
     served span-onnx-split-32 span-conll03 16 32
     stop
   fi
+}
+onnx_explained() {  # ONNX Runtime offline, and with one graph lane against the device's default two
+  # (the next pass launched while one runs) (step 7; after served_onnx, which exports)
+  has_onnx_cuda || return 0
   step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
     --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
-  # one lane against the device's default two (the next pass launched while one runs)
   if todo served-span-onnx-one-lane && serve span-onnx-one-lane span-conll03 onnx --http-workers "$HTTP_WORKERS" --graph-lanes 1; then
     served span-onnx-one-lane span-conll03 "$LEVELS" 1
     stop
@@ -292,7 +294,7 @@ served_half() {  # half precision (weights converted at load; the CPU serves fp3
   fi
 }
 
-if [ "$ONNX_ONLY" = 1 ]; then onnx_steps; fi
+if [ "$ONNX_ONLY" = 1 ]; then served_onnx; onnx_explained; fi
 if [ "$ONNX_ONLY" = 0 ]; then
 # the served ratios' denominator: span offline at the larger batches, plain and with the backbone
 # replayed (the summary divides by the better); batch 1 comes with the other bars below
@@ -302,7 +304,7 @@ if [ "$DEVICE" != cpu ]; then offline_batches span-conll03-cuda-graphs span-conl
 served_default
 served_split
 served_traced
-onnx_steps
+served_onnx
 served_split_traced
 served_torchscript
 served_half
@@ -357,6 +359,7 @@ fi
 if todo served-span-batch1 && serve span-batch1 span-conll03 eager --max-batch-size 1; then served span-batch1 span-conll03 64 1; stop; fi
 step offline-torchscript-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
   --data "$DATA/conll03" --runtime torchscript --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+onnx_explained
 if [ "$DEVICE" != cpu ]; then offline_batch1 span-conll03-half span-conll03 --precision "$HALF" $HALF_GRAPHS_FLAG; fi
 # the front in the engine's process
 if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
