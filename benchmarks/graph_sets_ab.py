@@ -7,37 +7,40 @@ the graphs is measured on the same heap, in the same minutes, without spaCy's ow
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from nerserve.ner.data import read_split
 from nerserve.ner.runner import score
 from nerserve.ner.runtime.graph_set import load_graph_set
 
+app = typer.Typer(add_completion=False)
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sets", nargs="+", help="LABEL=FOLDER: a graph set's folder under the graph cache")
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/conll03"))
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--lanes", type=int, default=2)
-    args = parser.parse_args()
-    test = read_split(args.data, "test")
+
+@app.command()
+def main(
+    sets: Annotated[list[str], typer.Argument(help="LABEL=FOLDER: a graph set's folder under the graph cache")],
+    data: Annotated[Path, typer.Option()] = Path("../shared/data/conll03"),
+    rounds: Annotated[int, typer.Option(min=1)] = 4,
+    lanes: Annotated[int, typer.Option(min=1)] = 2,
+) -> None:
+    test = read_split(data, "test")
     programs: dict[str, Any] = {}
-    for labelled in args.sets:
+    for labelled in sets:
         label, _, folder = labelled.partition("=")
         program = load_graph_set(Path(folder), threads=1).program
         program.predict([list(s.tokens) for s in test[:32]])  # warm-up
         programs[label] = program
-    rounds: dict[str, list[dict[str, float]]] = {label: [] for label in programs}
-    for turn in range(args.rounds):
+    results: dict[str, list[dict[str, float]]] = {label: [] for label in programs}
+    for turn in range(rounds):
         for label in list(programs) if turn % 2 == 0 else list(reversed(programs)):
-            report = score(programs[label].predict, test, 32, lanes=args.lanes)
-            rounds[label].append({"words_per_second": round(report["words_per_second"]), "f1": report["f1"]})
-    print(json.dumps(rounds, indent=2))
+            report = score(programs[label].predict, test, 32, lanes=lanes)
+            results[label].append({"words_per_second": round(report["words_per_second"]), "f1": report["f1"]})
+    typer.echo(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    app()
