@@ -306,3 +306,77 @@ def test_large_outputs_are_held_to_a_relative_bound() -> None:
     too_far = ParityReport()
     too_far.add_outputs({"key": keys}, {"key": keys + 1.5e-3})
     assert not too_far.passed()
+
+
+class EndAfter:
+    """A per-row constraint: row r writes anything but the end until its `limits[r]`-th token, which is the end."""
+
+    def __init__(self, limits: np.ndarray) -> None:
+        self.limits = limits
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        at_limit = history.shape[1] >= self.limits
+        allowed = np.ones(logits.shape, dtype=bool)
+        allowed[:, END] = False
+        allowed[at_limit] = False
+        allowed[at_limit, END] = True
+        return np.where(allowed, logits, -1e9)
+
+    def select(self, rows: np.ndarray) -> "EndAfter":
+        return EndAfter(self.limits[rows])
+
+
+class RowsSeen:
+    """A step graph that notes how many rows each call runs."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph, self.rows = graph, list[int]()
+        self.input_names, self.output_names = graph.input_names, graph.output_names
+        self.device_resident, self.execution_provider = graph.device_resident, graph.execution_provider
+
+    def run(self, inputs: Any, keep_on_device: Any = ()) -> Any:
+        self.rows.append(len(inputs["tokens"]))
+        return self.graph.run(inputs, keep_on_device)
+
+
+def test_greedy_drops_finished_rows_and_writes_what_each_row_writes_alone() -> None:
+    """A row that has written the end leaves the step (its cache rows dropped by `cache_order`);
+    every row writes the tokens, with the log-probabilities, it writes in a loop of its own."""
+    torch.manual_seed(0)
+    signature = toy_signature(2)
+    inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:])
+    graph = RowsSeen(EagerGraph(ToyStepReordering(layers=2).eval(), inputs, signature.outputs))
+    rng = np.random.default_rng(0)
+    per_row = {"memory": rng.standard_normal((3, 7, DIM)).astype(np.float32), "memory_mask": np.ones((3, 7), dtype=np.float32)}
+    limits = np.array([2, 5, 3])
+    cache = KeyValueCache(2, HEADS, DIM // HEADS)
+
+    def loop(rows: np.ndarray) -> Loop:
+        firsts = np.arange(3, dtype=np.int64)[rows] + 3  # a different first token per row
+        chosen = {name: value[rows] for name, value in per_row.items()}
+        return Loop(graph, {}, chosen, cache, firsts, END, offsets=rows.astype(np.int64), constraint=EndAfter(limits[rows]))
+
+    together = greedy(loop(np.arange(3)), max_steps=9)
+    assert graph.rows == [3, 3, 2, 1, 1]
+    assert together.finished.all() and together.tokens.shape == (3, 5)
+    assert [int(np.argmax(row == END)) + 1 for row in together.tokens] == limits.tolist()
+    for r in range(3):
+        alone = greedy(loop(np.array([r])), max_steps=9)
+        length = limits[r]
+        np.testing.assert_array_equal(together.tokens[r, :length], alone.tokens[0, :length])
+        np.testing.assert_allclose(together.log_probs[r, :length], alone.log_probs[0, :length], atol=1e-5)
+        assert np.all(together.tokens[r, length:] == END) and np.all(together.log_probs[r, length:] == 0)
+
+
+def test_greedy_keeps_every_row_where_the_constraint_is_not_per_row() -> None:
+    torch.manual_seed(0)
+    signature = toy_signature(2)
+    inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:])
+    graph = RowsSeen(EagerGraph(ToyStepReordering(layers=2).eval(), inputs, signature.outputs))
+    rng = np.random.default_rng(0)
+    per_row = {"memory": rng.standard_normal((3, 7, DIM)).astype(np.float32), "memory_mask": np.ones((3, 7), dtype=np.float32)}
+    limits = np.array([2, 5, 3])
+    not_per_row = EndAfter(limits).__call__  # the same rule, without `select`
+    cache = KeyValueCache(2, HEADS, DIM // HEADS)
+    greedy(Loop(graph, {}, per_row, cache, np.ones(3, dtype=np.int64), END, constraint=not_per_row), max_steps=9)
+    assert graph.rows == [3] * 5

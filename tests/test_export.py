@@ -16,7 +16,7 @@ from nerserve.export import parity
 from nerserve.export.build import export_model
 from nerserve.export.parity import parity_batches
 from nerserve.export.session_tuning import capped_levels, lower_level_candidates
-from nerserve.export.teacher_forcing import RecordedLoops, Step, TeacherForcedSteps, step_graph_names, with_graphs
+from nerserve.export.teacher_forcing import Draft, RecordedLoops, Step, TeacherForcedSteps, step_graph_names, with_graphs
 from nerserve.export.writers import DYNAMO, TRACED
 from nerserve.ner.archs.bartner.config import BartnerConfig, BartnerOptions
 from nerserve.ner.archs.diffusion.config import DiffusionConfig, DiffusionDecodeOptions
@@ -238,6 +238,26 @@ def _assert_same_outputs(expected: dict[str, np.ndarray], got: dict[str, np.ndar
             np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_a_draft_keeps_every_starting_row_through_a_loop_that_drops_rows() -> None:
+    """A greedy loop drops its finished rows (`cache_order` a subset): the draft still holds every
+    row the loop started with (a dropped row repeats its last token and position) and which rows
+    each step ran; a step that reorders rows (beam search) ends the draft."""
+    recorded = [
+        Step(np.array([5, 6, 7]), np.array([0, 0, 0]), order=np.arange(3)),
+        Step(np.array([8, 2, 9]), np.array([1, 1, 1]), order=np.arange(3)),
+        Step(np.array([10, 11]), np.array([2, 2]), order=np.array([0, 2])),
+        Step(np.array([12]), np.array([3]), order=np.array([1])),
+        Step(np.array([13, 13]), np.array([4, 4]), order=np.array([0, 0])),
+    ]
+    draft = Draft.of(recorded)
+    assert draft is not None and len(draft.steps) == 4
+    assert [live.tolist() for live in draft.live] == [[0, 1, 2], [0, 1, 2], [0, 2], [2]]
+    assert [step.tokens.tolist() for step in draft.steps] == [[5, 6, 7], [8, 2, 9], [10, 2, 11], [10, 2, 12]]
+    assert [step.positions.tolist() for step in draft.steps] == [[0, 0, 0], [1, 1, 1], [2, 1, 2], [2, 1, 3]]
+    reordered = Draft.of([*recorded[:2], Step(np.array([1, 1, 1]), np.array([2, 2, 2]), order=np.array([2, 1, 0]))])
+    assert reordered is not None and len(reordered.steps) == 2
+
+
 @pytest.mark.parametrize("tiny_model", ["gner", "setgen", "bartner"], indirect=True)
 def test_teacher_forced_eager_loops_are_the_stepped_ones(tiny_model: Path, data_root: Path, tmp_path: Path) -> None:
     """Parity's eager reference answers its loops' steps from teacher-forced passes along the
@@ -256,7 +276,7 @@ def test_teacher_forced_eager_loops_are_the_stepped_ones(tiny_model: Path, data_
         def depart_at_step_2(loop: list[Step]) -> list[Step]:
             if len(loop) < 3:
                 return loop
-            return [*loop[:2], Step(loop[2].tokens + 1, loop[2].positions), *loop[3:]]
+            return [*loop[:2], dataclasses.replace(loop[2], tokens=loop[2].tokens + 1), *loop[3:]]
 
         outputs, forced, lengths = _forced_run(reference, exported, batch, depart_at_step_2)
         _assert_same_outputs(stepped, outputs)

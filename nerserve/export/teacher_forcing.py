@@ -54,6 +54,45 @@ class Step:
     tokens: np.ndarray  # [rows]
     positions: np.ndarray  # [rows]
     vocabulary: np.ndarray | None = None  # [A]: the tokens it scored, for a step graph that takes them
+    # [rows]: the row of the step before whose cache each row continues (a greedy loop drops its
+    # finished rows this way); None: every row its own
+    order: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A recorded loop over all the rows it started with: `steps[t]` holds every starting row's
+    token and position (a row that has left the loop repeats its last token at its last position,
+    which causal attention never lets an earlier position read) and `live[t]` the rows step t ran,
+    in the order it ran them (a greedy loop drops its finished rows)."""
+
+    steps: list[Step]
+    live: list[np.ndarray]
+
+    @classmethod
+    def of(cls, recorded: list[Step]) -> Draft | None:
+        """The loop's draft up to its first step that reorders rows rather than dropping some
+        (beam search's second), or None where its first step is not every row in order."""
+        if not recorded:
+            return None
+        live = np.arange(len(recorded[0].tokens), dtype=np.int64)
+        tokens, positions = recorded[0].tokens, recorded[0].positions
+        steps, lives = [], []
+        for step in recorded:
+            order = np.arange(len(live)) if step.order is None else step.order
+            if not _drops_rows(order, len(live)) or len(step.tokens) != len(order):
+                break
+            live = live[order]
+            tokens, positions = tokens.copy(), positions.copy()
+            tokens[live], positions[live] = step.tokens, step.positions
+            steps.append(Step(tokens, positions, step.vocabulary))
+            lives.append(live)
+        return cls(steps, lives) if steps else None
+
+
+def _drops_rows(order: np.ndarray, rows: int) -> bool:
+    """Whether a step's `cache_order` continues some of the `rows` before it, each once, in order."""
+    return len(order) > 0 and bool(np.all(np.diff(order) > 0)) and order[0] >= 0 and order[-1] < rows
 
 
 def _same_vocabulary(fed: Value | None, recorded: np.ndarray | None) -> bool:
@@ -85,7 +124,15 @@ class RecordedLoops(_StepGraphWrapper):
             self.loops.append([])
         vocabulary = inputs.get(NAMES.vocabulary)
         tokens, positions = np.array(inputs[NAMES.token]), np.array(inputs[NAMES.position])
-        self.loops[-1].append(Step(tokens, positions, None if vocabulary is None else np.array(vocabulary)))
+        order = inputs.get(NAMES.cache_order)
+        self.loops[-1].append(
+            Step(
+                tokens,
+                positions,
+                None if vocabulary is None else np.array(vocabulary),
+                None if order is None else np.array(order),
+            )
+        )
         return self.graph.run(inputs, keep_on_device)
 
 
@@ -93,10 +140,11 @@ class TeacherForcedSteps(_StepGraphWrapper):
     """An eager step graph that answers a loop's steps from passes over the tokens a recorded loop
     fed (the k-th loop it sees takes the k-th recorded one), CHUNK steps a pass so that the
     scores of a long loop's every step and token never sit in memory at once, while each call
-    matches: the recorded step's tokens, positions and scored vocabulary, the cache this wrapper
-    answered at the step before, the same other inputs as at the loop's start and no reordering.
-    Any other call runs the step graph itself, and so does every later step of that loop. A pass
-    scores the union of its steps' vocabularies; each step answers its own columns of it."""
+    matches: the recorded step's rows, tokens, positions and scored vocabulary, the cache this
+    wrapper answered at the step before, and the same other inputs as at the loop's start (an input
+    per row: those of the rows still running). Any other call runs the step graph itself, and so
+    does every later step of that loop. A pass runs every row the loop started with and scores
+    the union of its steps' vocabularies; each step answers its own rows and columns of it."""
 
     CHUNK = 64
 
@@ -109,7 +157,8 @@ class TeacherForcedSteps(_StepGraphWrapper):
         self.answerable = {NAMES.logits, *self.present} <= outputs <= {NAMES.logits, NAMES.states, *self.present}
         self.loops_seen = 0
         self.forced_steps = 0  # steps answered from a teacher-forced pass (tests check it is used)
-        self._draft: list[Step] | None = None
+        self._draft: Draft | None = None
+        self._recorded: list[Step] = []
         self._fixed: dict[str, Value] = {}  # the loop's inputs other than the steps' and the cache
         self._cache: dict[str, Value] = {}  # the cache the next pass continues (empty at the start)
         self._outputs: dict[str, np.ndarray] = {}  # the current pass's
@@ -127,42 +176,44 @@ class TeacherForcedSteps(_StepGraphWrapper):
         return self.graph.run(inputs, keep_on_device)
 
     def _start(self, inputs: Mapping[str, Value]) -> None:
-        draft = self.drafts[self.loops_seen] if self.loops_seen < len(self.drafts) else None
+        recorded = self.drafts[self.loops_seen] if self.loops_seen < len(self.drafts) else []
         self.loops_seen += 1
         self._draft, self._step, self._answered, self._outputs = None, 0, {}, {}
-        rows = len(inputs[NAMES.token])
-        if not self.answerable or draft is None or any(len(step.tokens) != rows for step in draft):
+        draft = Draft.of(recorded)
+        if not self.answerable or draft is None or len(draft.live[0]) != len(inputs[NAMES.token]):
             return
         per_step = (*self.past, NAMES.token, NAMES.position, NAMES.vocabulary)
         self._fixed = {name: value for name, value in inputs.items() if name not in per_step}
         if NAMES.cache_order in self._fixed:
-            self._fixed[NAMES.cache_order] = np.arange(rows, dtype=np.int64)
+            self._fixed[NAMES.cache_order] = draft.live[0]
         self._cache = {name: inputs[name] for name in self.past}
-        self._draft = draft
+        self._draft, self._recorded = draft, recorded
 
     def _matches(self, inputs: Mapping[str, Value]) -> bool:
         draft = self._draft
-        if draft is None or self._step >= len(draft):
+        if draft is None or self._step >= len(draft.steps):
             return False
-        expected = draft[self._step]
+        expected, live = self._recorded[self._step], draft.live[self._step]
         order, vocabulary = inputs.get(NAMES.cache_order), inputs.get(NAMES.vocabulary)
         if not (
             np.array_equal(inputs[NAMES.token], expected.tokens)
             and np.array_equal(inputs[NAMES.position], expected.positions)
-            and (order is None or np.array_equal(order, np.arange(len(order))))
+            and (order is None or np.array_equal(order, np.arange(len(order)) if expected.order is None else expected.order))
             and _same_vocabulary(vocabulary, expected.vocabulary)
         ):
             return False
         if self._step == 0:  # the loop's start: its other inputs are the pass's, its cache empty
             return True
-        same_inputs = all(inputs[name] is value for name, value in self._fixed.items() if name != NAMES.cache_order)
+        same_inputs = all(
+            _same_rows(inputs[name], value, live) for name, value in self._fixed.items() if name != NAMES.cache_order
+        )
         own_cache = all(inputs[past] is self._answered[present] for past, present in zip(self.past, self.present, strict=True))
         return same_inputs and own_cache
 
     def _forward(self) -> None:
         """The next pass: up to CHUNK recorded steps from the current one, after the cache so far."""
         assert self._draft is not None
-        chunk = self._draft[self._step : self._step + self.CHUNK]
+        chunk = self._draft.steps[self._step : self._step + self.CHUNK]
         steps = {
             NAMES.token: np.stack([step.tokens for step in chunk], axis=1),
             NAMES.position: np.stack([step.positions for step in chunk], axis=1),
@@ -177,18 +228,34 @@ class TeacherForcedSteps(_StepGraphWrapper):
         self._first = self._step
 
     def _answer(self) -> dict[str, Value]:
+        assert self._draft is not None
         t = self._step
         if not self._outputs or t - self._first >= self._outputs[NAMES.logits].shape[1]:
             self._forward()
-        logits = self._outputs[NAMES.logits][:, t - self._first]
-        vocabulary = self._draft[t].vocabulary if self._draft is not None else None
+        live = self._draft.live[t]
+        rows = slice(None) if len(live) == len(self._draft.live[0]) else live
+        logits = self._outputs[NAMES.logits][rows, t - self._first]
+        vocabulary = self._draft.steps[t].vocabulary
         if self._union is not None and vocabulary is not None:
             logits = logits[:, np.searchsorted(self._union, vocabulary)]
         answer: dict[str, Value] = {NAMES.logits: logits}
         if NAMES.states in self._outputs:
-            answer[NAMES.states] = self._outputs[NAMES.states][:, t - self._first]
-        answer.update({name: self._outputs[name][:, :, : t + 1] for name in self.present})
+            answer[NAMES.states] = self._outputs[NAMES.states][rows, t - self._first]
+        answer.update({name: self._outputs[name][rows, :, : t + 1] for name in self.present})
         self._answered = answer
         self._step += 1
         self.forced_steps += 1
         return answer
+
+
+def _same_rows(fed: Value, started: Value, live: np.ndarray) -> bool:
+    """Whether an input fed at a step is the one the loop started with, or (an input per row, on
+    the host) its rows still running."""
+    if fed is started:
+        return True
+    return (
+        isinstance(fed, np.ndarray)
+        and isinstance(started, np.ndarray)
+        and len(started) != len(fed) == len(live)
+        and np.array_equal(fed, started[live])
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -30,6 +30,14 @@ class Candidates(Protocol):
     vocabulary reads every row of its matrix at every step: on the CPU, half a step's time)."""
 
     def candidates(self, history: np.ndarray) -> list[list[int]]: ...
+
+
+@runtime_checkable
+class PerRow(Protocol):
+    """A constraint whose rules are each row's own (lengths, limits): `select(rows)` is the
+    constraint of those rows alone, so that a loop may stop running rows that have finished."""
+
+    def select(self, rows: np.ndarray) -> Constraint | Candidates: ...
 
 
 # (order [rows], cache) → the cache's rows in that order, where the cache is
@@ -115,6 +123,26 @@ class Loop:
         scores[rows, columns] = logits[rows, columns]
         return StepScores(scores, ids), present
 
+    @property
+    def narrows(self) -> bool:
+        """Whether a loop may run a subset of its rows: its step graph takes the rows' cache by
+        `cache_order` (every other input of a row is in `per_row`) and its constraint, if any,
+        has per-row rules it can `select`."""
+        return self.names.cache_order in self.step.input_names and (
+            self.constraint is None or isinstance(self.constraint, PerRow)
+        )
+
+    def select(self, rows: np.ndarray) -> Loop:
+        """The loop of `rows` alone (indices into this loop's rows)."""
+        constraint = self.constraint.select(rows) if isinstance(self.constraint, PerRow) else self.constraint
+        return replace(
+            self,
+            per_row={name: value[rows] for name, value in self.per_row.items()},
+            first=self.first[rows],
+            offsets=None if self.offsets is None else self.offsets[rows],
+            constraint=constraint,
+        )
+
     def _vocabulary(self, candidates: np.ndarray | None, spare: int) -> np.ndarray:
         """What a step graph that takes a vocabulary scores: the rows' candidates (and the `spare`
         lowest ids), or `end` alone where every token's scores come from `every_token`."""
@@ -144,27 +172,44 @@ class StepScores:
 
 def greedy(loop: Loop, max_steps: int, keep_logits: bool = False) -> Generated:
     """Greedy decoding: one step-graph call per position, until every row has written the end
-    token or after `max_steps` tokens. `keep_logits` needs scores over every token."""
+    token or after `max_steps` tokens. `keep_logits` needs scores over every token.
+
+    Where the loop can narrow its rows (`Loop.narrows`), a row that has written the end token
+    leaves the step: otherwise the batch's longest sequence sets every row's work (a GPU runs the
+    whole batch, a CPU group mixes sequence lengths even where its sentences' lengths are alike)."""
     rows = len(loop.first)
     offsets = loop.offsets if loop.offsets is not None else np.zeros(rows, dtype=np.int64)
     past: dict[str, Value] = dict(loop.cache.empty(rows))
     history = loop.first.astype(np.int64)[:, None]
     finished = np.zeros(rows, dtype=bool)
-    order = np.arange(rows, dtype=np.int64)
+    live = np.arange(rows, dtype=np.int64)  # the rows the step runs, in the cache's row order
+    order = live
+    running = loop
+    narrows = loop.narrows and not keep_logits
     scores: list[np.ndarray] = []
     chosen: list[np.ndarray] = []
     for index in range(max_steps):
-        step, past = loop.run_step(loop.per_row, past, history, offsets + index, order)
-        token = np.where(finished, loop.end, step.tokens(step.scores.argmax(axis=-1)).astype(np.int64))
+        step, past = running.run_step(running.per_row, past, history[live], offsets[live] + index, order)
+        written = step.tokens(step.scores.argmax(axis=-1)).astype(np.int64)
+        written = np.where(finished[live], loop.end, written)
+        token = np.full(rows, loop.end, dtype=np.int64)
+        token[live] = written
+        log_probs = np.zeros(rows)  # a row that has left the loop writes the end again, unscored
+        log_probs[live] = token_log_probs(step.scores, step.columns(written))
         history = np.concatenate([history, token[:, None]], axis=1)
-        chosen.append(token_log_probs(step.scores, step.columns(token)))
+        chosen.append(log_probs)
         if keep_logits:
             if step.ids is not None:
                 raise ValueError("keep_logits needs a step graph that scores every token")
             scores.append(step.scores)
-        finished |= token == loop.end
+        finished[live] |= written == loop.end
         if finished.all():
             break
+        order = np.arange(len(live), dtype=np.int64)
+        if narrows and finished[live].any():
+            order = np.flatnonzero(~finished[live])
+            live = live[order]
+            running = loop.select(live)
     kept = np.stack(scores, axis=1) if keep_logits else None
     return Generated(history[:, 1:], np.stack(chosen, axis=1), finished, kept)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -60,6 +60,10 @@ class Grammar:
             allowed[at_limit] = False
             allowed[at_limit, END] = True
         return np.where(allowed, logits, BLOCKED)
+
+    def select(self, rows: np.ndarray) -> Grammar:
+        """The grammar of `rows` alone (a loop's rows that have not yet finished)."""
+        return replace(self, lengths=self.lengths[rows], limits=None if self.limits is None else self.limits[rows])
 
 
 @dataclass(frozen=True)
