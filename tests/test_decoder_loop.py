@@ -119,9 +119,6 @@ def test_beam_search_reorders_the_cache_of_a_step_graph_that_does_not() -> None:
     same_weights.load_state_dict(module.state_dict())
     plain = EagerGraph(same_weights, signature.inputs, signature.outputs)
 
-    def take_rows(order: np.ndarray, cache: Any) -> dict[str, Any]:
-        return {name: value[order] for name, value in cache.items()}
-
     assert beams_of(plain, 2, take_rows) == inside
     assert beams_of(plain, 2, lambda order, cache: dict(cache)) != inside  # the order matters here
     with pytest.raises(ValueError, match="cache_order, or the loop's reorder"):
@@ -339,13 +336,20 @@ class RowsSeen:
         return self.graph.run(inputs, keep_on_device)
 
 
-def test_greedy_drops_finished_rows_and_writes_what_each_row_writes_alone() -> None:
-    """A row that has written the end leaves the step (its cache rows dropped by `cache_order`);
-    every row writes the tokens, with the log-probabilities, it writes in a loop of its own."""
+def take_rows(order: np.ndarray, tensors: Any) -> dict[str, Any]:
+    return {name: value[order] for name, value in tensors.items()}
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["cache_order", "reorder"])
+def test_greedy_drops_finished_rows_and_writes_what_each_row_writes_alone(inside: bool) -> None:
+    """A row that has written the end leaves the step (its cache rows dropped by `cache_order`,
+    or by the loop's `reorder` with its shared inputs by `select_shared`); every row writes the
+    tokens, with the log-probabilities, it writes in a loop of its own."""
     torch.manual_seed(0)
     signature = toy_signature(2)
-    inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:])
-    graph = RowsSeen(EagerGraph(ToyStepReordering(layers=2).eval(), inputs, signature.outputs))
+    inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:]) if inside else signature.inputs
+    module = ToyStepReordering(layers=2) if inside else ToyStep(layers=2)
+    graph = RowsSeen(EagerGraph(module.eval(), inputs, signature.outputs))
     rng = np.random.default_rng(0)
     per_row = {"memory": rng.standard_normal((3, 7, DIM)).astype(np.float32), "memory_mask": np.ones((3, 7), dtype=np.float32)}
     limits = np.array([2, 5, 3])
@@ -353,8 +357,13 @@ def test_greedy_drops_finished_rows_and_writes_what_each_row_writes_alone() -> N
 
     def loop(rows: np.ndarray) -> Loop:
         firsts = np.arange(3, dtype=np.int64)[rows] + 3  # a different first token per row
-        chosen = {name: value[rows] for name, value in per_row.items()}
-        return Loop(graph, {}, chosen, cache, firsts, END, offsets=rows.astype(np.int64), constraint=EndAfter(limits[rows]))
+        chosen = take_rows(rows, per_row)
+        offsets, constraint = rows.astype(np.int64), EndAfter(limits[rows])
+        if inside:
+            return Loop(graph, {}, chosen, cache, firsts, END, offsets=offsets, constraint=constraint)
+        return Loop(
+            graph, chosen, {}, cache, firsts, END, offsets, constraint=constraint, reorder=take_rows, select_shared=take_rows
+        )
 
     together = greedy(loop(np.arange(3)), max_steps=9)
     assert graph.rows == [3, 3, 2, 1, 1]

@@ -118,13 +118,18 @@ class RecordedLoops(_StepGraphWrapper):
     def __init__(self, graph: Graph) -> None:
         super().__init__(graph)
         self.loops: list[list[Step]] = []
+        self._last: Value = None  # the first cache output of the step before
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        if _starts_a_loop(inputs, self.past) or not self.loops:
+        starts = _starts_a_loop(inputs, self.past) or not self.loops
+        if starts:
             self.loops.append([])
         vocabulary = inputs.get(NAMES.vocabulary)
         tokens, positions = np.array(inputs[NAMES.token]), np.array(inputs[NAMES.position])
         order = inputs.get(NAMES.cache_order)
+        if order is None and not starts and inputs[self.past[0]] is not self._last:
+            # the loop took rows of the cache itself (its `reorder`): which ones, by their values
+            order = _rows_taken(inputs[self.past[0]], self._last)
         self.loops[-1].append(
             Step(
                 tokens,
@@ -133,7 +138,24 @@ class RecordedLoops(_StepGraphWrapper):
                 None if order is None else np.array(order),
             )
         )
-        return self.graph.run(inputs, keep_on_device)
+        outputs = self.graph.run(inputs, keep_on_device)
+        self._last = outputs[present_of(self.past[0])]
+        return outputs
+
+
+def _rows_taken(taken: Value, rows: Value) -> np.ndarray:
+    """Which of `rows` make up `taken`, in order, each once (a loop's cache after it dropped
+    finished rows); an empty order where that is not so or the values are not on the host."""
+    if not (isinstance(taken, np.ndarray) and isinstance(rows, np.ndarray)) or taken.shape[1:] != rows.shape[1:]:
+        return np.zeros(0, dtype=np.int64)
+    order, start = [], 0
+    for row in taken:
+        found = next((r for r in range(start, len(rows)) if np.array_equal(rows[r], row)), None)
+        if found is None:
+            return np.zeros(0, dtype=np.int64)
+        order.append(found)
+        start = found + 1
+    return np.array(order, dtype=np.int64)
 
 
 class TeacherForcedSteps(_StepGraphWrapper):
@@ -207,8 +229,17 @@ class TeacherForcedSteps(_StepGraphWrapper):
         same_inputs = all(
             _same_rows(inputs[name], value, live) for name, value in self._fixed.items() if name != NAMES.cache_order
         )
-        own_cache = all(inputs[past] is self._answered[present] for past, present in zip(self.past, self.present, strict=True))
-        return same_inputs and own_cache
+        return same_inputs and self._own_cache(inputs, expected.order)
+
+    def _own_cache(self, inputs: Mapping[str, Value], order: np.ndarray | None) -> bool:
+        """Whether the cache fed is the one this wrapper answered at the step before, or (taken
+        by the loop's `reorder`, without `cache_order`) its rows in `order`."""
+        pairs = [(inputs[past], self._answered[present]) for past, present in zip(self.past, self.present, strict=True)]
+        if all(fed is answered for fed, answered in pairs):
+            return True
+        if order is None or NAMES.cache_order in inputs:
+            return False
+        return all(isinstance(fed, np.ndarray) and np.array_equal(fed, np.asarray(answered)[order]) for fed, answered in pairs)
 
     def _forward(self) -> None:
         """The next pass: up to CHUNK recorded steps from the current one, after the cache so far."""

@@ -84,6 +84,9 @@ class Loop:
     # For a step graph that takes a vocabulary, where the constraint names no candidates: every
     # token's scores [rows, V] from the step's outputs (the step itself then scores only `end`).
     every_token: Callable[[Mapping[str, Value]], np.ndarray] | None = None
+    # For a loop whose shared inputs hold a row each (gner's prompts): (rows, shared) → those rows'
+    # shared inputs, so that greedy decoding may drop finished rows.
+    select_shared: Callable[[np.ndarray, Mapping[str, Value]], dict[str, Value]] | None = None
 
     def run_step(
         self,
@@ -125,23 +128,32 @@ class Loop:
 
     @property
     def narrows(self) -> bool:
-        """Whether a loop may run a subset of its rows: its step graph takes the rows' cache by
-        `cache_order` (every other input of a row is in `per_row`) and its constraint, if any,
-        has per-row rules it can `select`."""
-        return self.names.cache_order in self.step.input_names and (
-            self.constraint is None or isinstance(self.constraint, PerRow)
-        )
+        """Whether a loop may run a subset of its rows: the rows' cache can be taken by index (a
+        step graph that takes `cache_order`, or the loop's `reorder`), every other input of a row
+        is in `per_row` or `select_shared` takes it, and the constraint, if any, has per-row rules
+        it can `select`."""
+        takes_rows = self.names.cache_order in self.step.input_names or self.reorder is not None
+        return takes_rows and (self.constraint is None or isinstance(self.constraint, PerRow))
 
     def select(self, rows: np.ndarray) -> Loop:
         """The loop of `rows` alone (indices into this loop's rows)."""
         constraint = self.constraint.select(rows) if isinstance(self.constraint, PerRow) else self.constraint
         return replace(
             self,
+            shared=self.shared if self.select_shared is None else self.select_shared(rows, self.shared),
             per_row={name: value[rows] for name, value in self.per_row.items()},
             first=self.first[rows],
             offsets=None if self.offsets is None else self.offsets[rows],
             constraint=constraint,
         )
+
+    def continue_rows(self, kept: np.ndarray, past: Mapping[str, Value]) -> tuple[np.ndarray, dict[str, Value]]:
+        """The next step's `cache_order` and cache when it continues only the `kept` rows of this
+        one: a step graph that takes `cache_order` takes them itself, else the loop's `reorder` does."""
+        if self.names.cache_order in self.step.input_names:
+            return kept, dict(past)
+        assert self.reorder is not None  # `narrows`
+        return np.arange(len(kept), dtype=np.int64), self.reorder(kept, past)
 
     def _vocabulary(self, candidates: np.ndarray | None, spare: int) -> np.ndarray:
         """What a step graph that takes a vocabulary scores: the rows' candidates (and the `spare`
@@ -207,8 +219,9 @@ def greedy(loop: Loop, max_steps: int, keep_logits: bool = False) -> Generated:
             break
         order = np.arange(len(live), dtype=np.int64)
         if narrows and finished[live].any():
-            order = np.flatnonzero(~finished[live])
-            live = live[order]
+            still = np.flatnonzero(~finished[live])
+            order, past = loop.continue_rows(still, past)
+            live = live[still]
             running = loop.select(live)
     kept = np.stack(scores, axis=1) if keep_logits else None
     return Generated(history[:, 1:], np.stack(chosen, axis=1), finished, kept)

@@ -119,6 +119,12 @@ class Constraint:
             self.states[key] = known
         return known
 
+    def select(self, rows: np.ndarray) -> Constraint:
+        """The constraint of `rows` alone, sharing what the grammars' states are known to be."""
+        narrowed = Constraint(self.grammars, self.row_sentence[rows])
+        narrowed.states = self.states
+        return narrowed
+
     def candidates(self, history: np.ndarray) -> list[list[int]]:
         """The tokens each row may write next (a step then scores only these)."""
         return [self.grammars[self.row_sentence[row]].allowed(self.state(row, history[row])) for row in range(len(history))]

@@ -80,6 +80,9 @@ class LengthLimit:
         forced[:, self.end] = 0.0
         return np.where(at_limit[:, None], forced, logits)
 
+    def select(self, rows: np.ndarray) -> LengthLimit:
+        return LengthLimit(self.limits[rows], self.end)
+
 
 class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
     # A window's target is ~5 tokens a word (word, "(", tag, ")"): 64 sub-words keep it inside the
@@ -218,6 +221,7 @@ class GnerProgram(ProgramBase[GnerConfig, GnerBatch, GnerOptions]):
             constraint=rule,
             reorder=self.select_rows,
             every_token=self.every_token,
+            select_shared=lambda kept, _: self.loop_inputs(prompts, rows[slots][kept]),
         )
         out: dict[int, Written] = {}
         if beams == 1:
