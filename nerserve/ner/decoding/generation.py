@@ -128,11 +128,14 @@ class Loop:
 
     @property
     def narrows(self) -> bool:
-        """Whether a loop may run a subset of its rows: the rows' cache can be taken by index (a
-        step graph that takes `cache_order`, or the loop's `reorder`), every other input of a row
-        is in `per_row` or `select_shared` takes it, and the constraint, if any, has per-row rules
-        it can `select`."""
-        takes_rows = self.names.cache_order in self.step.input_names or self.reorder is not None
+        """Whether a loop may run a subset of its rows: a step graph that takes `cache_order` takes
+        the rows' cache itself (and a row's other inputs are in `per_row`); one that does not has
+        them taken by the loop's `reorder` and its `select_shared` (such a loop keeps what it has
+        per row among its shared inputs); and the constraint, if any, has per-row rules it can
+        `select`."""
+        takes_rows = self.names.cache_order in self.step.input_names or (
+            self.reorder is not None and self.select_shared is not None
+        )
         return takes_rows and (self.constraint is None or isinstance(self.constraint, PerRow))
 
     def select(self, rows: np.ndarray) -> Loop:
@@ -262,39 +265,45 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
     A row is complete once `beams` of its hypotheses have finished (or none is left alive), and is
     not extended after that: when a row stops depends on that row alone, never on the other rows
     of its batch (stopping once every row had `keep` finished ones made a sentence's entities
-    depend on how long its batch's other sentences kept the loop going)."""
+    depend on how long its batch's other sentences kept the loop going). Where the loop can
+    narrow its rows (`Loop.narrows`), a complete row's beams also leave the step."""
     rows = len(loop.first)
     slots = rows * beams
-    per_row = {name: np.repeat(value, beams, axis=0) for name, value in loop.per_row.items()}
-    offsets = np.repeat(loop.offsets if loop.offsets is not None else np.zeros(rows, dtype=np.int64), beams)
+    per_slot = replace(
+        loop,
+        per_row={name: np.repeat(value, beams, axis=0) for name, value in loop.per_row.items()},
+        first=np.repeat(loop.first, beams),
+        offsets=np.repeat(loop.offsets if loop.offsets is not None else np.zeros(rows, dtype=np.int64), beams),
+    )
+    offsets = per_slot.offsets
+    assert offsets is not None
     past: dict[str, Value] = dict(loop.cache.empty(slots))
     history = np.repeat(loop.first.astype(np.int64), beams)[:, None]
     totals = np.full(slots, -np.inf)
     totals[::beams] = 0.0  # one live beam per row at the start
     token_scores = np.zeros((slots, 0))
+    searching = np.arange(rows)  # the rows the step runs, their beams' slots in `live`
+    live = np.arange(slots)
     order = np.arange(slots, dtype=np.int64)
+    running = per_slot
     done: list[list[Hypothesis]] = [[] for _ in range(rows)]
     complete = np.zeros(rows, dtype=bool)
     for index in range(max_steps):
-        step, past = loop.run_step(per_row, past, history, offsets + index, order, spare=beams)
+        step, past = running.run_step(running.per_row, past, history[live], offsets[live] + index, order, spare=beams)
         logp = log_softmax(step.scores.astype(np.float64))
-        candidates = totals[:, None] + logp  # [slots, A]
+        candidates = totals[live][:, None] + logp  # [live slots, A]
         width = candidates.shape[1]
-        best = np.argsort(-candidates.reshape(rows, beams * width), axis=1, kind="stable")[:, :beams]
-        origin = (best // width) + (np.arange(rows) * beams)[:, None]
+        best = np.argsort(-candidates.reshape(len(searching), beams * width), axis=1, kind="stable")[:, :beams]
+        origin = ((best // width) + (np.arange(len(searching)) * beams)[:, None]).reshape(-1)  # of the step's rows
         column = (best % width).reshape(-1)
-        origin = origin.reshape(-1)
         token = step.tokens(column)
-        chosen_logp = logp[origin, column]
-        totals = candidates[origin, column]
-        history = np.concatenate([history[origin], token[:, None]], axis=1)
-        token_scores = np.concatenate([token_scores[origin], chosen_logp[:, None]], axis=1)
-        order = origin.astype(np.int64)
-        if loop.names.cache_order not in loop.step.input_names:
-            if loop.reorder is None:
-                raise ValueError("beam search needs a step graph that takes cache_order, or the loop's reorder")
-            past = loop.reorder(order, past)
-        finished = (token == loop.end) & np.isfinite(totals)
+        history = np.concatenate([history, np.full((slots, 1), loop.end, dtype=np.int64)], axis=1)
+        history[live] = np.concatenate([history[live[origin], :-1], token[:, None]], axis=1)
+        token_scores = np.concatenate([token_scores, np.zeros((slots, 1))], axis=1)
+        token_scores[live] = np.concatenate([token_scores[live[origin], :-1], logp[origin, column][:, None]], axis=1)
+        totals[live] = candidates[origin, column]
+        finished = np.zeros(slots, dtype=bool)
+        finished[live] = (token == loop.end) & np.isfinite(totals[live])
         for slot in np.flatnonzero(finished):
             done[slot // beams].append(Hypothesis(tuple(history[slot, 1:].tolist()), tuple(token_scores[slot].tolist())))
         totals = np.where(finished, -np.inf, totals)  # a finished hypothesis leaves the beam
@@ -303,11 +312,22 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
         totals = np.where(np.repeat(complete, beams), -np.inf, totals)  # a complete row is not extended
         if complete.all():
             break
+        order = origin.astype(np.int64)
+        if per_slot.narrows and complete[searching].any():
+            kept = np.flatnonzero(np.repeat(~complete[searching], beams))  # of the step's rows
+            searching = searching[~complete[searching]]
+            live = live[kept]
+            running = per_slot.select(live)
+            order, past = per_slot.continue_rows(order[kept], past)
+        elif loop.names.cache_order not in loop.step.input_names:
+            if loop.reorder is None:
+                raise ValueError("beam search needs a step graph that takes cache_order, or the loop's reorder")
+            past = loop.reorder(order, past)
     results = []
     for r in range(rows):
         ranked = sorted(done[r], key=lambda h: -h.score)
         if len(ranked) < keep[r]:  # too few finished: the best live ones fill in
-            live = [s for s in range(r * beams, (r + 1) * beams) if np.isfinite(totals[s])]
-            ranked += [Hypothesis(tuple(history[s, 1:].tolist()), tuple(token_scores[s].tolist())) for s in live]
+            live_slots = [s for s in range(r * beams, (r + 1) * beams) if np.isfinite(totals[s])]
+            ranked += [Hypothesis(tuple(history[s, 1:].tolist()), tuple(token_scores[s].tolist())) for s in live_slots]
         results.append(ranked[: keep[r]])
     return results
