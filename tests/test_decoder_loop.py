@@ -386,13 +386,19 @@ def test_greedy_drops_finished_rows_and_writes_what_each_row_writes_alone(inside
         assert np.all(together.tokens[r, length:] == END) and np.all(together.log_probs[r, length:] == 0)
 
 
-def test_greedy_keeps_every_row_where_the_constraint_is_not_per_row() -> None:
+def rows_seen_and_three_rows() -> tuple[RowsSeen, dict[str, np.ndarray]]:
+    """A toy step graph that takes `cache_order` (noting the rows of each call) and three rows' inputs."""
     torch.manual_seed(0)
     signature = toy_signature(2)
     inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:])
     graph = RowsSeen(EagerGraph(ToyStepReordering(layers=2).eval(), inputs, signature.outputs))
     rng = np.random.default_rng(0)
     per_row = {"memory": rng.standard_normal((3, 7, DIM)).astype(np.float32), "memory_mask": np.ones((3, 7), dtype=np.float32)}
+    return graph, per_row
+
+
+def test_greedy_keeps_every_row_where_the_constraint_is_not_per_row() -> None:
+    graph, per_row = rows_seen_and_three_rows()
     limits = np.array([2, 5, 3])
     not_per_row = EndAfter(limits).__call__  # the same rule, without `select`
     cache = KeyValueCache(2, HEADS, DIM // HEADS)
@@ -403,12 +409,7 @@ def test_greedy_keeps_every_row_where_the_constraint_is_not_per_row() -> None:
 def test_beam_search_drops_complete_rows_and_finds_what_each_row_finds_alone() -> None:
     """A row whose beams have all finished leaves the step (its slots' cache dropped by
     `cache_order`); each row's hypotheses are those it finds in a search of its own."""
-    torch.manual_seed(0)
-    signature = toy_signature(2)
-    inputs = (*signature.inputs[:4], "cache_order", *signature.inputs[4:])
-    graph = RowsSeen(EagerGraph(ToyStepReordering(layers=2).eval(), inputs, signature.outputs))
-    rng = np.random.default_rng(0)
-    per_row = {"memory": rng.standard_normal((3, 7, DIM)).astype(np.float32), "memory_mask": np.ones((3, 7), dtype=np.float32)}
+    graph, per_row = rows_seen_and_three_rows()
     limits, beams = np.array([2, 5, 3]), 3
     cache = KeyValueCache(2, HEADS, DIM // HEADS)
 
