@@ -60,7 +60,9 @@ class StepNames:
 @dataclass(frozen=True)
 class Generated:
     tokens: np.ndarray  # [rows, steps] int64; after a row's end token: the end token again
-    log_probs: np.ndarray  # [rows, steps] float64: each chosen token's log-probability, after the constraint
+    # [rows, steps] float64: each chosen token's log-probability, after the constraint (0 after the
+    # end token where the row has left the loop)
+    log_probs: np.ndarray
     finished: np.ndarray  # [rows] bool: the row wrote its end token within max_steps
     # [rows, steps, V] float32: every step's scores (only when asked: a 30k vocabulary makes it GBs)
     logits: np.ndarray | None = None
