@@ -153,11 +153,12 @@ class Loop:
         )
 
     def continue_rows(self, kept: np.ndarray, past: Mapping[str, Value]) -> tuple[np.ndarray, dict[str, Value]]:
-        """The next step's `cache_order` and cache when it continues only the `kept` rows of this
-        one: a step graph that takes `cache_order` takes them itself, else the loop's `reorder` does."""
+        """The next step's `cache_order` and cache when its rows continue the `kept` rows of this
+        one (some of them, or beam search's reordering): a step graph that takes `cache_order`
+        takes them itself, else the loop's `reorder` does."""
         if self.names.cache_order in self.step.input_names:
             return kept, dict(past)
-        assert self.reorder is not None  # `narrows`
+        assert self.reorder is not None  # `narrows`, or beam search's check
         return np.arange(len(kept), dtype=np.int64), self.reorder(kept, past)
 
     def _vocabulary(self, candidates: np.ndarray | None, spare: int) -> np.ndarray:
@@ -269,6 +270,8 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
     of its batch (stopping once every row had `keep` finished ones made a sentence's entities
     depend on how long its batch's other sentences kept the loop going). Where the loop can
     narrow its rows (`Loop.narrows`), a complete row's beams also leave the step."""
+    if loop.names.cache_order not in loop.step.input_names and loop.reorder is None:
+        raise ValueError("beam search needs a step graph that takes cache_order, or the loop's reorder")
     rows = len(loop.first)
     slots = rows * beams
     per_slot = replace(
@@ -320,11 +323,8 @@ def beam_search(loop: Loop, max_steps: int, beams: int, keep: np.ndarray) -> lis
             searching = searching[~complete[searching]]
             live = live[kept]
             running = per_slot.select(live)
-            order, past = per_slot.continue_rows(order[kept], past)
-        elif loop.names.cache_order not in loop.step.input_names:
-            if loop.reorder is None:
-                raise ValueError("beam search needs a step graph that takes cache_order, or the loop's reorder")
-            past = loop.reorder(order, past)
+            order = order[kept]
+        order, past = per_slot.continue_rows(order, past)
     results = []
     for r in range(rows):
         ranked = sorted(done[r], key=lambda h: -h.score)
