@@ -15,8 +15,8 @@ DATA = ROOT.parent / "shared" / "data"
 END_TO_END = frozenset(
     {
         "test_cli", "test_deploy", "test_device", "test_docs_page", "test_ecosystem", "test_export",
-        "test_gner_t5", "test_int8", "test_loadtest", "test_lower_bounds", "test_open_labels", "test_ray",
-        "test_regression", "test_schema", "test_service", "test_tenants", "test_training",
+        "test_gner_t5", "test_int8", "test_loadtest", "test_lower_bounds", "test_onnx_profile", "test_open_labels",
+        "test_ray", "test_regression", "test_schema", "test_service", "test_tenants", "test_training",
         "test_weight_average", "test_images",
     }
 )  # fmt: skip

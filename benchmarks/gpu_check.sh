@@ -32,7 +32,8 @@
 #      switch intervals (pass_anatomy.py), eager, in a process of its own and traced; span served
 #      with every thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
 #   7. as measured before: span served as 2 with the plain program (--no-cuda-graphs); the batch-1
-#      server at c = 64; TorchScript offline; ONNX Runtime offline and with one graph lane;
+#      server at c = 64; TorchScript offline; ONNX Runtime offline, profiled (onnx_profile.py)
+#      and with one graph lane;
 #   8. span served as 2 with the front in the engine's process, and with one graph lane; offline
 #      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
@@ -214,11 +215,15 @@ served_onnx() {  # span-conll03 through ONNX Runtime on the device in the servic
     stop
   fi
 }
-onnx_explained() {  # ONNX Runtime offline, and with one graph lane against the device's default two
-  # (the next pass launched while one runs) (step 7; after served_onnx, which exports)
+onnx_explained() {  # ONNX Runtime offline, where its passes' time goes (its own profiler: the nodes
+  # each provider ran, the copies it inserted, the time outside the nodes), and with one graph lane
+  # against the device's default two (the next pass launched while one runs) (step 7; after
+  # served_onnx, which exports)
   has_onnx_cuda || return 0
   step offline-onnx-span-conll03 300 $PY benchmarks/batching_ceiling.py --model span-conll03 \
     --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
+  step profile-onnx-span 180 $PY benchmarks/onnx_profile.py --model span-conll03 --data "$DATA/conll03" \
+    --device "$DEVICE" --sizes "1,${SIZES##*,}"
   if todo served-span-onnx-one-lane && serve span-onnx-one-lane span-conll03 onnx --http-workers "$HTTP_WORKERS" --graph-lanes 1; then
     served span-onnx-one-lane span-conll03 "$LEVELS" 1
     stop

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from nerserve.loadtest.client import parse_metrics
+from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat
 from nerserve.ner.model_store import Locations
 
 READY_TIMEOUT = 900  # first start exports the graphs
@@ -24,6 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCATIONS = Locations(
     model_store=ROOT / "model_store", graph_cache=ROOT / "build" / "graphs", data_root=ROOT.parent / "shared" / "data"
 )
+
+
+def onnx_graphs(model: str) -> Path:
+    """The checkout's fp32 ONNX graph set of a committed model, exported here where missing."""
+    folder = LOCATIONS.graph_set_folder(model, "onnx")
+    if not (folder / EXPORT_JSON).is_file():
+        from nerserve.export.build import export_model
+
+        source = LOCATIONS.model_dir(model)
+        export_model(source, GraphFormat.onnx, LOCATIONS.graph_cache, LOCATIONS.data_root, log=lambda _: None)
+    return folder
 
 
 def free_port() -> int:

@@ -15,11 +15,11 @@ import pytest
 from pydantic import ValidationError
 
 from nerserve.ner.data import read_split
-from nerserve.ner.graph_format import EXPORT_JSON, GraphFormat, int8_refusal
+from nerserve.ner.graph_format import EXPORT_JSON, int8_refusal
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.service.config import Settings
-from tests.serving import LOCATIONS, Server
+from tests.serving import LOCATIONS, Server, onnx_graphs
 
 MODEL = "span-conll03"
 
@@ -56,16 +56,6 @@ def offline_entity_sets(folder: Path, sentences: list[list[str]]) -> list[list[t
     return found
 
 
-def fp32_graphs() -> Path:
-    folder = LOCATIONS.graph_set_folder(MODEL, "onnx")
-    if not (folder / EXPORT_JSON).is_file():
-        from nerserve.export.build import export_model
-
-        source = LOCATIONS.model_dir(MODEL)
-        export_model(source, GraphFormat.onnx, LOCATIONS.graph_cache, LOCATIONS.data_root, log=lambda _: None)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def int8_server(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Iterator[tuple[Server, Locations]]:
     """A server asked for INT8 with a graph cache of its own, empty: it exports the INT8 graphs at start-up."""
@@ -98,7 +88,7 @@ def test_a_server_asked_for_int8_exports_and_serves_the_quantised_graphs(
         assert response.status_code == 200, response.text
         served.append(served_entity_set(response.json()["results"][0]))
     quantised = offline_entity_sets(int8_folder, sentences)
-    full = offline_entity_sets(fp32_graphs(), sentences)
+    full = offline_entity_sets(onnx_graphs(MODEL), sentences)
     differing = [i for i, (a, b) in enumerate(zip(quantised, full, strict=True)) if a != b]
     # what answers is the quantised graphs' own result, which is not fp32's on some sentences...
     assert served == quantised

@@ -24,6 +24,22 @@ OPTIMIZATION_LEVELS = {
 DEFAULT_OPTIMIZATION_LEVEL = "all"
 
 
+def session_options(optimization_level: str = DEFAULT_OPTIMIZATION_LEVEL, threads: int | None = None) -> ort.SessionOptions:
+    """The options every session of a served graph is made with."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = OPTIMIZATION_LEVELS[optimization_level]
+    if threads:
+        options.intra_op_num_threads = threads
+    # ONNX Runtime's intra-op threads busy-wait between operators by default. In a server the same
+    # cores run the event loop and the next batch's tokenisation, which the spinning starves; idle
+    # threads sleep instead.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # No CPU memory arena: an arena grows to every new batch shape it meets and never gives the
+    # memory back, so a server's RSS creeps up for as long as it runs (docs/decisions/memory.md).
+    options.enable_cpu_mem_arena = False
+    return options
+
+
 class OnnxGraph:
     def __init__(
         self,
@@ -36,17 +52,7 @@ class OnnxGraph:
         if optimization_level not in OPTIMIZATION_LEVELS:
             known = sorted(OPTIMIZATION_LEVELS)
             raise GraphError(f"{path}: unknown graph optimisation level {optimization_level!r} (one of {known})")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = OPTIMIZATION_LEVELS[optimization_level]
-        if threads:
-            options.intra_op_num_threads = threads
-        # ONNX Runtime's intra-op threads busy-wait between operators by default. In a server the
-        # same cores run the event loop and the next batch's tokenisation, which the spinning
-        # starves; idle threads sleep instead.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # No CPU memory arena: an arena grows to every new batch shape it meets and never gives the
-        # memory back, so a server's RSS creeps up for as long as it runs (docs/decisions/memory.md).
-        options.enable_cpu_mem_arena = False
+        options = session_options(optimization_level, threads)
         providers = ["CPUExecutionProvider"]
         on_cuda = device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers()
         if on_cuda:
@@ -63,6 +69,7 @@ class OnnxGraph:
                 "(its CUDA execution provider could not load: see its log above for the missing library or driver)"
             )
         self.path = path
+        self.optimization_level, self.threads = optimization_level, threads
         self.device = "cuda" if on_cuda else "cpu"
         # I/O binding is what keeps outputs on a GPU; `io_binding=True` takes that path on CPU too
         # (tests exercise it there), `None` takes it on CUDA only.
