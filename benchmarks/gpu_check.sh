@@ -11,7 +11,8 @@
 #      the engine, two graph lanes, the backbone replayed), each batch's way through the engine
 #      logged (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py),
 #      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
-#      profile-served-span-graphs, by interpreter_profile.py); then as that with the graphs in a
+#      profile-served-span-graphs, by interpreter_profile.py); that with batches of up to 512
+#      sentences at c = 16 with 32 a request; then as that with the graphs in a
 #      process of their own (--graph-process: two lanes there; profiled too), with all but the
 #      backbone traced (--traced-heads), through ONNX Runtime's CUDA execution provider where this
 #      onnxruntime has it (exported here; a pass that holds no interpreter lock), with the graph
@@ -245,6 +246,15 @@ served_default() {  # the service's layout on a device: HTTP worker processes in
     stop
   fi
 }
+served_large_batches() {  # the service's layout with batches of up to 512 sentences rather than 256:
+  # 16 requests of 32 keep 512 in flight, which batches of 256 serve in two passes or more, where
+  # offline the pass of 512 is the fastest (H200, 37dd7c2)
+  if todo served-span-graphs-512-32 \
+    && serve span-graphs-512 span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --max-batch-size 512; then
+    served span-graphs-512-32 span-conll03 16 32
+    stop
+  fi
+}
 served_split() {  # the graphs in a process of their own, two lanes there, each over a pipe of its
   # own: their launches no longer share the engine's interpreter lock
   if todo served-span-split-1 served-span-split-32 \
@@ -307,6 +317,7 @@ offline_batches span-conll03 span-conll03 "$LIMIT"
 if [ "$DEVICE" != cpu ]; then offline_batches span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs; fi
 # then every way of serving that could meet them, the likeliest first
 served_default
+served_large_batches
 served_split
 served_traced
 served_onnx

@@ -109,6 +109,7 @@ def summary(folder: Path) -> dict[str, Any]:
         "offline_onnx_span": (_read(folder, "offline-onnx-span-conll03") or {}).get("rows"),
         "offline_torchscript_span": (_read(folder, "offline-torchscript-span-conll03") or {}).get("rows"),
         "profile_span": _read(folder, "profile-span"),
+        "profile_onnx_span": _read(folder, "profile-onnx-span"),
         # a pass alone, on fresh shapes, and beside a thread running Python or preparing
         "pass_anatomy": {runtime: _read(folder, step) for runtime, step in PASS_ANATOMY_STEPS},
         "served": {
@@ -118,6 +119,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-workers-32",
                 "span-graphs-1",
                 "span-graphs-32",
+                "span-graphs-512-32",
                 "span-graphs-switch",
                 "span-traced-1",
                 "span-traced-32",
@@ -154,7 +156,8 @@ def summary(folder: Path) -> dict[str, Any]:
             two_lanes["sentences_per_second_sorted"] if two_lanes else None, bare_best
         ),
         # the served bars for each way of serving: the service's own on a device (HTTP workers in
-        # front of the engine process, the backbone replayed from CUDA graphs); that with all but the
+        # front of the engine process, the backbone replayed from CUDA graphs); that with batches of
+        # up to 512 sentences (32 a request only); that with all but the
         # backbone traced; that with a 0.05 ms switch interval; that without CUDA graphs; that in half
         # precision (against half's offline best); with the graphs in a process of their own (two
         # lanes there), and so with traced heads too; the service's own with TorchScript graphs, and
@@ -163,6 +166,7 @@ def summary(folder: Path) -> dict[str, Any]:
             layout: _served_bars(folder, one, many, half_best if layout == "workers-half" else span_best)
             for layout, one, many in (
                 ("workers", "span-graphs-1", "span-graphs-32"),
+                ("workers-batch-512", None, "span-graphs-512-32"),  # served 32 sentences a request only
                 ("workers-traced-heads", "span-traced-1", "span-traced-32"),
                 ("workers-switch-0.05-ms", "span-graphs-switch", None),  # served one sentence a request only
                 ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32"),
@@ -177,8 +181,8 @@ def summary(folder: Path) -> dict[str, Any]:
     }
 
 
-def _served_bars(folder: Path, one: str, many: str | None, span_best: float | None) -> dict[str, Any]:
-    c1, c64, c256 = (_level(folder, one, c) for c in (1, 64, 256))
+def _served_bars(folder: Path, one: str | None, many: str | None, span_best: float | None) -> dict[str, Any]:
+    c1, c64, c256 = (_level(folder, one, c) if one else None for c in (1, 64, 256))
     c16x32 = _level(folder, many, 16) if many else None
     return {
         "served_c256_over_offline": _bar(_ratio(_rate(c256), span_best), 0.5),
