@@ -1262,8 +1262,10 @@ def test_a_full_batch_goes_in_halves_where_the_host_is_slower_than_a_half_pass(b
     16: about 14 ms for 8). Where the 16 clients fill the device's batch limit they go in halves: one
     batch leaves the device idle for the whole of the host's turn, two leave it idle only for what
     the host takes beyond the other half's pass. Where they do not fill it (a batch limit of 32),
-    nothing says the clients are waiting on this batch rather than arriving slowly: one batch."""
-    passes, _ = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=batch_limit)
+    nothing says the clients are waiting on this batch rather than arriving slowly: one batch. Two
+    halves cost the device 28 ms against 1.5 × 20: passes are timed by the device's own clock, as on
+    a card, since by a lane's clock a wake-up late by a millisecond on a busy machine makes them dear."""
+    passes, _ = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=batch_limit, device_clock=True)
     assert_settled_in_halves(passes, split)
 
 
@@ -1293,8 +1295,9 @@ def test_a_half_whose_clients_are_back_closes_without_waiting_out_max_wait() -> 
     sentence, 20 ms for 16: about 14 ms for 8), each prepared in 7 ms, with a max_wait of 100 ms.
     A half's clients are all back while the other half runs: its batch closes then, is prepared
     during that pass, and starts as the device frees, which stays busy. Were it to wait for more
-    company until the device freed, the device would then idle through every prepare."""
-    passes, busy = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=16, max_wait_ms=100.0)
+    company until the device freed, the device would then idle through every prepare. (Passes timed
+    by the device's own clock, as in the test above.)"""
+    passes, busy = closed_loop([1.0, 16.0], [8.0, 20.0], prepare_ms=7.0, batch_limit=16, max_wait_ms=100.0, device_clock=True)
     assert_settled_in_halves(passes, split=True)
     assert busy >= 0.8
 
