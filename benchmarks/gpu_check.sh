@@ -33,8 +33,8 @@
 #      switch intervals (pass_anatomy.py), eager, in a process of its own and traced; span served
 #      with every thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
 #   7. as measured before: span served as 2 with the plain program (--no-cuda-graphs); the batch-1
-#      server at c = 64; TorchScript offline; ONNX Runtime offline, profiled (onnx_profile.py)
-#      and with one graph lane;
+#      server at c = 64; TorchScript offline; ONNX Runtime offline, profiled (onnx_profile.py; and
+#      so its export whose backbone runs the rows' padding) and with one graph lane;
 #   8. span served as 2 with the front in the engine's process, and with one graph lane; offline
 #      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
@@ -225,6 +225,11 @@ onnx_explained() {  # ONNX Runtime offline, where its passes' time goes (its own
     --data "$DATA/conll03" --runtime onnx --device "$DEVICE" --sizes "1,$SIZES" --limit "$LIMIT" --json
   step profile-onnx-span 180 $PY benchmarks/onnx_profile.py --model span-conll03 --data "$DATA/conll03" \
     --device "$DEVICE" --sizes "1,${SIZES##*,}"
+  # the same with the backbone running its rows' padding, as eager torch on a device does: what the
+  # CPU's choice (real sub-words only, a NonZero the host must wait for) costs the GPU image's path
+  step export-onnx-padded 600 $PY -m nerserve export span-conll03 --format onnx --padded-backbone --parity-sentences 32
+  step profile-onnx-span-padded 180 $PY benchmarks/onnx_profile.py --model span-conll03 --data "$DATA/conll03" \
+    --device "$DEVICE" --sizes "1,${SIZES##*,}" --padded-backbone
   if todo served-span-onnx-one-lane && serve span-onnx-one-lane span-conll03 onnx --http-workers "$HTTP_WORKERS" --graph-lanes 1; then
     served span-onnx-one-lane span-conll03 "$LEVELS" 1
     stop

@@ -110,6 +110,7 @@ def summary(folder: Path) -> dict[str, Any]:
         "offline_torchscript_span": (_read(folder, "offline-torchscript-span-conll03") or {}).get("rows"),
         "profile_span": _read(folder, "profile-span"),
         "profile_onnx_span": _read(folder, "profile-onnx-span"),
+        "profile_onnx_span_padded": _read(folder, "profile-onnx-span-padded"),
         # a pass alone, on fresh shapes, and beside a thread running Python or preparing
         "pass_anatomy": {runtime: _read(folder, step) for runtime, step in PASS_ANATOMY_STEPS},
         "served": {

@@ -118,8 +118,12 @@ def main(
     sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "1,128",
     repeats: Annotated[int, typer.Option(min=1)] = 10,
     threads: Annotated[int | None, typer.Option(min=1)] = None,
+    padded_backbone: Annotated[
+        bool,
+        typer.Option("--padded-backbone", help="the export whose backbone runs its padding too (export --padded-backbone)"),
+    ] = False,
 ) -> None:
-    loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx"), device, threads)
+    loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx", padded=padded_backbone), device, threads)
     program = loaded.program
     graphs: dict[str, OnnxGraph] = program.graphs
     sentences = arrange([list(s.tokens) for s in read_split(data, "test")], Order.SHUFFLED)
@@ -145,6 +149,7 @@ def main(
     report = {
         "model": model,
         "device": device,
+        "backbone_on_real_subwords_only": loaded.export.get("backbone_on_real_subwords_only", False),
         "onnxruntime": ort.__version__,
         "providers": {name: graph.session.get_providers() for name, graph in graphs.items()},
         "repeats": repeats,

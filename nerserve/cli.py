@@ -354,12 +354,23 @@ def export_command(
     parity_sentences: Annotated[
         int, typer.Option(min=17, help="dev sentences the parity check runs (the service's first start uses 32)")
     ] = PARITY_SENTENCES,
+    padded_backbone: Annotated[
+        bool,
+        typer.Option(
+            "--padded-backbone",
+            help="ONNX graphs whose backbone runs its rows' padding too, as eager torch on a GPU does, written "
+            "beside the service's (onnx-padded-…), which it does not load: for measuring on a device what "
+            "skipping the padding, the CPU's choice, costs there (benchmarks/onnx_profile.py --padded-backbone)",
+        ),
+    ] = False,
 ) -> None:
     """Merge LoRA, write the graphs + tokenizer + export.json, and check parity against eager torch."""
     from nerserve.export.build import export_model
 
     if int8 and format != GraphFormat.onnx:
         raise typer.BadParameter("--int8 needs --format onnx", param_hint="--int8")
+    if padded_backbone and (int8 or format != GraphFormat.onnx):
+        raise typer.BadParameter("--padded-backbone is for fp32 ONNX graphs", param_hint="--padded-backbone")
     locations = _locations(context)
     info = export_model(
         locations.model_dir(name),
@@ -370,6 +381,7 @@ def export_command(
         force=force,
         log=lambda m: typer.echo(m, err=True),
         parity_sentences=parity_sentences,
+        padded_backbone=padded_backbone,
     )
     if as_json:
         typer.echo(json.dumps(info))

@@ -1,13 +1,17 @@
 """benchmarks/onnx_profile.py reads ONNX Runtime's own profile of span-conll03's exported graphs
 (the path the GPU image serves), here on the CPU: every node a provider ran, a batch's time beside
-its nodes', and only the measured batches' runs."""
+its nodes', and only the measured batches' runs; and the export made to measure the CPU's padding
+choice on a device."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.serving import ROOT, onnx_graphs
 
@@ -35,3 +39,32 @@ def test_a_profile_counts_each_graphs_nodes_and_runs_per_batch(data_root: Path) 
         assert 0 < graph["node_ms"] <= graph["run_ms"] and not graph["copies"]
         assert graph["operators"][0]["ms"] >= graph["operators"][-1]["ms"]
     assert batch["graphs"]["encoder"]["runs_per_batch"] >= 1 and batch["wall_ms_per_batch"] > 0
+
+
+def test_the_padded_export_lives_beside_the_services_and_is_profiled(tmp_path: Path, data_root: Path) -> None:
+    """`export --padded-backbone` writes graphs whose backbone runs its rows' padding (as eager torch
+    on a device does) into a folder of their own, which the service's lookup never finds, and the
+    profiler reads them on asking; an INT8 or TorchScript export cannot be asked for it."""
+    from nerserve.export.build import export_model
+    from nerserve.ner.graph_format import GraphFormat
+    from nerserve.ner.model_store import Locations
+
+    locations = Locations(model_store=ROOT / "model_store", graph_cache=tmp_path, data_root=data_root)
+    source = locations.model_dir("span-conll03")
+    info = export_model(source, GraphFormat.onnx, tmp_path, data_root, padded_backbone=True, parity_sentences=17)
+    folder = locations.graph_set_folder("span-conll03", "onnx", padded=True)
+    assert info["ready"] and folder.name.startswith("onnx-padded-") and folder.is_dir()
+    assert not locations.graph_set_folder("span-conll03", "onnx").exists()
+    arguments = ["--device", "cpu", "--data", str(data_root / "conll03"), "--sizes", "1", "--repeats", "1", "--padded-backbone"]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *arguments],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "NERSERVE_GRAPH_CACHE": str(tmp_path)},
+    )
+    assert json.loads(result.stdout)["backbone_on_real_subwords_only"] is False
+    for int8, fmt in ((True, GraphFormat.onnx), (False, GraphFormat.torchscript)):
+        with pytest.raises(ValueError, match="padded-backbone"):
+            export_model(source, fmt, tmp_path, data_root, int8, padded_backbone=True)

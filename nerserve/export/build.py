@@ -82,6 +82,7 @@ def export_model(
     parity_sentences: int = PARITY_SENTENCES,
     on_staging: Callable[[Path], None] | None = None,
     time_every_core: bool = True,
+    padded_backbone: bool = False,
 ) -> dict[str, Any]:
     """Export the trained model in folder SOURCE to a graph set under GRAPH_CACHE, its parity checked
     on dev sentences of its dataset under DATA_ROOT.
@@ -90,11 +91,17 @@ def export_model(
     graphs where quantising them paid for its cost in F1: docs/decisions/cpu-inference.md).
     `on_staging(path)` is told the staging folder as soon as it exists (a service that stops an
     export removes it when the export could not). `time_every_core`: time the graphs on every
-    core too (session_tuning)."""
+    core too (session_tuning). `padded_backbone`: ONNX graphs whose backbone runs every position of
+    its rows, padding included, as eager torch on a GPU does, rather than its real sub-words only
+    (the CPU's choice, ner.unpadded: a `NonZero` whose count a device must hand to the host);
+    written beside the service's graphs (graph_set_folder's `padded`), for measuring that choice
+    on a device."""
     if int8 and fmt != GraphFormat.onnx:
         raise ValueError("--int8 is available for --format onnx only")
+    if padded_backbone and (int8 or fmt != GraphFormat.onnx):
+        raise ValueError("--padded-backbone is for fp32 ONNX graphs (TorchScript's backbone runs its padding anyway)")
     name = source.name
-    target = graph_set_folder(source, fmt.value, graph_cache, int8)
+    target = graph_set_folder(source, fmt.value, graph_cache, int8, padded_backbone)
     if not force and (target / EXPORT_JSON).is_file():
         previous = json.loads((target / EXPORT_JSON).read_text())
         if previous.get("ready"):
@@ -107,7 +114,8 @@ def export_model(
     int8_graphs = spec.int8_graphs if int8 else ()
     merged = merge_adapters(copy.deepcopy(model.network))
     # ONNX graphs are the CPU's: their backbone skips the rows' padding (ner.unpadded)
-    encoders = [module for module in merged.modules() if isinstance(module, WordEncoder)] if fmt == GraphFormat.onnx else []
+    skips_padding = fmt == GraphFormat.onnx and not padded_backbone
+    encoders = [module for module in merged.modules() if isinstance(module, WordEncoder)] if skips_padding else []
     real_subwords_only = any([encoder.skip_padding() for encoder in encoders])  # a list: every encoder is told
     # graphs() may wrap the network's parts in new modules, which start in training mode
     modules = {graph_name: module.eval() for graph_name, module in merged.graphs().items()}

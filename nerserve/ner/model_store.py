@@ -49,8 +49,8 @@ class Locations(BaseSettings):
     def list_models(self) -> list[str]:
         return list_models(self.model_store)
 
-    def graph_set_folder(self, name_or_path: str | Path, fmt: str, int8: bool = False) -> Path:
-        return graph_set_folder(self.model_dir(name_or_path), fmt, self.graph_cache, int8)
+    def graph_set_folder(self, name_or_path: str | Path, fmt: str, int8: bool = False, padded: bool = False) -> Path:
+        return graph_set_folder(self.model_dir(name_or_path), fmt, self.graph_cache, int8, padded)
 
 
 class BackboneRecord(BaseModel):
@@ -148,7 +148,9 @@ def source_digest(folder: Path, fmt: str, int8: bool = False) -> str:
     return digest.hexdigest()
 
 
-def graph_set_folder(folder: Path, fmt: str, graph_cache: Path, int8: bool = False) -> Path:
-    """Where the export of the model in FOLDER to a format lives (whether or not it exists yet)."""
-    tag = f"{fmt}-int8" if int8 else fmt
+def graph_set_folder(folder: Path, fmt: str, graph_cache: Path, int8: bool = False, padded: bool = False) -> Path:
+    """Where the export of the model in FOLDER to a format lives (whether or not it exists yet).
+    PADDED: the ONNX export whose backbone runs its rows' padding too (export_model's
+    `padded_backbone`), beside the service's, which never loads it."""
+    tag = fmt + ("-int8" if int8 else "") + ("-padded" if padded else "")
     return graph_cache / folder.name / f"{tag}-{source_digest(folder, fmt, int8)[:16]}"
