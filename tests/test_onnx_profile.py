@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,17 +19,18 @@ from tests.serving import ROOT, onnx_graphs
 SCRIPT = ROOT / "benchmarks" / "onnx_profile.py"
 
 
+def profile(data_root: Path, *arguments: str, graph_cache: Path | None = None) -> dict[str, Any]:
+    """onnx_profile.py's report for span-conll03 on the CPU (its graphs in GRAPH_CACHE, else the checkout's)."""
+    environment = {**os.environ, **({"NERSERVE_GRAPH_CACHE": str(graph_cache)} if graph_cache else {})}
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--data", str(data_root / "conll03"), *arguments]
+    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT, env=environment)
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
 def test_a_profile_counts_each_graphs_nodes_and_runs_per_batch(data_root: Path) -> None:
     onnx_graphs("span-conll03")
-    arguments = ["--device", "cpu", "--data", str(data_root / "conll03"), "--sizes", "1,8", "--repeats", "2", "--threads", "1"]
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
-    report = json.loads(result.stdout)
+    report = profile(data_root, "--sizes", "1,8", "--repeats", "2", "--threads", "1")
     assert report["providers"] == {"encoder": ["CPUExecutionProvider"], "span_proposal": ["CPUExecutionProvider"]}
     lone, batch = report["sizes"]
     for graph in lone["graphs"].values():
@@ -55,16 +57,8 @@ def test_the_padded_export_lives_beside_the_services_and_is_profiled(tmp_path: P
     folder = locations.graph_set_folder("span-conll03", "onnx", padded=True)
     assert info["ready"] and folder.name.startswith("onnx-padded-") and folder.is_dir()
     assert not locations.graph_set_folder("span-conll03", "onnx").exists()
-    arguments = ["--device", "cpu", "--data", str(data_root / "conll03"), "--sizes", "1", "--repeats", "1", "--padded-backbone"]
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-        env={**os.environ, "NERSERVE_GRAPH_CACHE": str(tmp_path)},
-    )
-    assert json.loads(result.stdout)["backbone_on_real_subwords_only"] is False
+    report = profile(data_root, "--sizes", "1", "--repeats", "1", "--padded-backbone", graph_cache=tmp_path)
+    assert report["backbone_on_real_subwords_only"] is False
     for int8, fmt in ((True, GraphFormat.onnx), (False, GraphFormat.torchscript)):
         with pytest.raises(ValueError, match="padded-backbone"):
             export_model(source, fmt, tmp_path, data_root, int8, padded_backbone=True)
