@@ -61,18 +61,16 @@ def graph_report(events: list[dict[str, Any]], window: tuple[float, float], batc
     events = [e for e in events if window[0] <= e.get("ts", -1) < window[1]]
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     run_us = [e["dur"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
-    by_provider: dict[str, dict[str, float]] = defaultdict(lambda: {"nodes": 0.0, "ms": 0.0})
     names_by_provider: dict[str, set[str]] = defaultdict(set)
-    by_operator: Counter[tuple[str, str]] = Counter()
+    by_operator: Counter[tuple[str, str]] = Counter()  # (provider, operator) → µs
     calls: Counter[tuple[str, str]] = Counter()
+    provider_us: Counter[str] = Counter()
     for event in nodes:
         provider, operator = event["args"].get("provider", "?"), event["args"].get("op_name", "?")
         names_by_provider[provider].add(event["name"])
-        by_provider[provider]["ms"] += event["dur"] / 1000 / batches
+        provider_us[provider] += event["dur"]
         by_operator[provider, operator] += event["dur"]
         calls[provider, operator] += 1
-    for provider, names in names_by_provider.items():
-        by_provider[provider]["nodes"] = len(names)
 
     def share(key: tuple[str, str]) -> dict[str, float]:
         """A (provider, operator)'s nodes a batch and their ms."""
@@ -85,7 +83,10 @@ def graph_report(events: list[dict[str, Any]], window: tuple[float, float], batc
         "run_ms": run_ms,
         "node_ms": node_ms,
         "outside_nodes_ms": run_ms - node_ms,
-        "by_provider": dict(by_provider),
+        "by_provider": {
+            provider: {"nodes": len(names), "ms": provider_us[provider] / 1000 / batches}
+            for provider, names in names_by_provider.items()
+        },
         "copies": {f"{key[1]} on {key[0]}": share(key) for key in by_operator if key[1] in COPIES},
         "operators": [
             {"operator": key[1], "provider": key[0], **share(key)} for key, _ in by_operator.most_common(TOP_OPERATORS)
