@@ -2,6 +2,13 @@
 encoder, what the service reaches of the model path, the latency bounds, setgen over bartner, and
 half precision's gate; each next to its bar. Missing steps are reported as missing, never as zero.
 
+Beside the served bars, what holds them (`served_passes`): for each way of serving, each level's
+passes against offline batches of their size in arrival order, the order a server's batches come
+in (a pass that costs more than such a batch, its host work included, pays for being served), and
+what passes of up to half the sentences in flight, each costing such a batch, back to back, would
+serve over the offline best: below a served bar, no way of forming batches meets it with those
+passes' costs, and only cheaper passes of mixed lengths can.
+
     python benchmarks/gpu_summary.py --folder build/gpu-check
 """
 
@@ -11,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
 app = typer.Typer(add_completion=False)
@@ -42,6 +50,23 @@ def _offline_best(folder: Path, *steps: str) -> dict[str, Any] | None:
         "batch_size": best["batch_size"],
         "by_batch": {r["batch_size"]: [round(r["length_sorted"], 1), round(r["arrival_order"], 1)] for r in rows},
     }
+
+
+def _arrival_batch_ms(by_batch: dict[int, list[float]], size: float) -> float | None:
+    """Milliseconds an offline batch of SIZE sentences in arrival order takes: linear between the
+    batch sizes measured, None outside them."""
+    points = sorted((batch, 1000 * batch / rates[1]) for batch, rates in by_batch.items() if rates[1])
+    if not points or not points[0][0] <= size <= points[-1][0]:
+        return None
+    sizes, milliseconds = zip(*points, strict=True)
+    return round(float(np.interp(size, sizes, milliseconds)), 2)
+
+
+def _back_to_back(by_batch: dict[int, list[float]], in_flight: int, best: float | None) -> float | None:
+    """Over BEST: the most sentences a second that offline batches in arrival order of at most half
+    of IN_FLIGHT sentences reach, the size one of two alternating passes of a closed loop holds."""
+    rates = [rates[1] for batch, rates in by_batch.items() if batch <= in_flight / 2]
+    return _ratio(max(rates), best) if rates else None
 
 
 def _offline_steps(model: str) -> tuple[str, str]:
@@ -78,6 +103,28 @@ PASS_ANATOMY_STEPS = (
 )
 
 
+# Each way of serving span: (its name in the summary, its served step at one sentence a request, at
+# 32 a request, the offline program its passes run). The service's own on a device (HTTP workers in
+# front of the engine process, the backbone replayed from CUDA graphs); that with batches of up to
+# 512 sentences; that with all but the backbone traced; that with a 0.05 ms switch interval; that
+# without CUDA graphs; that in half precision (against half's offline best); with the graphs in a
+# process of their own (two lanes there), and so with traced heads too; the service's own with
+# TorchScript graphs, and with ONNX Runtime's; the front in the engine's process.
+SERVED_LAYOUTS = (
+    ("workers", "span-graphs-1", "span-graphs-32", "replayed"),
+    ("workers-batch-512", None, "span-graphs-512-32", "replayed"),  # served 32 sentences a request only
+    ("workers-traced-heads", "span-traced-1", "span-traced-32", "replayed"),
+    ("workers-switch-0.05-ms", "span-graphs-switch", None, "replayed"),  # one sentence a request only
+    ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32", "plain"),
+    ("workers-half", "span-half", "span-half-32", "half"),
+    ("split", "span-split-1", "span-split-32", "replayed"),
+    ("split-traced-heads", "span-split-traced", None, "replayed"),  # one sentence a request only
+    ("workers-torchscript", "span-torchscript-1", "span-torchscript-32", "torchscript"),
+    ("workers-onnx", "span-onnx-split-1", "span-onnx-split-32", "onnx"),
+    ("one-process", "span-1", "span-32", "plain"),
+)
+
+
 def summary(folder: Path) -> dict[str, Any]:
     bare = _read(folder, "bare-encoder")
     bare_best = bare["best"].get("fp32") if bare else None
@@ -89,6 +136,14 @@ def summary(folder: Path) -> dict[str, Any]:
     half = _offline_best(folder, *_offline_steps("span-conll03-half"))
     half_best = half["sentences_per_second_sorted"] if half else None
     two_lanes = _offline_best(folder, "offline-span-conll03-lanes2")
+    # what each layout's passes run offline (on the CPU the served "replayed" layouts run plain: no capture there)
+    offline_programs = {
+        "plain": span,
+        "replayed": replayed or span,
+        "half": half,
+        "torchscript": _offline_best(folder, "offline-torchscript-span-conll03"),
+        "onnx": _offline_best(folder, "offline-onnx-span-conll03"),
+    }
     setgen, bartner = _level(folder, "setgen-conll03", 64), _level(folder, "bartner-conll03", 64)
     return {
         "environment": (folder / "environment.txt").read_text() if (folder / "environment.txt").is_file() else None,
@@ -156,29 +211,41 @@ def summary(folder: Path) -> dict[str, Any]:
         "two_lanes_offline_over_bare_encoder": _ratio(
             two_lanes["sentences_per_second_sorted"] if two_lanes else None, bare_best
         ),
-        # the served bars for each way of serving: the service's own on a device (HTTP workers in
-        # front of the engine process, the backbone replayed from CUDA graphs); that with batches of
-        # up to 512 sentences (32 a request only); that with all but the
-        # backbone traced; that with a 0.05 ms switch interval; that without CUDA graphs; that in half
-        # precision (against half's offline best); with the graphs in a process of their own (two
-        # lanes there), and so with traced heads too; the service's own with TorchScript graphs, and
-        # with ONNX Runtime's; the front in the engine's process
         "served_bars": {
-            layout: _served_bars(folder, one, many, half_best if layout == "workers-half" else span_best)
-            for layout, one, many in (
-                ("workers", "span-graphs-1", "span-graphs-32"),
-                ("workers-batch-512", None, "span-graphs-512-32"),  # served 32 sentences a request only
-                ("workers-traced-heads", "span-traced-1", "span-traced-32"),
-                ("workers-switch-0.05-ms", "span-graphs-switch", None),  # served one sentence a request only
-                ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32"),
-                ("workers-half", "span-half", "span-half-32"),
-                ("split", "span-split-1", "span-split-32"),
-                ("split-traced-heads", "span-split-traced", None),  # served one sentence a request only
-                ("workers-torchscript", "span-torchscript-1", "span-torchscript-32"),
-                ("workers-onnx", "span-onnx-split-1", "span-onnx-split-32"),
-                ("one-process", "span-1", "span-32"),
-            )
+            layout: _served_bars(folder, one, many, half_best if program == "half" else span_best)
+            for layout, one, many, program in SERVED_LAYOUTS
         },
+        "served_passes": {
+            layout: _served_passes(folder, one, many, offline_programs[program], half_best if program == "half" else span_best)
+            for layout, one, many, program in SERVED_LAYOUTS
+        },
+    }
+
+
+def _served_passes(
+    folder: Path, one: str | None, many: str | None, offline: dict[str, Any] | None, best: float | None
+) -> dict[str, Any]:
+    by_batch = offline["by_batch"] if offline else {}
+    levels = []
+    for name in (one, many):
+        report = _read(folder, f"served-{name}") if name else None
+        for row in report["levels"] if report else []:
+            size, pass_ms = row.get("server_batch_size_mean"), row.get("server_batch_inference_ms_mean")
+            offline_ms = _arrival_batch_ms(by_batch, size) if size and by_batch else None
+            levels.append(
+                {
+                    "concurrency": row["concurrency"],
+                    "sentences_per_request": row["sentences_per_request"],
+                    "sentences_a_pass": size,
+                    "pass_ms": pass_ms,
+                    "offline_arrival_batch_ms": offline_ms,
+                    "pass_over_offline_batch": _ratio(pass_ms, offline_ms),
+                }
+            )
+    return {
+        "levels": levels,
+        "back_to_back_c256_over_offline": _back_to_back(by_batch, 256, best),
+        "back_to_back_c16x32_over_offline": _back_to_back(by_batch, 16 * 32, best),
     }
 
 
