@@ -109,7 +109,8 @@ PASS_ANATOMY_STEPS = (
 # 512 sentences; that with all but the backbone traced; that with a 0.05 ms switch interval; that
 # without CUDA graphs; that in half precision (against half's offline best); with the graphs in a
 # process of their own (two lanes there), and so with traced heads too; the service's own with
-# TorchScript graphs, and with ONNX Runtime's; the front in the engine's process.
+# TorchScript graphs, and with ONNX Runtime's; one graph lane, with each runtime; the front in the
+# engine's process.
 SERVED_LAYOUTS = (
     ("workers", "span-graphs-1", "span-graphs-32", "replayed"),
     ("workers-batch-512", None, "span-graphs-512-32", "replayed"),  # served 32 sentences a request only
@@ -121,6 +122,8 @@ SERVED_LAYOUTS = (
     ("split-traced-heads", "span-split-traced", None, "replayed"),  # one sentence a request only
     ("workers-torchscript", "span-torchscript-1", "span-torchscript-32", "torchscript"),
     ("workers-onnx", "span-onnx-split-1", "span-onnx-split-32", "onnx"),
+    ("one-lane", "span-one-lane", None, "replayed"),  # one sentence a request only
+    ("onnx-one-lane", "span-onnx-one-lane", None, "onnx"),  # one sentence a request only
     ("one-process", "span-1", "span-32", "plain"),
 )
 
