@@ -71,7 +71,18 @@ def spawned_children(pid: int) -> list[int]:
         with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
             children += (task / "children").read_text().split()
     spawned = [int(child) for child in children if b"spawn_main" in _command_line(child)]
-    return sorted(spawned)
+    # by start time, not by pid: pids wrap (at 32,768 on CI's machines), and a long test run wraps them
+    return sorted(spawned, key=lambda child: (_start_ticks(child), child))
+
+
+def _start_ticks(pid: int) -> int:
+    """When PID started, in clock ticks since boot (/proc/PID/stat's 22nd field; the 2nd, the command's
+    name in parentheses, may itself hold spaces)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except FileNotFoundError:  # ended meanwhile
+        return 0
+    return int(fields[19])
 
 
 def _command_line(pid: str) -> bytes:
