@@ -12,7 +12,7 @@
 #      logged (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py),
 #      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
 #      profile-served-span-graphs, by interpreter_profile.py); that with batches of up to 512
-#      sentences at c = 16 with 32 a request; then as that with the graphs in a
+#      sentences at c = 16 with 32 a request; with one graph lane; then as that with the graphs in a
 #      process of their own (--graph-process: two lanes there; profiled too), with all but the
 #      backbone traced (--traced-heads), through ONNX Runtime's CUDA execution provider where this
 #      onnxruntime has it (exported here; a pass that holds no interpreter lock), with the graph
@@ -35,7 +35,7 @@
 #   7. as measured before: span served as 2 with the plain program (--no-cuda-graphs); the batch-1
 #      server at c = 64; TorchScript offline; ONNX Runtime offline, profiled (onnx_profile.py; and
 #      so its export whose backbone runs the rows' padding) and with one graph lane;
-#   8. span served as 2 with the front in the engine's process, and with one graph lane; offline
+#   8. span served as 2 with the front in the engine's process; offline
 #      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
 #   9. nag, setgen, bartner and diffusion (1 step) offline, as 1;
@@ -260,6 +260,17 @@ served_large_batches() {  # the service's layout with batches of up to 512 sente
     stop
   fi
 }
+served_one_lane() {  # one graph lane against the device's default two: a stage fewer for a closed
+  # loop's cohorts (on the H200 c = 256 went in passes of a quarter of the loop, each costing an
+  # offline batch of its size, where passes of half would have served more: gpu_summary.py's
+  # served_passes)
+  if todo served-span-one-lane served-span-one-lane-32 \
+    && serve span-one-lane span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --graph-lanes 1; then
+    served span-one-lane span-conll03 "$LEVELS" 1
+    served span-one-lane-32 span-conll03 16 32
+    stop
+  fi
+}
 served_split() {  # the graphs in a process of their own, two lanes there, each over a pipe of its
   # own: their launches no longer share the engine's interpreter lock
   if todo served-span-split-1 served-span-split-32 \
@@ -323,6 +334,7 @@ if [ "$DEVICE" != cpu ]; then offline_batches span-conll03-cuda-graphs span-conl
 # then every way of serving that could meet them, the likeliest first
 served_default
 served_large_batches
+served_one_lane
 served_split
 served_traced
 served_onnx
@@ -386,11 +398,6 @@ if [ "$DEVICE" != cpu ]; then offline_batch1 span-conll03-half span-conll03 --pr
 if todo served-span-1 served-span-32 && serve span span-conll03 eager; then
   served span-1 span-conll03 "$LEVELS" 1
   served span-32 span-conll03 16 32
-  stop
-fi
-# one graph lane against the device's default two, each launching on a CUDA stream of its own
-if todo served-span-one-lane && serve span-one-lane span-conll03 eager --http-workers "$HTTP_WORKERS" --graph-lanes 1; then
-  served span-one-lane span-conll03 "$LEVELS" 1
   stop
 fi
 # two batches in flight, each from a thread (and CUDA stream) of its own: host work beside the device's

@@ -122,7 +122,7 @@ SERVED_LAYOUTS = (
     ("split-traced-heads", "span-split-traced", None, "replayed"),  # one sentence a request only
     ("workers-torchscript", "span-torchscript-1", "span-torchscript-32", "torchscript"),
     ("workers-onnx", "span-onnx-split-1", "span-onnx-split-32", "onnx"),
-    ("one-lane", "span-one-lane", None, "replayed"),  # one sentence a request only
+    ("one-lane", "span-one-lane", "span-one-lane-32", "replayed"),
     ("onnx-one-lane", "span-onnx-one-lane", None, "onnx"),  # one sentence a request only
     ("one-process", "span-1", "span-32", "plain"),
 )
@@ -185,6 +185,7 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-1",
                 "span-32",
                 "span-one-lane",
+                "span-one-lane-32",
                 "span-split-1",
                 "span-split-32",
                 "span-split-traced",
