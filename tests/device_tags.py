@@ -16,16 +16,19 @@ where CUDA would refuse it.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from nerserve.ner import torch_graph
 from nerserve.ner.graph import Value
 
 # elementwise operators whose TensorIterator allows a 0-dim host operand beside device tensors
@@ -35,16 +38,24 @@ TAKES_HOST_SCALARS = {
 }  # fmt: skip
 # operators that move data between devices, or index a device tensor with host indices (moved for it)
 CROSS_DEVICE = {"_to_copy", "copy_", "index", "_local_scalar_dense"}
+# operators whose result the host reads (a synchronisation, refused while a stream is capturing)
+READ_ON_THE_HOST = {
+    "_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "_unique2", "unique_consecutive",
+}  # fmt: skip
+# a packed sequence's lengths go to the host (`lengths.cpu()`, which the CPU does without dispatching)
+PACKED_LENGTHS = "_pack_padded_sequence"
 
 
 class DeviceTags(TorchDispatchMode):
     """Marks would-be device tensors (`mark`, then every operator's outputs from them or made from
-    nothing) and counts the operators CUDA would refuse: `refused[(operator, host shapes)]`."""
+    nothing) and counts the operators CUDA would refuse, `refused[(operator, host shapes)]`, and
+    those that would make the host wait for a device value, `host_reads[operator]`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.on_device: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.refused: Counter[tuple[str, str]] = Counter()
+        self.host_reads: Counter[str] = Counter()
 
     def mark(self, tensors: Collection[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -56,12 +67,16 @@ class DeviceTags(TorchDispatchMode):
         tensors = [value for value in tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
         device = [tensor for tensor in tensors if tensor in self.on_device]
         host = [tensor for tensor in tensors if tensor not in self.on_device]
+        if (name in READ_ON_THE_HOST and device) or (name == PACKED_LENGTHS and args[1] in self.on_device):
+            self.host_reads[name] += 1
         if device and host and name not in CROSS_DEVICE:
             shapes = [tuple(tensor.shape) for tensor in host]
             if name not in TAKES_HOST_SCALARS or any(shape != () for shape in shapes):
                 self.refused[(name, str(shapes))] += 1
         outputs = func(*args, **kwargs)
-        if device or not tensors:  # from a device tensor, or made from nothing by a retargeted constant
+        if name == PACKED_LENGTHS:  # the packed data; its batch sizes stay on the host
+            self.mark([outputs[0]] if device else [])
+        elif device or not tensors:  # from a device tensor, or made from nothing by a retargeted constant
             self.mark([value for value in tree_flatten(outputs)[0] if isinstance(value, torch.Tensor)])
         return outputs
 
@@ -106,3 +121,27 @@ def refused_on_a_gpu(program: Any, sentences: list[list[str]]) -> Counter[tuple[
     with tags:
         program.predict(sentences)
     return tags.refused
+
+
+def host_reads_of_a_pass(program: Any, sentences: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """What PROGRAM (eager graphs loaded on the CPU) reads back from the device while it predicts
+    SENTENCES as one batch with every graph device-resident: its graphs' weights and everything
+    `torch_graph.to_tensors` uploads (feeds, and what a graph works out on the host and sends up
+    itself) count as on the device. The outputs a program hands decoding are not counted."""
+    tags = DeviceTags()
+    for graph in program.graphs.values():
+        graph.device_resident = True
+        tags.mark(list(graph.module.parameters()) + list(graph.module.buffers()))
+    upload = torch_graph.to_tensors
+
+    def uploaded(values: Any, device: torch.device, floats: torch.dtype | None = None) -> list[torch.Tensor]:
+        tensors = upload(values, device, floats)
+        tags.mark(tensors)
+        return tensors
+
+    for module in list(sys.modules.values()):
+        if module.__name__.startswith("nerserve.") and getattr(module, "to_tensors", None) is upload:
+            monkeypatch.setattr(module, "to_tensors", uploaded)
+    with tags:
+        program.predict(sentences)
+    return tags.host_reads

@@ -20,11 +20,7 @@ from nerserve.ner.data import read_split
 from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import Locations
 from nerserve.ner.torch_graph import EagerGraph
-
-# operators whose result the host reads (a synchronisation, refused while a stream is capturing)
-READ_ON_THE_HOST = {
-    "_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "_unique2", "unique_consecutive",
-}  # fmt: skip
+from tests.device_tags import READ_ON_THE_HOST
 
 
 def stand_in_capture(states: States, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Callable[[], None]]:

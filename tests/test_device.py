@@ -580,3 +580,34 @@ def test_a_feed_already_as_the_graph_takes_it_is_passed_on_untouched() -> None:
     assert halved.dtype == torch.float16 and torch.equal(halved.float(), scores)
     fed = to_tensors([np.arange(3), scores], cpu, torch.bfloat16)
     assert fed[0].dtype == torch.int64 and fed[1].dtype == torch.bfloat16
+
+
+# What a served eager pass reads back from the device before its outputs, each read a wait of the
+# host for the device mid-pass, after which the device idles while the rest is launched: span's
+# filter verdict only (how many seeds it passed decides the shapes of the rest). The rest the
+# graphs work out from their feeds' host arrays (torch_graph.host_array_of): span's real seeds and
+# words' rows, the BiLSTM's packed lengths. gner-open is not on the list: its backbone's own
+# padding-mask check (transformers') reads one value.
+HOST_READS_PER_PASS = {
+    "span-conll03": {"nonzero": 1},
+    "span-genia": {"nonzero": 1},
+    "nag-conll03": {},
+    "setgen-conll03": {},
+    "bartner-conll03": {},
+    "diffusion-conll03": {},
+    "gliner-open": {},
+}
+
+
+@pytest.mark.parametrize("model", sorted(HOST_READS_PER_PASS))
+def test_a_served_eager_pass_reads_the_device_mid_pass_only_where_its_shapes_depend_on_it(
+    model: str, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nerserve.ner.data import read_split
+    from nerserve.ner.loading import load_model
+    from nerserve.ner.model_store import Locations
+    from tests.device_tags import host_reads_of_a_pass
+
+    sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 12)]
+    program = load_model(Locations().model_dir(model), "cpu", merged=True).program
+    assert dict(host_reads_of_a_pass(program, sentences, monkeypatch)) == HOST_READS_PER_PASS[model]

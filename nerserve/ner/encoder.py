@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -22,6 +23,7 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from nerserve.ner.backbone import BackboneInfo
 from nerserve.ner.text.chars import CHAR_VOCAB_SIZE, SHAPE_VOCAB_SIZE
+from nerserve.ner.torch_graph import host_array_of
 from nerserve.ner.unpadded import bert_layers, real_subword_states
 
 Pooling = Literal["first", "max", "mean"]
@@ -152,10 +154,12 @@ class LengthSafeBiLSTM(nn.Module):
                 getattr(both, f"{name}_reverse").copy_(getattr(self.backward_lstm, name))
         self.both_directions = both.to(weight.device, weight.dtype).requires_grad_(False)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, lengths_on_host: torch.Tensor | None = None) -> torch.Tensor:
+        """LENGTHS [B] on x's device; LENGTHS_ON_HOST the same on the host where the caller has them
+        without asking the device (the packed call needs them there)."""
         # traced (ner.traced_heads), the two directions as trained: packing branches on the batch's size
         if self.both_directions is not None and not torch.jit.is_tracing():
-            return self.run_packed(self.both_directions, x, lengths)
+            return self.run_packed(self.both_directions, x, lengths if lengths_on_host is None else lengths_on_host)
         if torch.is_autocast_enabled(x.device.type):
             # bf16 training: the recurrence stays fp32 (oneDNN has no bf16 LSTM primitive for every
             # shape, and a long recurrence loses the most precision); graphs and eval never get here
@@ -172,8 +176,16 @@ class LengthSafeBiLSTM(nn.Module):
     def run_packed(both: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:  # a lone sentence has no padding: no packing, and no wait for its length
             return both(x)[0]
+        # lengths on the device are read back here, which makes the host wait for the whole pass so far
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         return pad_packed_sequence(both(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+
+
+def word_counts_on_host(word_mask: torch.Tensor) -> torch.Tensor | None:
+    """Each sentence's word count [B] on the host, from the host array a graph's WORD_MASK feed came
+    from (`torch_graph.host_array_of`), or None where it did not come from one."""
+    mask = host_array_of(word_mask)
+    return None if mask is None else torch.from_numpy(mask.sum(axis=1).astype(np.int64))
 
 
 def segment_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -345,4 +357,4 @@ class WordEncoder(nn.Module):
         BiLSTM: [B, N, 2·lstm_hidden]."""
         features = torch.cat([words, self.chars(char_stream, char_index), self.shapes(shape_ids)], dim=-1)
         lengths = word_mask.sum(dim=1).to(torch.int64)
-        return self.lstm(self.dropout(features), lengths)
+        return self.lstm(self.dropout(features), lengths, word_counts_on_host(word_mask))

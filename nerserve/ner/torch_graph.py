@@ -4,9 +4,10 @@ intermediates on the device, half precision and CUDA graphs; on the CPU for debu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,43 @@ def upload_by_dtype(arrays: Sequence[np.ndarray], device: torch.device, pin: boo
             shape = arrays[index].shape
             uploaded[index] = part if len(shape) == 1 else part.view(shape)
     return [uploaded[index] for index in range(len(arrays))]
+
+
+class _HostFeeds(threading.local):
+    """The graph call running in this thread: its feeds uploaded from host arrays, by id."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
+
+
+_HOST_FEEDS = _HostFeeds()
+
+
+@contextlib.contextmanager
+def fed_from_host(values: Sequence[Value], tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """While a graph runs: each of its feeds TENSORS that was uploaded from a host array of VALUES
+    can find that array (`host_array_of`)."""
+    before = _HOST_FEEDS.arrays
+    _HOST_FEEDS.arrays = {
+        id(tensor): (tensor, value) for value, tensor in zip(values, tensors, strict=True) if isinstance(value, np.ndarray)
+    }
+    try:
+        yield
+    finally:
+        _HOST_FEEDS.arrays = before
+
+
+def host_array_of(feed: torch.Tensor) -> np.ndarray | None:
+    """The host array a running graph's FEED was uploaded from, or None (not a feed, an output of an
+    earlier graph kept on the device, or a trace being recorded, which must not hold host values as
+    constants). On a GPU, an operator whose result's size or placement depends on a device tensor's
+    values (`nonzero`, a packed sequence's lengths) makes the host wait for the device mid-pass,
+    and the device then idles while the rest of the pass is launched: what a pass can work out from
+    its feeds it works out here, on the host, and uploads (docs/decisions/gpu-engine.md)."""
+    if torch.jit.is_tracing():
+        return None
+    found = _HOST_FEEDS.arrays.get(id(feed))
+    return found[1] if found is not None and found[0] is feed else None
 
 
 @functools.cache
@@ -207,8 +245,9 @@ class EagerGraph:
         choose_attention_kernels(precision, self.device)
 
     def run(self, inputs: Mapping[str, Value], keep_on_device: Collection[str] = ()) -> dict[str, Value]:
-        tensors = to_tensors([inputs[name] for name in self.input_names], self.device, self.floats)
-        with torch.inference_mode():
+        values = [inputs[name] for name in self.input_names]
+        tensors = to_tensors(values, self.device, self.floats)
+        with fed_from_host(values, tensors), torch.inference_mode():
             outputs = self._run_in_eval_mode(tensors) if self.module.training else self.module(*tensors)
         return from_tensors(self.output_names, outputs, keep_on_device, self.device)
 

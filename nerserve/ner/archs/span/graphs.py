@@ -37,9 +37,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from nerserve.ner.torch_graph import host_array_of, to_tensors
 
 _PAD_VALUE = -1e4  # far below any projected word feature; representable in fp16 too
 
@@ -317,12 +320,9 @@ class SpanProposalGraph(nn.Module):
         seed_mask: torch.Tensor,
         filter_threshold: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # the real seeds only, [V, 2] (sentence, seed), row-major: a batch's sentences are padded to
-        # its longest's seed count, which in a batch of mixed lengths is most of [B, K]
-        candidates = torch.nonzero(seed_mask > 0)
-        picked = seeds.reshape(-1, 2).index_select(0, candidates[:, 0] * seeds.shape[1] + candidates[:, 1])
         if self.fused_words is not None:
-            return self.fused_forward(word_states, context, word_mask, candidates, picked, filter_threshold)
+            return self.fused_forward(word_states, context, filter_threshold, EagerIndices.of(seeds, seed_mask, word_mask))
+        candidates, picked = real_seeds(seeds, seed_mask)
         word_states, context = self.regularise(word_states, context)
         (filter_words, regressor_words, classifier_words), (filter_context, regressor_context, classifier_context) = (
             self.first_layers(word_states, context, word_mask)
@@ -342,19 +342,17 @@ class SpanProposalGraph(nn.Module):
         self,
         word_states: torch.Tensor,
         context: torch.Tensor,
-        word_mask: torch.Tensor,
-        candidates: torch.Tensor,
-        picked: torch.Tensor,
         filter_threshold: torch.Tensor | None,
+        indices: EagerIndices,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward` for eager inference (fuse_for_eager), from the real seeds (`candidates`, their
-        spans `picked`): the same outputs in fewer operators, on the words' rows (`WordRows`) rather
-        than on [B, N]. The regressor scores every real seed beside the filter, which reads the same
-        rows; the passed seeds' offsets are then picked from its outputs."""
+        """`forward` for eager inference (fuse_for_eager), from `indices`: the same outputs in fewer
+        operators, on the words' rows (`WordRows`) rather than on [B, N]. The regressor scores every
+        real seed beside the filter, which reads the same rows; the passed seeds' offsets are then
+        picked from its outputs."""
         assert self.fused_words is not None and self.fused_context is not None
         h, n = self.hidden, word_states.shape[1]
         levels = levels_for(n, self.classifier.levels)
-        rows = WordRows.of(word_mask)
+        candidates, picked, rows = indices.candidates, indices.picked, indices.rows
         # [W, 9h]: pools, lefts, rights; filter, regressor, classifier
         words = self.fused_words(word_states.reshape(-1, word_states.shape[2]).index_select(0, rows.flat))
         pools = range_max_by_row(words[:, : 3 * h], levels)
@@ -410,6 +408,14 @@ class SpanProposalGraph(nn.Module):
         return dataclasses.replace(reads, before=before, after=after)
 
 
+def real_seeds(seeds: torch.Tensor, seed_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real seeds only: [V, 2] (sentence, seed), row-major, and their spans [V, 2]. A batch's
+    sentences are padded to its longest's seed count, which in a batch of mixed lengths is most of
+    [B, K]."""
+    candidates = torch.nonzero(seed_mask > 0)
+    return candidates, seeds.reshape(-1, 2).index_select(0, candidates[:, 0] * seeds.shape[1] + candidates[:, 1])
+
+
 def passed_by_filter(filter_logits: torch.Tensor, filter_threshold: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
     """The rows of seeds whose p(entity) is above their sentence's threshold, [P]."""
     filter_prob = torch.softmax(filter_logits, dim=-1)[:, 1]
@@ -444,6 +450,32 @@ class WordRows:
         ends = torch.cumsum(count, 0)
         flat = torch.nonzero(taken.reshape(-1)).squeeze(1)
         return cls(flat, ends - count, ends - 1, lengths, word_mask.shape[1])
+
+
+@dataclass(frozen=True)
+class EagerIndices:
+    """What the fused graph indexes by (`real_seeds`, `WordRows`), worked out where the feeds are:
+    on the host, from the arrays a served pass's feeds were uploaded from, and sent up in one copy,
+    so that a pass on a GPU does not wait for the device to count its seeds and words; on the
+    device where the feeds did not come from the host."""
+
+    candidates: torch.Tensor
+    picked: torch.Tensor
+    rows: WordRows
+
+    @classmethod
+    def of(cls, seeds: torch.Tensor, seed_mask: torch.Tensor, word_mask: torch.Tensor) -> EagerIndices:
+        seeds_on_host, seed_mask_on_host, word_mask_on_host = map(host_array_of, (seeds, seed_mask, word_mask))
+        if seeds_on_host is None or seed_mask_on_host is None or word_mask_on_host is None:
+            return cls(*real_seeds(seeds, seed_mask), WordRows.of(word_mask))
+        real = seed_mask_on_host > 0
+        lengths = word_mask_on_host.sum(axis=1).astype(np.int64)
+        taken = np.arange(word_mask_on_host.shape[1])[None, :] <= lengths[:, None]
+        count = taken.sum(axis=1)
+        ends = np.cumsum(count)
+        arrays = [np.argwhere(real), seeds_on_host[real], np.flatnonzero(taken), ends - count, ends - 1, lengths]
+        candidates, picked, flat, first, last, uploaded_lengths = to_tensors(arrays, seed_mask.device)
+        return cls(candidates, picked, WordRows(flat, first, last, uploaded_lengths, word_mask.shape[1]))
 
 
 @dataclass(frozen=True)
