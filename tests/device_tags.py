@@ -48,14 +48,18 @@ PACKED_LENGTHS = "_pack_padded_sequence"
 
 class DeviceTags(TorchDispatchMode):
     """Marks would-be device tensors (`mark`, then every operator's outputs from them or made from
-    nothing) and counts the operators CUDA would refuse, `refused[(operator, host shapes)]`, and
-    those that would make the host wait for a device value, `host_reads[operator]`."""
+    nothing) and counts the operators CUDA would refuse, `refused[(operator, host shapes)]`, those
+    that would make the host wait for a device value, `host_reads[operator]`, and the operators
+    dispatched by a graph (`in_a_graph`) after the first such wait, `after_a_read[operator]` (each
+    launched while the device waits for it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.on_device: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.refused: Counter[tuple[str, str]] = Counter()
         self.host_reads: Counter[str] = Counter()
+        self.after_a_read: Counter[str] = Counter()
+        self.in_a_graph = False
 
     def mark(self, tensors: Collection[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -67,6 +71,8 @@ class DeviceTags(TorchDispatchMode):
         tensors = [value for value in tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
         device = [tensor for tensor in tensors if tensor in self.on_device]
         host = [tensor for tensor in tensors if tensor not in self.on_device]
+        if self.host_reads and self.in_a_graph:
+            self.after_a_read[name] += 1
         if (name in READ_ON_THE_HOST and device) or (name == PACKED_LENGTHS and args[1] in self.on_device):
             self.host_reads[name] += 1
         if device and host and name not in CROSS_DEVICE:
@@ -123,15 +129,25 @@ def refused_on_a_gpu(program: Any, sentences: list[list[str]]) -> Counter[tuple[
     return tags.refused
 
 
-def host_reads_of_a_pass(program: Any, sentences: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+def host_reads_of_a_pass(program: Any, sentences: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> DeviceTags:
     """What PROGRAM (eager graphs loaded on the CPU) reads back from the device while it predicts
-    SENTENCES as one batch with every graph device-resident: its graphs' weights and everything
-    `torch_graph.to_tensors` uploads (feeds, and what a graph works out on the host and sends up
-    itself) count as on the device. The outputs a program hands decoding are not counted."""
+    SENTENCES as one batch with every graph device-resident (`host_reads`, `after_a_read`): its
+    graphs' weights and everything `torch_graph.to_tensors` uploads (feeds, and what a graph works
+    out on the host and sends up itself) count as on the device. The outputs a program hands
+    decoding are not counted."""
     tags = DeviceTags()
+
+    def entered(*_: Any) -> None:
+        tags.in_a_graph = True
+
+    def left(*_: Any) -> None:
+        tags.in_a_graph = False
+
     for graph in program.graphs.values():
         graph.device_resident = True
         tags.mark(list(graph.module.parameters()) + list(graph.module.buffers()))
+        graph.module.register_forward_pre_hook(entered)
+        graph.module.register_forward_hook(left)
     upload = torch_graph.to_tensors
 
     def uploaded(values: Any, device: torch.device, floats: torch.dtype | None = None) -> list[torch.Tensor]:
@@ -144,4 +160,4 @@ def host_reads_of_a_pass(program: Any, sentences: list[list[str]], monkeypatch: 
             monkeypatch.setattr(module, "to_tensors", uploaded)
     with tags:
         program.predict(sentences)
-    return tags.host_reads
+    return tags

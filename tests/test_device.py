@@ -583,8 +583,9 @@ def test_a_feed_already_as_the_graph_takes_it_is_passed_on_untouched() -> None:
 
 
 # What a served eager pass reads back from the device before its outputs, each read a wait of the
-# host for the device mid-pass, after which the device idles while the rest is launched: span's
-# filter verdict only (how many seeds it passed decides the shapes of the rest). The rest the
+# host for the device, after which the device idles while the rest is launched: span's filter
+# verdict only (how many seeds it passed decides which rows leave the graph), read once all the
+# proposal's work is launched, and followed only by the selection of its outputs. The rest the
 # graphs work out from their feeds' host arrays (torch_graph.host_array_of): span's real seeds and
 # words' rows, the BiLSTM's packed lengths. gner-open is not on the list: its backbone's own
 # padding-mask check (transformers') reads one value.
@@ -597,10 +598,11 @@ HOST_READS_PER_PASS = {
     "diffusion-conll03": {},
     "gliner-open": {},
 }
+SPAN_AFTER_ITS_READ = {"squeeze": 1, "index_select": 3}
 
 
 @pytest.mark.parametrize("model", sorted(HOST_READS_PER_PASS))
-def test_a_served_eager_pass_reads_the_device_mid_pass_only_where_its_shapes_depend_on_it(
+def test_a_served_eager_pass_waits_for_the_device_only_once_its_work_is_launched(
     model: str, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nerserve.ner.data import read_split
@@ -610,4 +612,6 @@ def test_a_served_eager_pass_reads_the_device_mid_pass_only_where_its_shapes_dep
 
     sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 12)]
     program = load_model(Locations().model_dir(model), "cpu", merged=True).program
-    assert dict(host_reads_of_a_pass(program, sentences, monkeypatch)) == HOST_READS_PER_PASS[model]
+    tags = host_reads_of_a_pass(program, sentences, monkeypatch)
+    assert dict(tags.host_reads) == HOST_READS_PER_PASS[model]
+    assert dict(tags.after_a_read) == (SPAN_AFTER_ITS_READ if tags.host_reads else {})

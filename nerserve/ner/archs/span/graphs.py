@@ -24,11 +24,14 @@ of which Python dispatches and, on a GPU, launches as a kernel: the three scorer
 are one matrix product, their per-sentence layers another, and their max-pools read one range-max
 table, built by shifted slices only up to the levels the batch's sentences can use and laid out by
 word, then level, so that a span's two reads are found from the row of its first and of its last
-word. The filter and the regressor, which read the same seeds, score them together: every real
-seed is adjusted, and the filter's verdict then picks the candidates. And it works on the words'
-rows (`WordRows`: each sentence's words one after another) rather than on [B, N], which a GPU's
-whole batch of mixed lengths holds mostly as padding. The values are the same. Exported graphs keep
-the trained form, which the CPU runs in groups of similar lengths (docs/decisions/gpu-engine.md).
+word. The filter and the regressor, which read the same seeds, score them together, and every real
+seed is adjusted and classified: the filter's verdict, whose count a GPU must hand the host (a wait
+for the device), is read last and only picks the rows that leave the graph, so that the rest of the
+pass is launched while the device still works rather than after it. Its real seeds and words' rows
+come from the host (`EagerIndices`). And it works on the words' rows (`WordRows`: each sentence's
+words one after another) rather than on [B, N], which a GPU's whole batch of mixed lengths holds
+mostly as padding. The values are the same. Exported graphs keep the trained form, which the CPU
+runs in groups of similar lengths (docs/decisions/gpu-engine.md).
 """
 
 from __future__ import annotations
@@ -347,8 +350,8 @@ class SpanProposalGraph(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`forward` for eager inference (fuse_for_eager), from `indices`: the same outputs in fewer
         operators, on the words' rows (`WordRows`) rather than on [B, N]. The regressor scores every
-        real seed beside the filter, which reads the same rows; the passed seeds' offsets are then
-        picked from its outputs."""
+        real seed beside the filter, which reads the same rows, and the classifier every adjusted
+        seed; the filter's verdict then picks the rows that leave (see the module's docstring)."""
         assert self.fused_words is not None and self.fused_context is not None
         h, n = self.hidden, word_states.shape[1]
         levels = levels_for(n, self.classifier.levels)
@@ -369,10 +372,6 @@ class SpanProposalGraph(nn.Module):
         )
         hidden = self.filter.activation(first)  # the scorers' activations are the same GELU
         filter_logits, offsets = self.filter.out(hidden[:, :h]), self.regressor.out(hidden[:, h:])
-        if filter_threshold is not None:
-            passed = passed_by_filter(filter_logits, filter_threshold, sentence)
-            candidates, picked, offsets = (part.index_select(0, passed) for part in (candidates, picked, offsets))
-            sentence = candidates[:, 0]
         spans = self.adjust(picked, offsets, rows.lengths.index_select(0, sentence))
         first = first_layer(
             self.span_reads(rows, sentence, spans, levels),
@@ -381,7 +380,11 @@ class SpanProposalGraph(nn.Module):
             (words[:, 8 * h :],),
             contexts[:, 2 * h :].index_select(0, sentence),
         )
-        return candidates, spans, torch.softmax(self.classifier.score(first), dim=-1)
+        class_probs = torch.softmax(self.classifier.score(first), dim=-1)
+        if filter_threshold is None:
+            return candidates, spans, class_probs
+        passed = passed_by_filter(filter_logits, filter_threshold, sentence)
+        return candidates.index_select(0, passed), spans.index_select(0, passed), class_probs.index_select(0, passed)
 
     def span_reads(
         self, rows: WordRows, sentence: torch.Tensor, spans: torch.Tensor, levels: int, outside: bool = False
