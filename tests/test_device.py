@@ -601,9 +601,11 @@ HOST_READS_PER_PASS = {
 SPAN_AFTER_ITS_READ = {"squeeze": 1, "index_select": 3}
 
 
-@pytest.mark.parametrize("model", sorted(HOST_READS_PER_PASS))
+@pytest.mark.parametrize(
+    ("model", "traced_heads"), [(model, False) for model in sorted(HOST_READS_PER_PASS)] + [("span-conll03", True)]
+)
 def test_a_served_eager_pass_waits_for_the_device_only_once_its_work_is_launched(
-    model: str, data_root: Path, monkeypatch: pytest.MonkeyPatch
+    model: str, traced_heads: bool, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nerserve.ner.data import read_split
     from nerserve.ner.loading import load_model
@@ -611,7 +613,7 @@ def test_a_served_eager_pass_waits_for_the_device_only_once_its_work_is_launched
     from tests.device_tags import host_reads_of_a_pass
 
     sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "test", 12)]
-    program = load_model(Locations().model_dir(model), "cpu", merged=True).program
+    program = load_model(Locations().model_dir(model), "cpu", merged=True, traced_heads=traced_heads).program
     tags = host_reads_of_a_pass(program, sentences, monkeypatch)
     assert dict(tags.host_reads) == HOST_READS_PER_PASS[model]
     assert dict(tags.after_a_read) == (SPAN_AFTER_ITS_READ if tags.host_reads else {})

@@ -1,20 +1,23 @@
 """The eager runtime's traced heads (ner.traced_heads): each word encoder's part after the backbone,
-and span's proposal whole, traced to TorchScript at load, answering as the eager graphs do; a trace
-that answers otherwise is a load error. On the CPU here; their point is a GPU's interpreter lock."""
+and span's proposal from its indices on, traced to TorchScript at load, answering as the eager
+graphs do; a trace that answers otherwise is a load error. On the CPU here; their point is a GPU's
+interpreter lock."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from nerserve.ner.data import read_split
+from nerserve.ner.encoder import WordEncoder
 from nerserve.ner.graph import GraphError
 from nerserve.ner.loading import load_model
 from nerserve.ner.model_store import Locations
-from nerserve.ner.traced_heads import AfterBackbone
+from nerserve.ner.traced_heads import TracedPart
 
 LOCATIONS = Locations()
 
@@ -28,18 +31,25 @@ def test_sentences(data_root: Path, count: int) -> list[list[str]]:
 test_sentences.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
+ENCODER_PART = "its word encoder after the backbone"
+PROPOSAL_PART = "its proposal from its indices on"
+
+
 @pytest.mark.parametrize(
-    ("model", "whole"),
-    [("span-conll03", {"span_proposal"}), ("setgen-conll03", set())],
+    ("model", "traced_parts"),
+    [
+        ("span-conll03", {"encoder": ENCODER_PART, "span_proposal": PROPOSAL_PART}),
+        ("setgen-conll03", {"encoder": ENCODER_PART}),
+    ],
 )
-def test_traced_heads_find_what_the_eager_graphs_find(model: str, whole: set[str], data_root: Path) -> None:
+def test_traced_heads_find_what_the_eager_graphs_find(model: str, traced_parts: dict[str, str], data_root: Path) -> None:
     plain = load_model(LOCATIONS.model_dir(model), "cpu", merged=True).program
     traced = load_model(LOCATIONS.model_dir(model), "cpu", merged=True, traced_heads=True).program
-    assert "its word encoder after the backbone traced to TorchScript" in traced.graphs["encoder"].execution_provider
-    assert {name for name, graph in traced.graphs.items() if isinstance(graph.module, torch.jit.ScriptModule)} == whole
-    # the traced part is called, not held as a submodule: the encoder's weights are listed once
-    encoder = traced.graphs["encoder"].module
-    assert not any(isinstance(part, torch.jit.ScriptModule) for part in encoder.modules())
+    for name, graph in traced.graphs.items():
+        said = f"{traced_parts[name]} traced to TorchScript" if name in traced_parts else "traced"
+        assert (said in graph.execution_provider) == (name in traced_parts), (name, graph.execution_provider)
+        # a traced part is called, not held as a submodule: the graph's weights are listed once
+        assert not any(isinstance(part, torch.jit.ScriptModule) for part in graph.module.modules())
     sentences = test_sentences(data_root, 96)
     for size in (1, 7, 32):  # other batch, word and sub-word counts than the trace's example
         for start in range(0, len(sentences), size):
@@ -48,11 +58,14 @@ def test_traced_heads_find_what_the_eager_graphs_find(model: str, whole: set[str
 
 
 def test_a_trace_that_answers_otherwise_is_a_load_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def shifted(self: AfterBackbone, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        states, hidden = self.encoder.after_backbone(*inputs)
+    def shifted(self: TracedPart, *inputs: torch.Tensor) -> Any:
+        outputs = self.method(self.owner, *inputs)
+        if not isinstance(self.owner, WordEncoder):
+            return outputs
+        states, hidden = outputs
         return states.flip(1), hidden  # each word given another's state
 
-    monkeypatch.setattr(AfterBackbone, "forward", shifted)
+    monkeypatch.setattr(TracedPart, "forward", shifted)
     with pytest.raises(GraphError, match=r"changed the entities of \d+ of 5 check sentences; serve without --traced-heads"):
         load_model(LOCATIONS.model_dir("span-conll03"), "cpu", merged=True, traced_heads=True)
 

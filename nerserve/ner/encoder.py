@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -236,6 +236,9 @@ def pool_subwords(
 class WordEncoder(nn.Module):
     """Inputs ENCODER_INPUTS → word_states [B, N, 2·lstm_hidden], context [B, H] (the [CLS] vector)."""
 
+    # served with traced heads (ner.traced_heads), the part after the backbone is traced
+    TRACED_PART: ClassVar[tuple[str, str]] = ("after_backbone", "its word encoder after the backbone")
+
     def __init__(self, backbone: nn.Module, hidden_size: int, config: EncoderConfig) -> None:
         super().__init__()
         self.backbone = backbone
@@ -250,7 +253,7 @@ class WordEncoder(nn.Module):
         # the backbone's states replayed from CUDA graphs (eager inference on CUDA: replay_from_cuda_graphs)
         self.static_backbone: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # after_backbone traced to TorchScript (served with traced heads: ner.traced_heads)
-        self.traced_after_backbone: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.traced_part: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
         # the backbone over real sub-words only (ner.unpadded; the ONNX export's choice: skip_padding)
         self.real_subwords_only = False
 
@@ -326,7 +329,7 @@ class WordEncoder(nn.Module):
         """word_states [B, N, 2·lstm_hidden] and the sub-word states [B, T, H] they came from, one
         row per sentence."""
         packed = self.backbone_states(input_ids, segment_ids, position_ids)
-        after_backbone = self.traced_after_backbone or self.after_backbone
+        after_backbone = self.traced_part or self.after_backbone
         return after_backbone(packed, token_index, subword_index, subword_mask, char_stream, char_index, shape_ids, word_mask)
 
     def after_backbone(

@@ -28,7 +28,7 @@ word. The filter and the regressor, which read the same seeds, score them togeth
 seed is adjusted and classified: the filter's verdict, whose count a GPU must hand the host (a wait
 for the device), is read last and only picks the rows that leave the graph, so that the rest of the
 pass is launched while the device still works rather than after it. Its real seeds and words' rows
-come from the host (`EagerIndices`). And it works on the words' rows (`WordRows`: each sentence's
+come from the host (`eager_indices`). And it works on the words' rows (`WordRows`: each sentence's
 words one after another) rather than on [B, N], which a GPU's whole batch of mixed lengths holds
 mostly as padding. The values are the same. Exported graphs keep the trained form, which the CPU
 runs in groups of similar lengths (docs/decisions/gpu-engine.md).
@@ -37,6 +37,7 @@ runs in groups of similar lengths (docs/decisions/gpu-engine.md).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -242,9 +243,9 @@ class SpanProposalGraph(nn.Module):
     probabilities, sentence by sentence in seed order. Without thresholds (tests) every seed is a
     candidate. Training calls the scorers itself (`span/loss.py`)."""
 
-    # the whole graph traces exactly (ner.traced_heads): no Python branch on a batch's sizes or values
-    # (traced, `levels_for` keeps every level)
-    traced_whole: ClassVar[bool] = True
+    # served with traced heads (ner.traced_heads), the fused proposal from its indices on is traced:
+    # no Python branch on a batch's sizes or values there (traced, `levels_for` keeps every level)
+    TRACED_PART: ClassVar[tuple[str, str]] = ("fused_forward", "its proposal from its indices on")
 
     def __init__(
         self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int, max_width: int
@@ -260,6 +261,8 @@ class SpanProposalGraph(nn.Module):
         # set by fuse_for_eager: the scorers' per-word layers [pools | lefts | rights] and per-sentence layers
         self.fused_words: nn.Linear | None = None
         self.fused_context: nn.Linear | None = None
+        # fused_forward traced to TorchScript (ner.traced_heads)
+        self.traced_part: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.last_read_offsets: torch.Tensor | None
         self.register_buffer("last_read_offsets", None, persistent=False)
 
@@ -324,7 +327,8 @@ class SpanProposalGraph(nn.Module):
         filter_threshold: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.fused_words is not None:
-            return self.fused_forward(word_states, context, filter_threshold, EagerIndices.of(seeds, seed_mask, word_mask))
+            fused = self.traced_part or self.fused_forward
+            return fused(word_states, context, filter_threshold, *eager_indices(seeds, seed_mask, word_mask))
         candidates, picked = real_seeds(seeds, seed_mask)
         word_states, context = self.regularise(word_states, context)
         (filter_words, regressor_words, classifier_words), (filter_context, regressor_context, classifier_context) = (
@@ -346,16 +350,23 @@ class SpanProposalGraph(nn.Module):
         word_states: torch.Tensor,
         context: torch.Tensor,
         filter_threshold: torch.Tensor | None,
-        indices: EagerIndices,
+        candidates: torch.Tensor,
+        picked: torch.Tensor,
+        row_flat: torch.Tensor,
+        row_first: torch.Tensor,
+        row_last: torch.Tensor,
+        row_lengths: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward` for eager inference (fuse_for_eager), from `indices`: the same outputs in fewer
-        operators, on the words' rows (`WordRows`) rather than on [B, N]. The regressor scores every
-        real seed beside the filter, which reads the same rows, and the classifier every adjusted
-        seed; the filter's verdict then picks the rows that leave (see the module's docstring)."""
+        """`forward` for eager inference (fuse_for_eager), from the real seeds (`candidates`, their
+        spans `picked`) and the words' rows (`WordRows`' fields), as `eager_indices` gives them: the
+        same outputs in fewer operators, on the words' rows rather than on [B, N]. The regressor
+        scores every real seed beside the filter, which reads the same rows, and the classifier
+        every adjusted seed; the filter's verdict then picks the rows that leave (see the module's
+        docstring)."""
         assert self.fused_words is not None and self.fused_context is not None
         h, n = self.hidden, word_states.shape[1]
         levels = levels_for(n, self.classifier.levels)
-        candidates, picked, rows = indices.candidates, indices.picked, indices.rows
+        rows = WordRows(row_flat, row_first, row_last, row_lengths, n)
         # [W, 9h]: pools, lefts, rights; filter, regressor, classifier
         words = self.fused_words(word_states.reshape(-1, word_states.shape[2]).index_select(0, rows.flat))
         pools = range_max_by_row(words[:, : 3 * h], levels)
@@ -455,30 +466,23 @@ class WordRows:
         return cls(flat, ends - count, ends - 1, lengths, word_mask.shape[1])
 
 
-@dataclass(frozen=True)
-class EagerIndices:
-    """What the fused graph indexes by (`real_seeds`, `WordRows`), worked out where the feeds are:
-    on the host, from the arrays a served pass's feeds were uploaded from, and sent up in one copy,
-    so that a pass on a GPU does not wait for the device to count its seeds and words; on the
+def eager_indices(seeds: torch.Tensor, seed_mask: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What the fused proposal indexes by: the real seeds and their spans (`real_seeds`), and the
+    words' rows' flat positions, firsts, lasts and lengths (`WordRows`). Worked out where the feeds
+    are: on the host, from the arrays a served pass's feeds were uploaded from, and sent up in one
+    copy, so that a pass on a GPU does not wait for the device to count its seeds and words; on the
     device where the feeds did not come from the host."""
-
-    candidates: torch.Tensor
-    picked: torch.Tensor
-    rows: WordRows
-
-    @classmethod
-    def of(cls, seeds: torch.Tensor, seed_mask: torch.Tensor, word_mask: torch.Tensor) -> EagerIndices:
-        seeds_on_host, seed_mask_on_host, word_mask_on_host = map(host_array_of, (seeds, seed_mask, word_mask))
-        if seeds_on_host is None or seed_mask_on_host is None or word_mask_on_host is None:
-            return cls(*real_seeds(seeds, seed_mask), WordRows.of(word_mask))
-        real = seed_mask_on_host > 0
-        lengths = word_mask_on_host.sum(axis=1).astype(np.int64)
-        taken = np.arange(word_mask_on_host.shape[1])[None, :] <= lengths[:, None]
-        count = taken.sum(axis=1)
-        ends = np.cumsum(count)
-        arrays = [np.argwhere(real), seeds_on_host[real], np.flatnonzero(taken), ends - count, ends - 1, lengths]
-        candidates, picked, flat, first, last, uploaded_lengths = to_tensors(arrays, seed_mask.device)
-        return cls(candidates, picked, WordRows(flat, first, last, uploaded_lengths, word_mask.shape[1]))
+    seeds_on_host, seed_mask_on_host, word_mask_on_host = map(host_array_of, (seeds, seed_mask, word_mask))
+    if seeds_on_host is None or seed_mask_on_host is None or word_mask_on_host is None:
+        rows = WordRows.of(word_mask)
+        return (*real_seeds(seeds, seed_mask), rows.flat, rows.first, rows.last, rows.lengths)
+    real = seed_mask_on_host > 0
+    lengths = word_mask_on_host.sum(axis=1).astype(np.int64)
+    taken = np.arange(word_mask_on_host.shape[1])[None, :] <= lengths[:, None]
+    count = taken.sum(axis=1)
+    ends = np.cumsum(count)
+    arrays = [np.argwhere(real), seeds_on_host[real], np.flatnonzero(taken), ends - count, ends - 1, lengths]
+    return tuple(to_tensors(arrays, seed_mask.device))
 
 
 @dataclass(frozen=True)
