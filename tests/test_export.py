@@ -294,7 +294,7 @@ def test_gner_loops_over_some_sentences_read_their_own_rows(
     device path those rows never reach the host."""
     info = export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, log=lambda _: None, parity_sentences=8)
     program = load_graph_set(Path(info["folder"])).program
-    to_host = on_the_device_path(program) if device_resident else []
+    runs = on_the_device_path(program) if device_resident else []
     sentences = [["Peter", "Blackburn", "lives", "in", "Paris", "."], ["EU", "rejects", "German", "call"], ["Shares", "rose"]]
     options = [
         GnerOptions(labels=("person", "location"), beams=2),
@@ -308,50 +308,61 @@ def test_gner_loops_over_some_sentences_read_their_own_rows(
         np.testing.assert_array_equal(written[written >= 0], alone["sequence_tokens"][0])
         steps = alone["sequence_log_probs"].shape[1]
         np.testing.assert_allclose(together["sequence_log_probs"][index, :steps], alone["sequence_log_probs"][0], atol=1e-5)
-    assert not {name for name in to_host if name.startswith(("rows_out_", "present_", "cross_"))}, to_host
+    assert not {name for _, names in runs for name in names if name.startswith(("rows_out_", "present_", "cross_"))}, runs
 
 
 # What a batch hands to the host when its graphs keep their outputs on the device (the GPU path):
-# the encoder's outputs that only later graphs read never come back. Span's whole batch: the
-# span proposal's four outputs, once.
+# the encoder's outputs that only later graphs read never come back.
 DEVICE_ONLY = {
     "span": {"word_states", "context"},
     "nag": {"memory", "word_queries"},
     "setgen": {"memory", "pointer_keys", "cross_key_0", "cross_value_0"},
     "bartner": {"memory", "pointer_keys", "cross_key_0", "cross_value_0"},
-    "diffusion": {"word_states"},
+    "diffusion": {"word_states", "context"},
     "gner": {f"cross_{kind}_{i}" for i in range(8) for kind in ("key", "value")},
 }
-# what reaches the host a batch: span's candidates only (sentence and seed, span, class probabilities)
-HOST_ARRAYS_PER_BATCH = {"span": 3}
+# How many arrays each graph's run hands the host, by architecture: what decoding (or the host's
+# part of a loop: a step's next tokens, a denoising step's spans) reads, once a run, and nothing else.
+# Span's whole batch: its candidates (sentence and seed, span, class probabilities), once.
+HOST_ARRAYS_PER_RUN = {
+    "span": {"encoder": 0, "span_proposal": 3},
+    "nag": {"encoder": 1, "decoder": 2},
+    "setgen": {"encoder": 2, "decoder": 1},
+    "bartner": {"encoder": 0, "decoder": 1},
+    "diffusion": {"encoder": 0, "denoiser": 3},
+    "gliner": {"encoder": 1},
+    "gner": {"encoder": 0, "decoder": 2, "rows": 0, "scores": 1},
+}
 
 
-def on_the_device_path(program: Any) -> list[str]:
-    """Every graph of `program` through ONNX Runtime's I/O binding, as on CUDA; → the names of the
-    outputs that reach the host as numpy arrays, as the program runs (a list it keeps filling)."""
-    to_host: list[str] = []
-    for graph in program.graphs.values():
+def on_the_device_path(program: Any) -> list[tuple[str, list[str]]]:
+    """Every graph of `program` through ONNX Runtime's I/O binding, as on CUDA; → each run's graph
+    and the names of its outputs that reach the host as numpy arrays, as the program runs (a list it
+    keeps filling)."""
+    runs: list[tuple[str, list[str]]] = []
+    for name, graph in program.graphs.items():
         graph.io_binding = graph.device_resident = True
         run = graph.run
 
-        def counted(inputs: Any, keep_on_device: Any = (), run: Any = run) -> dict[str, Any]:
+        def counted(inputs: Any, keep_on_device: Any = (), run: Any = run, name: str = name) -> dict[str, Any]:
             outputs = run(inputs, keep_on_device)
-            to_host.extend(name for name, value in outputs.items() if isinstance(value, np.ndarray))
+            runs.append((name, [output for output, value in outputs.items() if isinstance(value, np.ndarray)]))
             return outputs
 
         graph.run = counted
-    return to_host
+    return runs
 
 
 def check_device_resident_path(folder: Path, sentences: list[list[str]], expected: list[Any], architecture: str) -> None:
     """The GPU path's code on the CPU: every graph through ONNX Runtime's I/O binding, as on CUDA,
     so intermediates stay runtime values between graphs; the entity sets are the plain path's."""
     loaded = load_graph_set(folder)
-    to_host = on_the_device_path(loaded.program)
+    runs = on_the_device_path(loaded.program)
     assert [e.keys() for e in loaded.program.predict(sentences)] == expected
-    assert not DEVICE_ONLY.get(architecture, set()) & set(to_host), to_host
-    if architecture in HOST_ARRAYS_PER_BATCH:
-        assert len(to_host) == HOST_ARRAYS_PER_BATCH[architecture], to_host
+    to_host = {output for _, outputs in runs for output in outputs}
+    assert not DEVICE_ONLY.get(architecture, set()) & to_host, runs
+    per_run = HOST_ARRAYS_PER_RUN[architecture]
+    assert all(len(outputs) == per_run[graph] for graph, outputs in runs), runs
 
 
 def check_session_levels(folder: Path, info: dict[str, Any]) -> None:

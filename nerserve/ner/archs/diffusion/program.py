@@ -92,8 +92,9 @@ class DiffusionProgram(ProgramBase[DiffusionConfig, DiffusionBatch, DiffusionDec
         for b, o in enumerate(chosen):
             groups.setdefault((o.proposals, o.steps), []).append(b)
         # on a GPU the word states stay there when every sentence denoises alike; sentences with
-        # other options take their rows on the host (a no-op on the CPU)
-        keep = ("word_states",) if len(groups) == 1 else ()
+        # other options take their rows on the host (a no-op on the CPU). The context vector, which
+        # the denoiser does not read, never comes to the host.
+        keep = ("word_states", "context") if len(groups) == 1 else ("context",)
         encoded = self.graphs["encoder"].run(batch.encoder_inputs, keep_on_device=keep)
         word_states, word_mask = encoded["word_states"], batch.encoder_inputs["word_mask"]
         parts: list[tuple[list[int], dict[str, np.ndarray]]] = []
