@@ -147,6 +147,8 @@ def summary(folder: Path) -> dict[str, Any]:
         "torchscript": _offline_best(folder, "offline-torchscript-span-conll03"),
         "onnx": _offline_best(folder, "offline-onnx-span-conll03"),
     }
+    # what a layout's served figures are divided by: fp32's offline best, half precision's its own
+    offline_best = {program: half_best if program == "half" else span_best for program in offline_programs}
     setgen, bartner = _level(folder, "setgen-conll03", 64), _level(folder, "bartner-conll03", 64)
     return {
         "environment": (folder / "environment.txt").read_text() if (folder / "environment.txt").is_file() else None,
@@ -216,11 +218,10 @@ def summary(folder: Path) -> dict[str, Any]:
             two_lanes["sentences_per_second_sorted"] if two_lanes else None, bare_best
         ),
         "served_bars": {
-            layout: _served_bars(folder, one, many, half_best if program == "half" else span_best)
-            for layout, one, many, program in SERVED_LAYOUTS
+            layout: _served_bars(folder, one, many, offline_best[program]) for layout, one, many, program in SERVED_LAYOUTS
         },
         "served_passes": {
-            layout: _served_passes(folder, one, many, offline_programs[program], half_best if program == "half" else span_best)
+            layout: _served_passes(folder, one, many, offline_programs[program], offline_best[program])
             for layout, one, many, program in SERVED_LAYOUTS
         },
     }

@@ -471,7 +471,8 @@ def eager_indices(seeds: torch.Tensor, seed_mask: torch.Tensor, word_mask: torch
     words' rows' flat positions, firsts, lasts and lengths (`WordRows`). Worked out where the feeds
     are: on the host, from the arrays a served pass's feeds were uploaded from, and sent up in one
     copy, so that a pass on a GPU does not wait for the device to count its seeds and words; on the
-    device where the feeds did not come from the host."""
+    device where the feeds did not come from the host (the module called directly, or traced whole,
+    which must record operators rather than the host's answers as constants)."""
     seeds_on_host, seed_mask_on_host, word_mask_on_host = map(host_array_of, (seeds, seed_mask, word_mask))
     if seeds_on_host is None or seed_mask_on_host is None or word_mask_on_host is None:
         rows = WordRows.of(word_mask)
