@@ -88,6 +88,7 @@ def test_graph_lanes_default_to_two_for_onnx_on_a_cpu_of_two_cores(monkeypatch: 
     from nerserve.service.config import Settings
 
     monkeypatch.setattr(config, "usable_cores", lambda: 8)
+    monkeypatch.setattr(config, "machine_cores", lambda: 8)
     cpu = Settings(device="cpu")
     assert (cpu.lanes, cpu.graph_threads) == (2, 4)  # the cores shared between the lanes
     assert Settings(device="cpu", threads=3).graph_threads == 3
@@ -113,6 +114,21 @@ def test_http_workers_default_to_one_on_the_cpu_and_to_the_cores_but_two_on_a_gp
         assert Settings(device="cpu").front_workers == 1
         assert Settings(device="cuda").front_workers == Settings(device="simulated").front_workers == workers, cores
         assert Settings(device="cuda", http_workers=1).front_workers == 1
+
+
+def test_one_lane_on_fewer_cores_than_the_machine_has_gets_threads_for_those_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ONNX Runtime's own default is the machine's cores, whatever the process may use: a pod
+    # limited to one CPU on a 64-core node would otherwise split each operator 64 ways
+    from nerserve.service import config
+    from nerserve.service.config import Settings
+
+    monkeypatch.setattr(config, "machine_cores", lambda: 64)
+    monkeypatch.setattr(config, "usable_cores", lambda: 1)
+    assert (Settings(device="cpu").lanes, Settings(device="cpu").graph_threads) == (1, 1)
+    monkeypatch.setattr(config, "usable_cores", lambda: 6)
+    assert Settings(device="cpu", graph_lanes=1).graph_threads == 6
+    assert Settings(device="cpu", graph_process=True).graph_threads == 6
+    assert Settings(device="cpu", graph_lanes=1, threads=2).graph_threads == 2
 
 
 def test_usable_cores_follow_a_containers_cpu_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,6 +56,11 @@ def usable_cores() -> int:
     return max(1, min(cores, limit))
 
 
+def machine_cores() -> int:
+    """Every core of the machine, as a runtime that ignores taskset and CPU limits counts them."""
+    return os.cpu_count() or 1
+
+
 class Settings(Locations):
     """The server's settings; the model store, graph cache and data root are the `Locations` ones."""
 
@@ -342,11 +347,17 @@ class Settings(Locations):
 
     @property
     def graph_threads(self) -> int | None:
-        """Intra-op threads per graph: `threads`, or with several lanes the usable cores shared among
-        them (None: the runtime's own default, every core)."""
-        if self.threads is not None or self.lanes == 1:
+        """Intra-op threads per graph: `threads`, or the usable cores shared among the lanes. None
+        (the runtime's own default) only for one lane on a process that may use every core of the
+        machine: ONNX Runtime sizes its pool by the machine's cores, whatever taskset, a cpuset or a
+        container's CPU limit allows, so that a pod of one CPU on a many-core node would split each
+        operator among as many threads as the node has cores, all taking turns on that one CPU."""
+        if self.threads is not None:
             return self.threads
-        return max(1, usable_cores() // self.lanes)
+        cores = usable_cores()
+        if self.lanes == 1 and cores == machine_cores():
+            return None
+        return max(1, cores // self.lanes)
 
     @property
     def warms_up_at_batch_limits(self) -> bool:

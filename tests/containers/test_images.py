@@ -101,6 +101,23 @@ def test_cpu_image_serves_its_int8_graphs_when_asked(cpu_image: str) -> None:
     assert {("EU", "ORG"), ("German", "MISC"), ("British", "MISC")} <= types
 
 
+def test_cpu_image_on_one_cpu_of_a_cpuset_runs_its_graphs_on_that_cpu(cpu_image: str) -> None:
+    """A container given one CPU (a cgroup cpuset, as a Kubernetes pod of one whole CPU gets from the
+    static CPU manager): the graphs' intra-op threads are sized to it. Left to its own default, ONNX
+    Runtime sizes its pool by the machine's cores and pins each thread to one of them, which the
+    cpuset refuses: it logs an error a thread and runs them all on the one CPU."""
+    port = free_port()
+    with pm.container(cpu_image, "--cpuset-cpus", "0", "-p", f"127.0.0.1:{port}:8000", name="nerserve-test-cpu-1") as name:
+        url = f"http://127.0.0.1:{port}"
+        pm.wait_ready(url, name)
+        batching = httpx.get(f"{url}/info").json()["batching"]
+        response = _extract(url, README_TEXTS)
+        logs = pm.podman("logs", name).stderr
+    assert (batching["graph_lanes"], batching["graph_threads"]) == (1, 1)
+    assert response.status_code == 200, response.text
+    assert "setaffinity" not in logs, logs[-2000:]
+
+
 def test_cpu_image_healthcheck_passes(running: tuple[str, str]) -> None:
     """The image's own HEALTHCHECK, run as the engine counts it: healthy at the first of its
     `retries` runs that passes (a run's exec alone can take seconds on a busy machine)."""
