@@ -35,7 +35,7 @@ from nerserve.service.api.routes import router
 from nerserve.service.api.state import ServiceState
 from nerserve.service.api.v2 import v2
 from nerserve.service.auth import Door, KeyAuth, key_name
-from nerserve.service.config import Settings
+from nerserve.service.config import Settings, usable_cores
 from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineAddress, RemoteEngine
 from nerserve.service.interpreter import settle_collector
@@ -59,8 +59,9 @@ def loading_order(state: ServiceState) -> list[str]:
 
 # Models loading at once behind the default one: exporting is mostly single-threaded Python
 # (tracing, graph rewriting), so two lanes on two cores halve a first start; more would only
-# add memory (an export holds a torch copy of its model).
-LOADING_LANES = max(1, min(4, os.cpu_count() or 1))
+# add memory (an export holds a torch copy of its model). The cores this process may use, not
+# the machine's: a pod of one CPU on a many-core node loads one model at a time.
+LOADING_LANES = max(1, min(4, usable_cores()))
 
 
 async def _load_models(state: ServiceState) -> None:
