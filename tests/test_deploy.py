@@ -1,13 +1,15 @@
 """The deployment files: both Dockerfiles linted by hadolint, docker-compose.yml validated against
 the Compose specification, the Helm chart rendered by Helm's own SDK and every object checked
-against the Kubernetes schemas, the KServe and RayService manifests' pod specs likewise (no Docker
-engine or cluster exists here to build or run them)."""
+against the Kubernetes schemas, the KServe and RayService manifests' pod specs likewise, and what
+their containers run checked against the images' ENTRYPOINT and the CLI (no cluster exists here;
+tests/containers runs the CPU image as the chart's container spec says)."""
 
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -117,10 +119,20 @@ def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(values:
     container = deployment["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert_serves(container)
     gpu = bool(values.get("gpu"))
     assert ("nvidia.com/gpu" in container["resources"]["limits"]) == gpu
     assert ("HorizontalPodAutoscaler" in kinds) == bool(values.get("autoscaling"))
     assert ("PodDisruptionBudget" in kinds) == (values.get("podDisruptionBudget") is None)
+    # a read-only root filesystem, /tmp its one writable folder (the HTTP workers' engine socket);
+    # nothing over the image's graphs unless a volume of exported graphs is named (tests/containers
+    # runs the image as the chart says)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}  # type: ignore[index]
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    assert_keeps_the_images_graphs(deployment["spec"]["template"]["spec"])  # type: ignore[index]
+    assert ("/cache/graphs" in mounts) == bool(values.get("graphCache"))
 
 
 def test_helm_chart_passes_api_keys_from_a_secret() -> None:
@@ -174,6 +186,38 @@ def test_hpa_scales_on_an_exported_metric() -> None:
     assert metric in {m.name for m in Metrics().registry.collect()}
 
 
+def image_entrypoint(dockerfile: str) -> list[str]:
+    (line,) = [line for line in (ROOT / dockerfile).read_text().splitlines() if line.startswith("ENTRYPOINT ")]
+    return list(json.loads(line.removeprefix("ENTRYPOINT ")))
+
+
+def assert_serves(container: dict[str, Any]) -> None:
+    """What a container of the images runs, their ENTRYPOINT (unless the manifest replaces it)
+    followed by the manifest's args, is `nerserve serve` with options its CLI takes: `args:
+    ["serve"]` on top of the entrypoint ran `nerserve serve serve`, which exits 2 at once."""
+    import typer
+
+    from nerserve.cli import app
+
+    entrypoints = {tuple(image_entrypoint(name)) for name in ("Dockerfile", "Dockerfile.cpu")}
+    assert len(entrypoints) == 1
+    argv = [*(container.get("command") or next(iter(entrypoints))), *container.get("args", [])]
+    assert argv[:2] == ["nerserve", "serve"], argv
+    serve = typer.main.get_command(app).get_command(None, "serve")  # type: ignore[attr-defined]
+    serve.make_context("serve", argv[2:])  # a usage error (an extra argument, an unknown option) fails
+
+
+def assert_keeps_the_images_graphs(spec: dict[str, Any]) -> None:
+    """Nothing starts empty over the graphs the images were built with (`/cache/graphs`): an
+    emptyDir there hides them, and an image without torch cannot export them again. Only a volume
+    that brings exported graphs (a PersistentVolumeClaim) may go there."""
+    volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+    for container in spec["containers"]:
+        for mount in container.get("volumeMounts", []):
+            if mount["mountPath"].rstrip("/") in ("/cache/graphs", "/cache"):
+                assert "persistentVolumeClaim" in volumes[mount["name"]], (container["name"], volumes[mount["name"]])
+
+
 def pod(spec: dict[str, object]) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": spec}
 
@@ -184,11 +228,13 @@ def test_kserve_inference_service_manifest() -> None:
     document = yaml.safe_load((ROOT / "deploy/kserve/inferenceservice.yaml").read_text())
     assert document["apiVersion"] == "serving.kserve.io/v1beta1" and document["kind"] == "InferenceService"
     predictor = dict(document["spec"]["predictor"])
-    pod_fields = {k: predictor.pop(k) for k in ("containers", "volumes")}
+    pod_fields = {k: predictor.pop(k) for k in ("containers", "volumes") if k in predictor}
     assert set(predictor) <= {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget"}
     k8s_valid(pod(pod_fields))
+    assert_keeps_the_images_graphs(pod_fields)
     container = pod_fields["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert_serves(container)
 
 
 def test_rayservice_manifest_names_a_real_application_builder() -> None:
@@ -197,6 +243,7 @@ def test_rayservice_manifest_names_a_real_application_builder() -> None:
     cluster = document["spec"]["rayClusterConfig"]
     for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
         k8s_valid(pod(template["spec"]))
+        assert_keeps_the_images_graphs(template["spec"])
     (application,) = yaml.safe_load(document["spec"]["serveConfigV2"])["applications"]
     module, attribute = application["import_path"].split(":")
     pytest.importorskip("ray.serve")

@@ -296,3 +296,19 @@ def test_overload_through_workers_refuses_small_and_large_bodies_alike() -> None
         assert counted(metrics, "nerserve_admitted_requests") == 0
     finally:
         server.stop()
+
+
+def test_no_writable_temporary_folder_ends_the_engine_saying_what_to_mount(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only root filesystem with nothing mounted at /tmp: the engine cannot make the folder
+    of its workers' socket, and says what would let it serve (tests/containers runs the image so)."""
+    import tempfile
+
+    from nerserve.service import server
+    from nerserve.service.config import Settings
+
+    def read_only(*args: Any, **kwargs: Any) -> str:
+        raise OSError(30, "Read-only file system", "/tmp")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    why = asyncio.run(server._engine_process(Settings(models=["span-conll03"], http_workers=2), None))
+    assert why is not None and "Read-only file system" in why and "/tmp" in why and "--http-workers 1" in why

@@ -152,10 +152,16 @@ def http_worker(settings: Settings, engine: EngineAddress, index: int) -> None:
 
 async def _engine_process(settings: Settings, exporter: Exporter | None) -> str | None:
     """The engine process's life and its workers'; returns why it could not serve, if so."""
+    try:
+        folder = tempfile.mkdtemp(prefix="nerserve-engine-")  # 0700: only this user reaches the engine
+    except OSError as error:  # a read-only root filesystem with nothing writable mounted at /tmp
+        return (
+            f"the HTTP workers reach the engine through a socket in a temporary folder, and none could be made "
+            f"({error}): mount a writable folder at /tmp (or set TMPDIR to one), or serve with --http-workers 1"
+        )
     state = new_state(settings, exporter)
     engine = LocalEngine(state)
     state.engine = engine
-    folder = tempfile.mkdtemp(prefix="nerserve-engine-")  # 0700: only this user reaches the engine
     address = EngineAddress(os.path.join(folder, "engine.sock"), os.getpid())
     link = EngineServer(engine)
     await link.start(address.path)

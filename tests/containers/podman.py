@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,9 +93,11 @@ def image_megabytes(tag: str) -> float:
 
 
 @contextmanager
-def container(image: str, *args: str, name: str) -> Iterator[str]:
+def container(image: str, *args: str, name: str, command: Sequence[str] = ()) -> Iterator[str]:
+    """A container of IMAGE run with podman's ARGS, COMMAND after the image (the args its ENTRYPOINT
+    gets), removed on the way out."""
     podman("rm", "-f", name, check=False)
-    podman("run", "-d", "--name", name, *args, image)
+    podman("run", "-d", "--name", name, *args, image, *command)
     try:
         yield name
     finally:

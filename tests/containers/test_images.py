@@ -118,6 +118,45 @@ def test_cpu_image_on_one_cpu_of_a_cpuset_runs_its_graphs_on_that_cpu(cpu_image:
     assert "setaffinity" not in logs, logs[-2000:]
 
 
+def test_cpu_image_runs_as_the_helm_chart_runs_it(cpu_image: str) -> None:
+    """The chart's container spec (tests/test_deploy.py renders it), applied to the image by podman:
+    its args after the image's ENTRYPOINT, its environment, its user, its read-only root with its
+    emptyDir volumes writable and empty; HTTP workers asked for, whose engine socket goes to /tmp
+    (docs/decisions/deployment.md)."""
+    from tests.test_deploy import rendered
+
+    repository, tag = cpu_image.rsplit(":", 1)
+    values = {"image": {"repository": repository, "tag": tag}, "httpWorkers": 2}
+    (deployment,) = [d for d in rendered(values) if d["kind"] == "Deployment"]
+    spec = deployment["spec"]["template"]["spec"]  # type: ignore[index]
+    container = spec["containers"][0]
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    port = free_port()
+    run = ["-p", f"127.0.0.1:{port}:{container['ports'][0]['containerPort']}"]
+    run += ["--user", str(spec["securityContext"]["runAsUser"])]
+    run += [f"--env={e['name']}={e['value']}" for e in container["env"] if "value" in e]
+    if container["securityContext"]["readOnlyRootFilesystem"]:
+        run += ["--read-only", "--read-only-tmpfs=false"]
+    # an emptyDir starts empty: podman's tmpfs would copy the image's files there
+    run += [f"--tmpfs={m['mountPath']}:notmpcopyup" for m in container["volumeMounts"] if "emptyDir" in volumes[m["name"]]]
+    assert "command" not in container  # the image's ENTRYPOINT, then the chart's args
+    with pm.container(cpu_image, *run, name="nerserve-test-helm", command=container.get("args", [])) as name:
+        url = f"http://127.0.0.1:{port}"
+        pm.wait_ready(url, name)
+        assert httpx.get(f"{url}{container['readinessProbe']['httpGet']['path']}").status_code == 200
+        assert httpx.get(f"{url}/info").json()["http_workers"] == 2
+        assert _extract(url, README_TEXTS).status_code == 200
+
+
+def test_a_read_only_root_without_a_writable_tmp_stops_a_server_with_workers_saying_so(cpu_image: str) -> None:
+    read_only = ["--read-only", "--read-only-tmpfs=false", "-e", "NERSERVE_HTTP_WORKERS=2"]
+    with pm.container(cpu_image, *read_only, name="nerserve-test-ro-no-tmp") as name:
+        exit_code = pm.podman("wait", name, timeout=120).stdout.strip()
+        logs = pm.podman("logs", name).stderr
+    assert exit_code != "0"
+    assert "mount a writable folder at /tmp" in logs and "Traceback" not in logs, logs[-2000:]
+
+
 def test_cpu_image_healthcheck_passes(running: tuple[str, str]) -> None:
     """The image's own HEALTHCHECK, run as the engine counts it: healthy at the first of its
     `retries` runs that passes (a run's exec alone can take seconds on a busy machine)."""
