@@ -110,6 +110,8 @@ def k8s_valid(document: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("values", CHART_VALUES)
 def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(values: dict[str, object]) -> None:
+    from nerserve.service.config import Settings
+
     documents = rendered(values)
     for document in documents:
         k8s_valid(document)
@@ -132,6 +134,10 @@ def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(values:
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}  # type: ignore[index]
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
     assert_keeps_the_images_graphs(deployment["spec"]["template"]["spec"])  # type: ignore[index]
+    # on deletion: serving on while the endpoints forget the pod, then the drain, within the grace period
+    (sleep, seconds) = container["lifecycle"]["preStop"]["exec"]["command"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]  # type: ignore[index]
+    assert sleep == "sleep" and grace > int(seconds) + Settings().drain_seconds
     assert ("/cache/graphs" in mounts) == bool(values.get("graphCache"))
 
 

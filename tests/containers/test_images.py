@@ -146,6 +146,8 @@ def test_cpu_image_runs_as_the_helm_chart_runs_it(cpu_image: str) -> None:
         assert httpx.get(f"{url}{container['readinessProbe']['httpGet']['path']}").status_code == 200
         assert httpx.get(f"{url}/info").json()["http_workers"] == 2
         assert _extract(url, README_TEXTS).status_code == 200
+        # the kubelet runs the preStop hook in the container: the image has what it names
+        pm.podman("exec", name, *container["lifecycle"]["preStop"]["exec"]["command"], timeout=60)
 
 
 def test_a_read_only_root_without_a_writable_tmp_stops_a_server_with_workers_saying_so(cpu_image: str) -> None:
