@@ -124,6 +124,8 @@ def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(values:
     assert_serves(container)
     gpu = bool(values.get("gpu"))
     assert ("nvidia.com/gpu" in container["resources"]["limits"]) == gpu
+    # the image that serves the device asked for: the CPU image has no CUDA provider
+    assert container["image"] == ("nerserve:0.1.0-cuda" if gpu else "nerserve:0.1.0")
     assert ("HorizontalPodAutoscaler" in kinds) == bool(values.get("autoscaling"))
     assert ("PodDisruptionBudget" in kinds) == (values.get("podDisruptionBudget") is None)
     # a read-only root filesystem, /tmp its one writable folder (the HTTP workers' engine socket);
