@@ -55,7 +55,9 @@ RUN pip install -c constraints/lock.txt ".[gpu]" \
 COPY --from=graphs --chown=nerserve:nerserve /selected/model_store model_store
 COPY --from=graphs --chown=nerserve:nerserve /graphs /cache/graphs
 
-# Models in a volume, exported graphs cached in another: a restart does not re-export.
+# The models and their graphs, exported above, as volumes: an empty named volume starts with the
+# image's files; one of other models' folders, or of their graphs exported elsewhere (this image
+# has no torch to export them), replaces them (docs/decisions/deployment.md).
 ENV NERSERVE_HOST=0.0.0.0 \
     NERSERVE_PORT=8000 \
     NERSERVE_DEVICE=cuda \
