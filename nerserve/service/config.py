@@ -350,8 +350,9 @@ class Settings(Locations):
         """Intra-op threads per graph: `threads`, or the usable cores shared among the lanes. None
         (the runtime's own default) only for one lane on a process that may use every core of the
         machine: ONNX Runtime sizes its pool by the machine's cores, whatever taskset, a cpuset or a
-        container's CPU limit allows, so that a pod of one CPU on a many-core node would split each
-        operator among as many threads as the node has cores, all taking turns on that one CPU."""
+        container's CPU limit allows, and pins a thread to each of them (out of a taskset's mask, or
+        refused by a cpuset), so that a pod of one CPU on a many-core node would split each operator
+        among as many threads as the node has cores, all taking turns on that one CPU."""
         if self.threads is not None:
             return self.threads
         cores = usable_cores()
