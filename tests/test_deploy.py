@@ -177,6 +177,8 @@ def test_helm_chart_sets_http_workers_and_graph_lanes_when_asked() -> None:
     # graph lanes likewise: set when asked, else the server's own default for its device and CPUs
     assert env({"graphLanes": 1})["NERSERVE_GRAPH_LANES"] == "1"
     assert "NERSERVE_GRAPH_LANES" not in env({})
+    # IPv4's every interface by default; "::" for an IPv6 or dual-stack cluster (tests/test_http_workers.py)
+    assert (env({})["NERSERVE_HOST"], env({"listenHost": "::"})["NERSERVE_HOST"]) == ("0.0.0.0", "::")
 
 
 def test_helm_chart_lints_clean() -> None:

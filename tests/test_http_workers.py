@@ -312,3 +312,17 @@ def test_no_writable_temporary_folder_ends_the_engine_saying_what_to_mount(monke
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
     why = asyncio.run(server._engine_process(Settings(models=["span-conll03"], http_workers=2), None))
     assert why is not None and "Read-only file system" in why and "/tmp" in why and "--http-workers 1" in why
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_listening_on_every_interface_of_both_families(workers: int) -> None:
+    """`--host ::` (an IPv6 or dual-stack cluster's pods): IPv6 and IPv4 alike, in one process (where
+    asyncio's own bind of "::" would take IPv6 only) and through HTTP workers."""
+    server = Server(models="span-conll03", threads=1, http_workers=workers, host="::")
+    try:
+        server.wait_ready()  # through 127.0.0.1
+        response = httpx.post(f"http://[::1]:{server.port}/extract", json={"tokens": SENTENCES[:1]}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert httpx.get(f"http://[::1]:{server.port}/info", timeout=10).json()["http_workers"] == workers
+    finally:
+        server.stop()

@@ -72,7 +72,10 @@ class Settings(Locations):
     default_model: str | None = Field(
         "span-conll03", description="model for requests that name none (the first served model if it is not served)"
     )
-    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    host: str = Field(
+        "127.0.0.1",
+        description="address to listen on (0.0.0.0: every IPv4 interface; '::': every interface, IPv6 and IPv4)",
+    )
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     runtime: Runtime = Field(
         Runtime.onnx,

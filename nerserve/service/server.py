@@ -79,8 +79,11 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
         with asyncio.Runner(loop_factory=engine_loop_factory()) as runner:
             fatal = runner.run(_engine_process(settings, exporter))
     else:
+        # an IPv6 address is bound here, both families at once ("::" takes IPv4 too); asyncio's own
+        # bind of it, uvicorn's, takes IPv6 only
+        sockets = [listening_socket(settings.host, settings.port)] if ":" in settings.host else None
         app = create_app(settings, exporter)
-        _serve(app, settings)
+        _serve(app, settings, sockets)
         fatal = app.state.service.fatal
     if fatal:
         raise SystemExit(f"nerserve: {fatal}")
@@ -117,16 +120,35 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+def _socket(host: str) -> socket.socket:
+    """A socket for HOST's family; an IPv6 one takes IPv4 too (as "::" means every interface)."""
+    sock = socket.socket(_family(host))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sock.family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    return sock
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The one-process server's socket, bound: a port in use, or a kernel without IPv6 for "::",
+    ends the process, saying so."""
+    try:
+        sock = _socket(host)
+    except OSError as error:
+        raise SystemExit(f"nerserve: cannot listen on {host}: {error.strerror}") from None
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise SystemExit(f"nerserve: cannot listen on {host}:{port}: {error.strerror}") from None
+    return sock
+
+
 def free_port_or_exit(host: str, port: int) -> int:
     """The port the workers will share, checked free by binding it alone (without SO_REUSEPORT, so
     that a port another server holds is an error here even if that server shares its own), then
     let go for them; port 0 becomes the one the system picked."""
-    with socket.socket(_family(host)) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise SystemExit(f"nerserve: cannot listen on {host}:{port}: {error.strerror}") from None
+    with listening_socket(host, port) as probe:
         return int(probe.getsockname()[1])
 
 
@@ -136,8 +158,7 @@ def worker_socket(host: str, port: int) -> socket.socket:
     accepted on one shared socket took connections as they woke, and a burst (a load balancer's
     pool of keep-alive connections) could land on one worker and leave the others idle; a worker
     that stops (drains, dies) takes its socket with it, and new connections go to the others."""
-    sock = socket.socket(_family(host))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock = _socket(host)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
