@@ -81,7 +81,7 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
     else:
         # an IPv6 address is bound here, both families at once ("::" takes IPv4 too); asyncio's own
         # bind of it, uvicorn's, takes IPv6 only
-        sockets = [listening_socket(settings.host, settings.port)] if ":" in settings.host else None
+        sockets = [listening_socket(settings.host, settings.port)] if _family(settings.host) == socket.AF_INET6 else None
         app = create_app(settings, exporter)
         _serve(app, settings, sockets)
         fatal = app.state.service.fatal
@@ -132,14 +132,13 @@ def _socket(host: str) -> socket.socket:
 def listening_socket(host: str, port: int) -> socket.socket:
     """The one-process server's socket, bound: a port in use, or a kernel without IPv6 for "::",
     ends the process, saying so."""
+    sock: socket.socket | None = None
     try:
         sock = _socket(host)
-    except OSError as error:
-        raise SystemExit(f"nerserve: cannot listen on {host}: {error.strerror}") from None
-    try:
         sock.bind((host, port))
     except OSError as error:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise SystemExit(f"nerserve: cannot listen on {host}:{port}: {error.strerror}") from None
     return sock
 
