@@ -7,21 +7,30 @@ one line, headlines included (a harder text than a news article is). The service
 (sentence splitting, word tokenisation, windowing, assembly) reads the documents; the
 pre-tokenised sentences go through the same model. Reported: sentence boundaries recovered
 (precision / recall of the splitter's boundaries against the true ones), and strict entity F1 by
-character offsets from `texts` and from `tokens`.
+character offsets from `texts` and from `tokens`. `--written` changes every word's characters, in
+the documents and the tokens alike: `NFD` decomposed (an accented letter as its base and a combining
+mark, as macOS file names and some PDF text write it), `soft-hyphens` with a soft hyphen in the
+middle of every word of six letters or more (as HTML's &shy; hyphenates long words). An open-label
+model is asked for the data's label names.
 
     python benchmarks/raw_text_eval.py --model span-conll03 --data ../shared/data/conll03
+    python benchmarks/raw_text_eval.py --model gliner-open --data ../shared/data/open/wikiann_en --written NFD
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import unicodedata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from sacremoses import MosesDetokenizer
 
-from nerserve.ner.data import Sentence, read_split
+from nerserve.ner.archs.registry import architecture
+from nerserve.ner.data import Sentence, named_split, read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
@@ -32,6 +41,18 @@ from nerserve.service.pipeline import Planner, assemble
 LOCATIONS = Locations()
 
 app = typer.Typer(add_completion=False)
+
+
+def soft_hyphenated(word: str) -> str:
+    return f"{word[: len(word) // 2]}\u00ad{word[len(word) // 2 :]}" if len(word) >= 6 and word.isalpha() else word
+
+
+Written = Literal["as-is", "NFD", "soft-hyphens"]
+WRITTEN: dict[str, Callable[[str], str]] = {
+    "as-is": lambda word: word,
+    "NFD": lambda word: unicodedata.normalize("NFD", word),
+    "soft-hyphens": soft_hyphenated,
+}
 
 
 def token_offsets(text: str, tokens: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -75,14 +96,14 @@ def documents(sentences: list[Sentence], per_document: int, layout: str) -> list
 
 
 def run_texts(
-    program: Any, planner: Planner, texts: list[str] | None, tokens: list[list[str]] | None
+    program: Any, planner: Planner, texts: list[str] | None, tokens: list[list[str]] | None, options: Any = None
 ) -> list[list[dict[str, Any]]]:
     planned = planner.plan(texts, tokens)
     units = [unit for text in planned for unit in text.units]
     results = []
     for i in range(0, len(units), 32):
         batch = units[i : i + 32]
-        results += program.predict([u.sentence for u in batch])
+        results += program.predict([u.sentence for u in batch], options)
     by_text: list[list[EntitySet]] = [[] for _ in planned]
     for unit, result in zip(units, results, strict=True):
         by_text[unit.text_index].append(result)
@@ -101,13 +122,19 @@ def main(
     per_document: Annotated[int, typer.Option(min=1)] = 5,
     layout: Annotated[str, typer.Option(help="lines (news layout) or spaces (every sentence on one line)")] = "lines",
     limit: Annotated[int | None, typer.Option(min=1)] = None,
+    written: Annotated[Written, typer.Option(help="every word's characters as they are, or changed (above)")] = "as-is",
 ) -> None:
     loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx"))
     program = loaded.program
     planner = Planner(program.subwords, 384, 24)
-    sentences = read_split(data, split, limit)
+    spec = architecture(loaded.manifest.architecture)
+    sentences, labels = (
+        named_split(data, split, limit) if spec.capabilities.open_labels else (read_split(data, split, limit), ())
+    )
+    options = spec.request_options(program.config.decode, {}, labels)
+    sentences = [dataclasses.replace(s, tokens=tuple(map(WRITTEN[written], s.tokens))) for s in sentences]
     docs = documents(sentences, per_document, layout)
-    from_texts = run_texts(program, planner, [text for text, _, _ in docs], None)
+    from_texts = run_texts(program, planner, [text for text, _, _ in docs], None, options)
     true_boundaries = predicted_boundaries = recovered = 0
     planned = planner.plan([text for text, _, _ in docs])
     for (_, _, starts), plan in zip(docs, planned, strict=True):
@@ -118,7 +145,7 @@ def main(
         recovered += len(true & unit_starts)
     texts_report = evaluate((gold, as_set(found)) for (_, gold, _), found in zip(docs, from_texts, strict=True))
     # the same sentences pre-tokenised: offsets index the tokens joined by single spaces, so score by token spans
-    from_tokens = run_texts(program, planner, None, [list(s.tokens) for s in sentences])
+    from_tokens = run_texts(program, planner, None, [list(s.tokens) for s in sentences], options)
     tokens_report = evaluate(
         (s.entities, EntitySet(Entity(e["type"], tuple(tuple(f) for f in e["token_spans"])) for e in found))
         for s, found in zip(sentences, from_tokens, strict=True)
@@ -127,6 +154,7 @@ def main(
         "model": model,
         "data": f"{data}/{split}",
         "layout": layout,
+        "written": written,
         "documents": len(docs),
         "sentences": len(sentences),
         "boundaries": {

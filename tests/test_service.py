@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,37 @@ def test_raw_paragraph_offsets(server: Server) -> None:
     check_offsets(text, entities)
     found = {(e["type"], e["text"]) for e in entities}
     assert ("PER", "Peter Blackburn") in found and ("ORG", "European Commission") in found
+
+
+def test_decomposed_accents_are_read_as_the_composed_text(server: Server) -> None:
+    """Text with its accents decomposed (e + U+0301, as macOS file names and some PDF text write it)
+    is answered as the composed text is, scores included, with offsets into the text as sent."""
+    composed = "Café owner José García moved from Brazil to São Paulo with Zoë Müller and Ángel Núñez ."
+    decomposed = unicodedata.normalize("NFD", composed)
+    by_text = extract(server, {"texts": [composed, decomposed]}).json()["results"]
+    by_tokens = extract(server, {"tokens": [composed.split(), decomposed.split()]}).json()["results"]
+    for (as_composed, as_decomposed), text in ((by_text, decomposed), (by_tokens, " ".join(decomposed.split()))):
+        assert len(as_composed["entities"]) >= 4
+        check_offsets(text, as_decomposed["entities"])
+        for entity in as_decomposed["entities"]:
+            entity["text"] = unicodedata.normalize("NFC", entity["text"])
+            entity["spans"] = [
+                [len(unicodedata.normalize("NFC", text[:a])), len(unicodedata.normalize("NFC", text[:b]))]
+                for a, b in entity["spans"]
+            ]
+        assert same_entities(as_composed, as_decomposed)
+
+
+def test_soft_hyphens_and_joiners_leave_the_words_whole(server: Server) -> None:
+    """A soft hyphen (HTML's &shy;) or a word joiner inside a name is no word break: the entity is
+    found as in the plain text, scores included, and its `text` is the text as sent."""
+    plain = "Angela Merkel visited Berlin and Hamburg on Monday ."
+    hyphenated = plain.replace("Merkel", "Mer\u00adkel").replace("Berlin", "Ber\u2060lin")
+    found = [extract(server, {"texts": [text]}).json()["results"][0]["entities"] for text in (plain, hyphenated)]
+    assert [e["text"] for e in found[1]][:2] == ["Angela Mer\u00adkel", "Ber\u2060lin"]
+    assert [(e["type"], e["token_spans"], e["score"]) for e in found[1]] == [
+        (e["type"], e["token_spans"], e["score"]) for e in found[0]
+    ]
 
 
 def test_batched_equals_alone(server: Server, data_root: Path) -> None:

@@ -1,5 +1,6 @@
 import random
 import re
+import unicodedata
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from nerserve.ner.data import read_split
 from nerserve.ner.encoder import CharCNN, pool_subwords
 from nerserve.ner.text import segment
 from nerserve.ner.text.chars import SHAPES, CharFeeds, char_rows, encode_chars, shape_id
-from nerserve.ner.text.segment import split_sentences, words_of, words_of_tokens
+from nerserve.ner.text.segment import as_read, split_sentences, words_of, words_of_tokens
 from nerserve.ner.text.subword import (
     ATTENTION_COST_PER_POSITION,
     UNPADDED_ATTENTION_COST_PER_POSITION,
@@ -37,6 +38,48 @@ def test_clitics_are_split_as_the_training_data_writes_them() -> None:
     assert words[4:6] == ["O'Neill", "'s"] and words[9:11] == ["does", "n't"] and words[13:15] == ["they", "'re"]
     assert "Gov't" in words and words[-2:] == ["Kitts", "’s"]
     assert all(text[w.start : w.end] == w.text for w in words_of(text))
+
+
+def test_combining_marks_stay_in_their_word() -> None:
+    """A decomposed accent (e + U+0301) or an Indic or Thai vowel sign is no symbol of its own: the
+    words are those of the composed text, each with its offsets in the text as written."""
+    composed = "José García moved to São Paulo ; नरेंद्र मोदी in กรุงเทพ"
+    decomposed = unicodedata.normalize("NFD", composed)
+    assert decomposed != composed
+    words = words_of(decomposed)
+    assert all(decomposed[w.start : w.end] == w.text for w in words)
+    assert [unicodedata.normalize("NFC", w.text) for w in words] == composed.split()
+    assert [w.text for w in words_of(composed)] == composed.split()
+    assert [w.text for w in words_of("\u0301a b\u0301")] == ["\u0301", "a", "b\u0301"]  # a mark never starts a word
+
+
+def test_format_characters_stay_in_their_word_but_a_zero_width_space_ends_it() -> None:
+    text = "Angela Mer\u00adkel (\u00ad) met Ali\u200cReza in Ber\u2060lin\u200bToday"
+    words = [w.text for w in words_of(text)]
+    assert words == [
+        "Angela",
+        "Mer\u00adkel",
+        "(",
+        "\u00ad",
+        ")",
+        "met",
+        "Ali\u200cReza",
+        "in",
+        "Ber\u2060lin",
+        "\u200b",
+        "Today",
+    ]
+
+
+def test_a_model_reads_the_words_composed_without_format_characters() -> None:
+    for text, read in (
+        (unicodedata.normalize("NFD", "Zoë Müller"), ["Zoë", "Müller"]),
+        ("Mer\u00adkel in Ber\u2060lin \u00ad", ["Merkel", "in", "Berlin", "\u00ad"]),  # a lone one stays a word
+        ("Zoe Muller", ["Zoe", "Muller"]),
+    ):
+        sentences = [[w.text for w in s] for s in split_sentences(text)]
+        assert [text[w.start : w.end] for s in split_sentences(text) for w in s] == sentences[0]  # offsets: the text's
+        assert as_read(sentences, text) == [read]
 
 
 def test_sentence_split() -> None:

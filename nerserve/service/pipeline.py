@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nerserve.ner.text.segment import split_sentences, words_of_tokens
+from nerserve.ner.text.segment import as_read, split_sentences, words_of_tokens
 from nerserve.ner.text.subword import SubwordEncoder, Tokenized, load_tokenizer
 from nerserve.ner.types import EntitySet, Word, fragment_char_spans
 
@@ -82,14 +82,15 @@ class Planner:
         if texts is not None:
             for t, text in enumerate(texts):
                 words: list[Word] = []
-                for sentence in split_sentences(text):
-                    sentences.append((t, len(words), [word.text for word in sentence]))
+                split = split_sentences(text)
+                for sentence, read in zip(split, as_read([[word.text for word in s] for s in split], text), strict=True):
+                    sentences.append((t, len(words), read))
                     words.extend(sentence)
                 planned.append(PlannedText(text, words, []))
         else:
             for t, token_list in enumerate(tokens or []):
                 text, words = words_of_tokens(token_list)
-                sentences.append((t, 0, token_list))
+                sentences.append((t, 0, as_read([token_list], text)[0]))
                 planned.append(PlannedText(text, words, []))
         tokenized = self.subwords.tokenize([words for _, _, words in sentences]) if sentences else []
         specials = self.subwords.special_count
