@@ -187,6 +187,13 @@ def test_tritonclient_talks_to_it(server: Server) -> None:
         result = client.infer("nag-cadec", [tensor], outputs=[triton.InferRequestedOutput("entities", binary_data=binary)])
         answered = [json.loads(value) for value in result.as_numpy("entities")]
         assert answered == extract(server, texts=texts, model="nag-cadec")
+    for compression in ("gzip", "deflate"):  # the body sent compressed; the answer asked for so too
+        tensor = triton.InferInput("text", [2], "BYTES")
+        tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+        result = client.infer(
+            "nag-cadec", [tensor], request_compression_algorithm=compression, response_compression_algorithm=compression
+        )
+        assert [json.loads(value) for value in result.as_numpy("entities")] == extract(server, texts=texts, model="nag-cadec")
     with pytest.raises(triton.InferenceServerException, match="datatype"):
         wrong = triton.InferInput("text", [1], "INT32")
         wrong.set_data_from_numpy(np.array([1], dtype=np.int32))

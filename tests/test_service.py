@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gzip
 import json
 import re
 import shutil
 import signal
 import time
 import unicodedata
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -337,6 +339,33 @@ def test_malformed_and_oversized_bodies(server: Server) -> None:
         headers={"content-type": "application/json"},
     )
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "payload_too_large"
+
+
+def test_compressed_bodies_are_read_and_bounded_once_decompressed(server: Server) -> None:
+    """gzip and deflate bodies are answered as the plain body is; the body limit (2,000,000 bytes)
+    holds for the body decompressed; an unknown coding is a 415 naming it, a broken one a 400."""
+    payload = json.dumps({"texts": ["Peter Blackburn visited Paris ."] * 40}).encode()
+    plain = extract(server, json.loads(payload)).json()
+
+    def sent(body: bytes, encoding: str) -> httpx.Response:
+        headers = {"content-type": "application/json", "content-encoding": encoding}
+        return httpx.post(f"{server.url}/extract", content=body, headers=headers, timeout=60)
+
+    two_members = gzip.compress(payload[:100]) + gzip.compress(payload[100:])  # RFC 1952 allows several
+    for body, encoding in ((gzip.compress(payload), "gzip"), (zlib.compress(payload), "deflate"), (two_members, "gzip")):
+        answer = sent(body, encoding)
+        assert answer.status_code == 200, answer.text
+        assert all(same_entities(a, b) for a, b in zip(answer.json()["results"], plain["results"], strict=True))
+    bomb = gzip.compress(json.dumps({"texts": ["a " * 1_000_001]}).encode())  # 2 MB of text in 10 kB
+    assert len(bomb) < 20_000
+    refused = sent(bomb, "gzip")
+    assert refused.status_code == 413 and "once decompressed" in refused.json()["error"]["message"]
+    unknown = sent(payload, "br")
+    assert unknown.status_code == 415 and unknown.json()["error"]["field"] == "content-encoding"
+    assert "'br'" in unknown.json()["error"]["message"]
+    for broken in (payload, gzip.compress(payload)[:-20]):
+        answer = sent(broken, "gzip")
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "malformed_body", answer.text
 
 
 @pytest.mark.parametrize(

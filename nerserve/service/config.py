@@ -199,7 +199,9 @@ class Settings(Locations):
         description="sentences (and windows of long ones) one request may queue; more is a 413 at once, since "
         "such a request could hold the graphs for many seconds",
     )
-    max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body; more is a 413")
+    max_body_bytes: int = Field(
+        2_000_000, ge=1024, description="largest request body (a compressed one: once decompressed); more is a 413"
+    )
     window_subwords: int = Field(384, ge=32, description="long sentences are windowed to this many sub-words")
     window_overlap_words: int = Field(24, ge=0, description="words two windows of a long sentence share")
     drain_seconds: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take to finish")

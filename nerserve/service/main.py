@@ -41,6 +41,7 @@ from nerserve.service.engine_link import EngineAddress, RemoteEngine
 from nerserve.service.interpreter import settle_collector
 from nerserve.service.metrics import ResponseRecorder
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
+from nerserve.service.request_encoding import RequestEncoding
 from nerserve.service.start_up_exports import Exporter
 from nerserve.service.tenants import Tenants, read_api_keys
 
@@ -277,6 +278,7 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_middleware(Lanes)  # innermost: the extraction routes' usual requests, past FastAPI's dispatch
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RequestEncoding, limit=settings.max_body_bytes)  # a compressed body decompressed first
     app.add_middleware(CountResponses, record=state.engine.record)  # sees every response the app makes
     return app
 

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 ERROR_STATUS: dict[str, int] = {
     "malformed_json": 400,
+    "malformed_body": 400,  # a compressed body that does not decompress
     "invalid_tensor": 400,  # a KServe v2 request whose tensors or parameters are wrong (the protocol's 400)
     "unauthorized": 401,
     "unknown_model": 404,
