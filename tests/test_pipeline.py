@@ -1,7 +1,10 @@
 import itertools
 
+import pytest
+
+from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 from nerserve.ner.types import Entity, EntitySet
-from nerserve.service.pipeline import Planner, Unit, assemble, windows
+from nerserve.service.pipeline import Planner, TooManySentences, Unit, assemble, windows
 
 
 def test_window_cores_partition_the_sentence() -> None:
@@ -16,7 +19,6 @@ def test_window_cores_partition_the_sentence() -> None:
 
 
 def test_offsets_are_exact_and_window_duplicates_merge(tiny_backbone) -> None:
-    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
     text = "  Peter  Blackburn went to Köln.\tThen   he left."
     planner = Planner(SubwordEncoder(load_tokenizer(tiny_backbone)), window_subwords=6, overlap_words=2)
@@ -42,7 +44,6 @@ def test_offsets_are_exact_and_window_duplicates_merge(tiny_backbone) -> None:
 def test_units_reuse_the_sentence_tokenisation(tiny_backbone) -> None:
     """The planner tokenises once; the program's batch from its units is what tokenising the
     words again would give (same ids and word → sub-word map)."""
-    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
     encoder = SubwordEncoder(load_tokenizer(tiny_backbone))
     planner = Planner(encoder, window_subwords=384, overlap_words=2)
@@ -72,7 +73,6 @@ def test_windows_of_long_words_advance_by_half_a_window() -> None:
 def test_a_sentence_that_fits_is_one_unit_as_the_window_rule_would_make_it(tiny_backbone) -> None:
     """A sentence within the budget (nearly all of them) is one window, the whole sentence, at its
     own cost; one sub-word more and the sentence is windowed."""
-    from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 
     encoder = SubwordEncoder(load_tokenizer(tiny_backbone))
     words = ["Peter", "Blackburn", "visited", "Köln", "."]
@@ -118,3 +118,14 @@ def test_a_worker_plans_as_the_engine_does(tiny_backbone) -> None:
     assert pickle.loads(pickle.dumps(query)) == query
     answers = UnitAnswers([found, EntitySet()], {"PER"}, 0.001, 0.002)
     assert pickle.loads(pickle.dumps(answers)) == answers
+
+
+def test_a_request_over_the_sentence_limit_is_refused_before_it_is_tokenised(tiny_backbone) -> None:
+    class Untokenised(SubwordEncoder):
+        def tokenize(self, sentences):  # type: ignore[no-untyped-def]
+            raise AssertionError("tokenised")
+
+    planner = Planner(Untokenised(load_tokenizer(tiny_backbone)), window_subwords=64, overlap_words=2)
+    with pytest.raises(TooManySentences) as refused:
+        planner.plan(["Go on. " * 11, "Stop."], max_sentences=10)
+    assert refused.value.count == 12

@@ -198,6 +198,27 @@ def test_line_units_and_paragraphs_end_sentences() -> None:
     assert len(split_sentences("Dr. Jones visited St. Louis in Jan. 1996.")) == 1
 
 
+@pytest.mark.parametrize(
+    ("line", "paragraph"),
+    [("\r\n", "\r\n\r\n"), ("\r", "\r\r"), ("\u2028", "\u2029"), ("\f", "\f\f"), ("\v", "\v\v"), ("\x85", "\x85\x85")],
+    ids=["CRLF", "CR", "Unicode separators", "form feed", "vertical tab", "NEL"],
+)
+def test_every_line_boundary_ends_lines_as_a_line_feed_does(line: str, paragraph: str) -> None:
+    """What str.splitlines takes for a line boundary: Windows' and old Macs' line ends, the form
+    feed between pdftotext's pages, Unicode's line and paragraph separators."""
+    text = (
+        "JAPAN GET LUCKY WIN{line}Nadim Ladki{line}AL-AIN, United Arab Emirates 1996-12-06{line}"
+        "Japan began the defence of their title, the officials said on{line}Thursday in Al-Ain.{paragraph}"
+        "next paragraph starts here{line}and runs on."
+    )
+
+    def split(written: str) -> list[str]:
+        return [" ".join(w.text for w in s) for s in split_sentences(written)]
+
+    assert split(text.format(line=line, paragraph=paragraph)) == split(text.format(line="\n", paragraph="\n\n"))
+    assert len(split(text.format(line=line, paragraph=paragraph))) == 5
+
+
 def test_words_follow_the_training_data_conventions() -> None:
     """Currencies and U.S.-compounds whole; a company suffix or a state that ends the sentence gives
     up its period (the data writes "Lear Corp ."), one inside it keeps it; titles always keep it."""

@@ -432,7 +432,7 @@ class RemoteEngine:
 
     async def extract(self, model: str, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]) -> Extraction:
         """Planned and assembled here; the engine runs the units."""
-        planned = await plan_query(await self.planner(model), query)
+        planned = await plan_query(await self.planner(model), query, self.state.settings.max_request_sentences)
         admitted = not _admitted_with_run.get()
         call_id, reply = self._ask("run_planned", model, PlannedQuery.of(query, planned), tenant, admitted)
         # a callback rather than asyncio.wait on both: its waiter and callbacks cost a worker more

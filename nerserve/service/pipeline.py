@@ -65,6 +65,14 @@ def windows(counts: list[int], budget: int, overlap: int) -> list[tuple[int, int
     return result
 
 
+class TooManySentences(ValueError):
+    """More sentences than a request may hold: their count, so far."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"{count} sentences")
+        self.count = count
+
+
 class Planner:
     def __init__(self, subwords: SubwordEncoder, window_subwords: int, overlap_words: int) -> None:
         self.subwords = subwords
@@ -76,7 +84,11 @@ class Planner:
         sub-words that fit: it is still one word with its own offsets, and its window still fits."""
         return Tokenized.of(sentence.words, [piece[: self.budget] for piece in sentence.pieces])
 
-    def plan(self, texts: list[str] | None = None, tokens: list[list[str]] | None = None) -> list[PlannedText]:
+    def plan(
+        self, texts: list[str] | None = None, tokens: list[list[str]] | None = None, max_sentences: int | None = None
+    ) -> list[PlannedText]:
+        """The texts (or token lists) as planned texts; TooManySentences, before any is tokenised,
+        where they hold more than MAX_SENTENCES sentences (windows would only add to them)."""
         planned: list[PlannedText] = []
         sentences: list[tuple[int, int, list[str]]] = []  # (text index, first word index, the words' texts)
         if texts is not None:
@@ -92,6 +104,8 @@ class Planner:
                 text, words = words_of_tokens(token_list)
                 sentences.append((t, 0, as_read([token_list], text)[0]))
                 planned.append(PlannedText(text, words, []))
+        if max_sentences is not None and len(sentences) > max_sentences:
+            raise TooManySentences(len(sentences))
         tokenized = self.subwords.tokenize([words for _, _, words in sentences]) if sentences else []
         specials = self.subwords.special_count
         for (t, first, _), tokens_of in zip(sentences, tokenized, strict=True):

@@ -131,22 +131,32 @@ def _ends_sentence(current: list[Word]) -> bool:
     return last in _SENTENCE_END or (last in _CLOSERS and len(current) > 1 and current[-2].text in _SENTENCE_END)
 
 
-def _paragraph_break(gap: str) -> bool:
-    return gap.count("\n") > 1 or gap.count("\r") > 1
+# Every line boundary str.splitlines knows ("\r\n" one of them): besides \n and \r, the form feed
+# between pdftotext's pages, the vertical tab, NEL, and Unicode's line and paragraph separators
+# (U+2028, U+2029) that word processors write.
+_LINE_BREAK = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_PARAGRAPH_SEPARATOR = "\u2029"
+
+
+def _line_breaks(gap: str) -> list[int]:
+    """Where each line break in GAP ends."""
+    return [match.end() for match in _LINE_BREAK.finditer(gap)]
+
+
+def _paragraph_break(gap: str, breaks: list[int]) -> bool:
+    return len(breaks) > 1 or _PARAGRAPH_SEPARATOR in gap
 
 
 SHORT_LINE = 40  # characters: bylines and short headlines; wrapped prose runs longer
 
 
-def _ends_line_unit(text: str, current: list[Word], gap: str) -> bool:
-    """A line break after a line that does not read as wrapped prose: headlines, bylines, datelines,
-    list and table rows ("LONDON 1996-08-30", "Nadim Ladki", "Japan 2 Syria 1") end without a
-    period, and the next line starts a new unit. A line that ends in a lower-case word or a joining
-    symbol ("… said on" / "Thursday …") is wrapped prose; one that ends in a capitalised word is a
-    unit only when it is short or has no lower case (a long line ending "… the European" /
+def _ends_line_unit(text: str, current: list[Word], line_start: int) -> bool:
+    """At a line break after a line (from LINE_START) that does not read as wrapped prose: headlines,
+    bylines, datelines, list and table rows ("LONDON 1996-08-30", "Nadim Ladki", "Japan 2 Syria 1")
+    end without a period, and the next line starts a new unit. A line that ends in a lower-case word
+    or a joining symbol ("… said on" / "Thursday …") is wrapped prose; one that ends in a capitalised
+    word is a unit only when it is short or has no lower case (a long line ending "… the European" /
     "Commission …" is wrapped), counted from where the sentence began if that is on the line."""
-    if "\n" not in gap and "\r" not in gap:
-        return False
     word = current[-1]
     last = word.text
     if last[0].islower() or last in _CONTINUES:
@@ -154,19 +164,20 @@ def _ends_line_unit(text: str, current: list[Word], gap: str) -> bool:
     if not last[0].isalpha():
         return True  # a number, a date, a closing bracket, a colon
     # the line from its start, or from where this sentence began on it ("… town. Yuri Kushko")
-    line_start = max(text.rfind("\n", 0, word.start), text.rfind("\r", 0, word.start)) + 1
     line = text[max(line_start, current[0].start) : word.end]
     return len(line) <= SHORT_LINE or not any(c.islower() for c in line)
 
 
 def split_sentences(text: str) -> list[list[Word]]:
-    """Words grouped into sentences: at a blank line; and after . ! ? (and closing quotes or
-    brackets) or at the end of a line unit (see _ends_line_unit) when the next word starts with an
-    upper-case letter, a digit, a quote or a bracket."""
+    """Words grouped into sentences: at a blank line or a paragraph separator; and after . ! ? (and
+    closing quotes or brackets) or at the end of a line unit (see _ends_line_unit) when the next word
+    starts with an upper-case letter, a digit, a quote or a bracket. Each character is looked at a
+    bounded number of times, so a text of many lines takes time in proportion to its length."""
     words = words_of(text)
     sentences: list[list[Word]] = []
     current: list[Word] = []
     followers: list[Word | None] = [*words[1:], None] if words else []
+    line_start = 0  # where the line of the current word begins
     for word, following in zip(words, followers, strict=True):
         current.append(word)
         if following is None:
@@ -179,11 +190,15 @@ def split_sentences(text: str) -> list[list[Word]]:
                 sentences.append(current)
                 current = []
             continue
-        if _paragraph_break(gap) or (
-            _starts_sentence(following) and (_ends_sentence(current) or _ends_line_unit(text, current, gap))
+        breaks = _line_breaks(gap)
+        if _paragraph_break(gap, breaks) or (
+            _starts_sentence(following)
+            and (_ends_sentence(current) or (bool(breaks) and _ends_line_unit(text, current, line_start)))
         ):
             sentences.append(current)
             current = []
+        if breaks:
+            line_start = word.end + breaks[-1]
     if current:
         sentences.append(current)
     return sentences

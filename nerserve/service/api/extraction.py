@@ -26,7 +26,7 @@ from nerserve.service.api.state import ServiceState, service_state
 from nerserve.service.auth import tenant_of
 from nerserve.service.batching.work import Answer, DeadlineExceeded, Draining, ItemResult, ModelBroken, QueueFull
 from nerserve.service.models import ServedModel
-from nerserve.service.pipeline import PlannedText, Planner, assemble, flatten, keep_labels
+from nerserve.service.pipeline import PlannedText, Planner, TooManySentences, assemble, flatten, keep_labels
 from nerserve.service.tenants import retry_after
 
 log = logging.getLogger("nerserve")
@@ -133,15 +133,28 @@ async def run_extraction(request: Request, model: str, query: ExtractionQuery) -
 INLINE_PLAN_CHARACTERS = 2_000
 
 
-async def plan_query(planner: Planner, query: ExtractionQuery) -> list[PlannedText]:
-    """The request's texts (or token lists) as planned texts: sentences, windows, sub-words."""
+async def plan_query(planner: Planner, query: ExtractionQuery, max_sentences: int) -> list[PlannedText]:
+    """The request's texts (or token lists) as planned texts: sentences, windows, sub-words; a 413
+    where they hold more than MAX_SENTENCES sentences, said before any is tokenised."""
     if query.texts is not None:
         size = sum(len(text) for text in query.texts)
     else:
         size = sum(len(token) + 1 for sentence in query.tokens or [] for token in sentence)
-    if size <= INLINE_PLAN_CHARACTERS:
-        return planner.plan(query.texts, query.tokens)
-    return await asyncio.to_thread(planner.plan, query.texts, query.tokens)
+    try:
+        if size <= INLINE_PLAN_CHARACTERS:
+            return planner.plan(query.texts, query.tokens, max_sentences)
+        return await asyncio.to_thread(planner.plan, query.texts, query.tokens, max_sentences)
+    except TooManySentences as over:
+        raise too_many_sentences("texts" if query.texts is not None else "tokens", over.count, max_sentences) from None
+
+
+def too_many_sentences(where: str, count: int, limit: int) -> ApiError:
+    return ApiError(
+        "too_many_sentences",
+        f"{where}: {count} sentences (long ones count once per window), at most {limit} a request: "
+        "send the texts in several requests",
+        where,
+    )
 
 
 @dataclass
@@ -340,12 +353,7 @@ def start_planned(
     deadline = time.monotonic() + query.deadline_ms / 1000 if query.deadline_ms else None
     units = query.units
     if len(units) > state.settings.max_request_sentences:
-        raise ApiError(
-            "too_many_sentences",
-            f"{query.where}: {len(units)} sentences (long ones count once per window), at most "
-            f"{state.settings.max_request_sentences} a request: send the texts in several requests",
-            query.where,
-        )
+        raise too_many_sentences(query.where, len(units), state.settings.max_request_sentences)
     over = state.tenants.charge(tenant, len(units))
     if over:
         raise ApiError(
@@ -411,7 +419,7 @@ async def extract(
     state: ServiceState, model: ServedModel, query: ExtractionQuery, tenant: str, gone: asyncio.Future[Any]
 ) -> Extraction:
     """A request planned, run and assembled in the engine's own process (one HTTP front)."""
-    planned = await plan_query(model.planner, query)
+    planned = await plan_query(model.planner, query, state.settings.max_request_sentences)
     planned_query = PlannedQuery.of(query, planned)
     answers = await settled(lambda on_done: start_planned(state, model, planned_query, tenant, on_done), gone)
     return answer(query, planned, answers)
