@@ -71,6 +71,14 @@ def test_format_characters_stay_in_their_word_but_a_zero_width_space_ends_it() -
     ]
 
 
+def test_a_lines_length_is_counted_as_read() -> None:
+    """A byline of 40 characters is a line of its own however its letters are written."""
+    byline = "By Nadim Ladki and José García in Zürich"
+    assert len(byline) == 40
+    for written in (byline, unicodedata.normalize("NFD", byline), byline.replace("Ladki", "Lad\u00adki")):
+        assert len(split_sentences(f"{written}\nJapan began the defence of their title.")) == 2, written
+
+
 def test_a_model_reads_the_words_composed_without_format_characters() -> None:
     for text, read in (
         (unicodedata.normalize("NFD", "Zoë Müller"), ["Zoë", "Müller"]),

@@ -165,6 +165,8 @@ def _ends_line_unit(text: str, current: list[Word], line_start: int) -> bool:
         return True  # a number, a date, a closing bracket, a colon
     # the line from its start, or from where this sentence began on it ("… town. Yuri Kushko")
     line = text[max(line_start, current[0].start) : word.end]
+    if not line.isascii():  # its length as read: composed, without invisible format characters
+        line = _as_read(line)
     return len(line) <= SHORT_LINE or not any(c.islower() for c in line)
 
 
