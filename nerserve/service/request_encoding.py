@@ -14,7 +14,7 @@ import zlib
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nerserve.service.api.errors import error_response
+from nerserve.service.api.errors import ApiError, error_response
 from nerserve.service.api.lanes import replaying
 
 # zlib's window bits: gzip's header, and deflate as HTTP names it (the zlib format)
@@ -22,16 +22,6 @@ DECODERS: dict[bytes, int] = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib
 IDENTITY = b"identity"
 # bodies past this size decompress off the event loop, which the worker's other requests share
 INLINE_BYTES = 64 * 1024
-
-
-class BodyRefused(Exception):
-    """A compressed body the service will not read: its error kind, message and field."""
-
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
 
 
 class RequestEncoding:
@@ -47,30 +37,25 @@ class RequestEncoding:
         try:
             codings = codings_of(encoding)
             received = await self._whole_body(receive)
-        except BodyRefused as refused:
+            gone = received[-1]["type"] != "http.request"  # the client went while sending
+            decoded = b"" if gone else await self._decoded(b"".join(m.get("body", b"") for m in received), codings)
+        except ApiError as refused:
             await error_response(refused.code, refused.message, refused.field, path=scope["path"])(scope, receive, send)
             return
-        if received[-1]["type"] != "http.request":  # the client went while sending: the app sees it as ever
+        if gone:  # the app sees it as it always has
             await self.app(scope, replaying(received, receive), send)
-            return
-        body = b"".join(message.get("body", b"") for message in received)
-        try:
-            decoded = await self._decoded(body, codings)
-        except BodyRefused as refused:
-            await error_response(refused.code, refused.message, refused.field, path=scope["path"])(scope, receive, send)
             return
         await self.app(_as_sent_plain(scope, len(decoded)), replaying([_body_message(decoded)], receive), send)
 
     async def _whole_body(self, receive: Receive) -> list[Message]:
+        """The request's messages up to its body's end (or the client's going), none past the limit."""
         received = [await receive()]
         size = len(received[0].get("body", b""))
-        while received[-1]["type"] == "http.request" and received[-1].get("more_body", False):
+        while size <= self.limit and received[-1]["type"] == "http.request" and received[-1].get("more_body", False):
             received.append(await receive())
             size += len(received[-1].get("body", b""))
-            if size > self.limit:
-                raise BodyRefused("payload_too_large", f"request body over {self.limit} bytes")
         if size > self.limit:
-            raise BodyRefused("payload_too_large", f"request body over {self.limit} bytes")
+            raise ApiError("payload_too_large", f"request body over {self.limit} bytes")
         return received
 
     async def _decoded(self, body: bytes, codings: list[int]) -> bytes:
@@ -95,7 +80,7 @@ def codings_of(encoding: bytes) -> list[int]:
         if coding not in DECODERS:
             named = coding.decode("latin-1")
             message = f"Content-Encoding {named!r} is not supported: send the body as it is, or gzip or deflate it"
-            raise BodyRefused("unsupported_media_type", message, "content-encoding")
+            raise ApiError("unsupported_media_type", message, "content-encoding")
         codings.append(DECODERS[coding])
     return codings
 
@@ -118,12 +103,12 @@ def _undone(body: bytes, window_bits: int, limit: int) -> bytes:
         try:
             part = decoder.decompress(rest, limit + 1 - made)
         except zlib.error as error:
-            raise BodyRefused("malformed_body", f"request body is not valid {kind} data ({error})") from None
+            raise ApiError("malformed_body", f"request body is not valid {kind} data ({error})") from None
         made += len(part)
         if made > limit or decoder.unconsumed_tail:
-            raise BodyRefused("payload_too_large", f"request body over {limit} bytes once decompressed")
+            raise ApiError("payload_too_large", f"request body over {limit} bytes once decompressed")
         if not decoder.eof:
-            raise BodyRefused("malformed_body", f"request body ends before its {kind} data does")
+            raise ApiError("malformed_body", f"request body ends before its {kind} data does")
         parts.append(part)
         rest = decoder.unused_data
         if not rest or kind == "deflate":
