@@ -71,6 +71,29 @@ def test_format_characters_stay_in_their_word_but_a_zero_width_space_ends_it() -
     ]
 
 
+def test_links_are_one_word_each_and_end_a_line_as_a_number_does() -> None:
+    text = (
+        "Visit http://t.co/QLOb9A8yp1 or www.microsoft.com/en-us/about. Mail john.smith@ibm.com, then "
+        "@user about #Arsenal (https://en.wikipedia.org/wiki/Arsenal_F.C.)\nTICKETS AT https://x.com/a?b=1&c=2\nArsenal won."
+    )
+    words = [w.text for w in words_of(text)]
+    assert words[:9] == [
+        "Visit",
+        "http://t.co/QLOb9A8yp1",
+        "or",
+        "www.microsoft.com/en-us/about",
+        ".",
+        "Mail",
+        "john.smith@ibm.com",
+        ",",
+        "then",
+    ]
+    assert words[9:13] == ["@", "user", "about", "#"]  # a mention or a hashtag: its sign apart, as the tweets write it
+    assert "https://en.wikipedia.org/wiki/Arsenal_F.C" in words and "https://x.com/a?b=1&c=2" in words
+    assert " ".join(w.text for w in split_sentences(text)[-1]) == "Arsenal won ."
+    assert [w.text for w in words_of("me@home, see: http")] == ["me", "@", "home", ",", "see", ":", "http"]
+
+
 def test_a_lines_length_is_counted_as_read() -> None:
     """A byline of 40 characters is a line of its own however its letters are written."""
     byline = "By Nadim Ladki and José García in Zürich"

@@ -69,7 +69,7 @@ _FORMAT = re.compile(f"[{_characters(_is_format)}]")
 # (tried at every word's end, that class cost a fifth of the words' match time)
 _WORD_RUN = rf"\w+(?:(?=[^\s\w])[{_JOINING}]+\w*)*"
 
-_WORD = re.compile(
+_WORDS = (
     r"""
     (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
     | \b"""
@@ -85,9 +85,29 @@ _WORD = re.compile(
     + rf"{_WORD_RUN}(?:[-'’]{_WORD_RUN})*"
     + r"""  # words, with inner hyphens and apostrophes
     | [^\w\s]                     # any other symbol on its own
-    """,
-    re.VERBOSE,
+    """
 )
+_WORD = re.compile(_WORDS, re.VERBOSE)
+
+# Links, each one word as the tweets of the training data write them ("http://t.co/QLOb9A8yp1"),
+# rather than a dozen words of letters and symbols the model would read as names: a URL from its
+# scheme or "www." to its last character that is not closing punctuation; an e-mail address. Only
+# a text that may hold one is read with them: trying them at every word would cost every text.
+_LINKS = r"""
+    (?:[A-Za-z][A-Za-z0-9+.-]*://|www\.|WWW\.)[^\s<>"]*[^\s<>".,;:!?)\]}'’”]   # URLs
+    | [\w.+-]+@[\w-]+(?:\.[\w-]+)+                                      # e-mail addresses
+    |"""
+_WORD_OR_LINK = re.compile(_LINKS + _WORDS, re.VERBOSE)
+
+
+def _may_hold_links(text: str) -> bool:
+    return "://" in text or "@" in text or "www." in text or "WWW." in text
+
+
+def _is_link(word: str) -> bool:
+    return len(word) > 4 and _may_hold_links(word)
+
+
 _SENTENCE_END = {".", "!", "?"}
 _CLOSERS = {'"', "'", ")", "]", "”", "’"}
 
@@ -111,7 +131,8 @@ _word = functools.partial(tuple.__new__, Word)
 
 
 def words_of(text: str) -> list[Word]:
-    words = [_word((match.group(), match.start(), match.end())) for match in _WORD.finditer(text)]
+    pattern = _WORD_OR_LINK if _may_hold_links(text) else _WORD
+    words = [_word((match.group(), match.start(), match.end())) for match in pattern.finditer(text)]
     if "'" not in text and "’" not in text:  # every clitic has an apostrophe: most texts skip the search
         return words
     return [part for word in words for part in (_split_clitic(word) if "'" in word.text or "’" in word.text else (word,))]
@@ -159,10 +180,12 @@ def _ends_line_unit(text: str, current: list[Word], line_start: int) -> bool:
     "Commission …" is wrapped), counted from where the sentence began if that is on the line."""
     word = current[-1]
     last = word.text
-    if last[0].islower() or last in _CONTINUES:
+    if last in _CONTINUES:
         return False
-    if not last[0].isalpha():
-        return True  # a number, a date, a closing bracket, a colon
+    if not last[0].isalpha() or _is_link(last):
+        return True  # a number, a date, a closing bracket, a colon, a link
+    if last[0].islower():
+        return False
     # the line from its start, or from where this sentence began on it ("… town. Yuri Kushko")
     line = text[max(line_start, current[0].start) : word.end]
     if not line.isascii():  # its length as read: composed, without invisible format characters
