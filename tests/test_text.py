@@ -259,6 +259,15 @@ def test_words_follow_the_training_data_conventions() -> None:
         "Johnson Controls Inc and Lear Corp.": ["Johnson", "Controls", "Inc", "and", "Lear", "Corp", "."],
         'analyst at McDonald & Co. " It': ["analyst", "at", "McDonald", "&", "Co", ".", '"', "It"],
         "Lear Corp. officials met Dr. Jones": ["Lear", "Corp.", "officials", "met", "Dr.", "Jones"],
+        # what the data writes on a number stays on it; a date, a score, a sign or a unit symbol apart
+        "the 26-year-old 11th-seeded 1st in the 1990s": ["the", "26-year-old", "11th-seeded", "1st", "in", "the", "1990s"],
+        "a 2.5-fold 50-kDa 12-O-tetradecanoylphorbol-13-acetate": [
+            "a",
+            "2.5-fold",
+            "50-kDa",
+            "12-O-tetradecanoylphorbol-13-acetate",
+        ],
+        "on 1996-08-30 won 4-38 , 5% $5": ["on", "1996-08-30", "won", "4-38", ",", "5", "%", "$", "5"],
     }
     for text, expected in cases.items():
         assert [w.text for w in words_of(text)] == expected, text

@@ -80,7 +80,8 @@ _WORDS = (
     + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
     | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
     | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
-    | \d+(?:[-.,:/]\d+)*          # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38
+    | \d+(?:[-.,:/]\d+)*\w*(?:[-'’]\w+)*  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
+                                  # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
     | """
     + rf"{_WORD_RUN}(?:[-'’]{_WORD_RUN})*"
     + r"""  # words, with inner hyphens and apostrophes
