@@ -268,9 +268,23 @@ def test_words_follow_the_training_data_conventions() -> None:
             "12-O-tetradecanoylphorbol-13-acetate",
         ],
         "on 1996-08-30 won 4-38 , 5% $5": ["on", "1996-08-30", "won", "4-38", ",", "5", "%", "$", "5"],
+        "said -- wait ... 5 +/- 2 , 3.5 - 1.": ["said", "--", "wait", "...", "5", "+/-", "2", ",", "3.5", "-", "1", "."],
     }
     for text, expected in cases.items():
         assert [w.text for w in words_of(text)] == expected, text
+
+
+def test_a_results_tables_numbered_lines_and_an_ellipsis_split_as_the_data_does() -> None:
+    text = "RESULTS\n1. Michael Johnson (U.S.) 19.32\n2. Frankie Fredericks (Namibia) 19.68\nHe said... Then came 2. Left."
+    sentences = [" ".join(w.text for w in s) for s in split_sentences(text)]
+    assert sentences == [
+        "RESULTS",
+        "1. Michael Johnson ( U.S. ) 19.32",
+        "2. Frankie Fredericks ( Namibia ) 19.68",
+        "He said ...",
+        "Then came 2 .",
+        "Left .",
+    ]
 
 
 def test_empty_and_blank_texts_have_no_sentences() -> None:

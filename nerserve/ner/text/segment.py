@@ -80,11 +80,13 @@ _WORDS = (
     + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
     | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
     | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
+    | (?<![^\n\r])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
     | \d+(?:[-.,:/]\d+)*\w*(?:[-'’]\w+)*  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
                                   # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
     | """
     + rf"{_WORD_RUN}(?:[-'’]{_WORD_RUN})*"
     + r"""  # words, with inner hyphens and apostrophes
+    | -{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
     | [^\w\s]                     # any other symbol on its own
     """
 )
@@ -109,7 +111,7 @@ def _is_link(word: str) -> bool:
     return len(word) > 4 and _may_hold_links(word)
 
 
-_SENTENCE_END = {".", "!", "?"}
+_SENTENCE_END = {".", "!", "?", "...", "…"}  # an ellipsis too: most of the data's end their sentence
 _CLOSERS = {'"', "'", ")", "]", "”", "’"}
 
 
