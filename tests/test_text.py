@@ -238,7 +238,7 @@ def test_every_line_boundary_ends_lines_as_a_line_feed_does(line: str, paragraph
     """What str.splitlines takes for a line boundary: Windows' and old Macs' line ends, the form
     feed between pdftotext's pages, Unicode's line and paragraph separators."""
     text = (
-        "JAPAN GET LUCKY WIN{line}Nadim Ladki{line}AL-AIN, United Arab Emirates 1996-12-06{line}"
+        "JAPAN GET LUCKY WIN{line}1. Nadim Ladki{line}AL-AIN, United Arab Emirates 1996-12-06{line}"
         "Japan began the defence of their title, the officials said on{line}Thursday in Al-Ain.{paragraph}"
         "next paragraph starts here{line}and runs on."
     )

@@ -69,6 +69,11 @@ _FORMAT = re.compile(f"[{_characters(_is_format)}]")
 # (tried at every word's end, that class cost a fifth of the words' match time)
 _WORD_RUN = rf"\w+(?:(?=[^\s\w])[{_JOINING}]+\w*)*"
 
+# Every line boundary str.splitlines knows ("\r\n" one of them), as a character class's escapes:
+# besides \n and \r, the form feed between pdftotext's pages, the vertical tab, NEL, and Unicode's
+# line and paragraph separators (U+2028, U+2029) that word processors write.
+_LINE_BREAKS = r"\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+
 _WORDS = (
     r"""
     (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
@@ -80,7 +85,9 @@ _WORDS = (
     + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
     | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
     | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
-    | (?<![^\n\r])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
+    | (?<![^"""
+    + _LINE_BREAKS
+    + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
     | \d+(?:[-.,:/]\d+)*\w*(?:[-'’]\w+)*  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
                                   # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
     | """
@@ -155,10 +162,7 @@ def _ends_sentence(current: list[Word]) -> bool:
     return last in _SENTENCE_END or (last in _CLOSERS and len(current) > 1 and current[-2].text in _SENTENCE_END)
 
 
-# Every line boundary str.splitlines knows ("\r\n" one of them): besides \n and \r, the form feed
-# between pdftotext's pages, the vertical tab, NEL, and Unicode's line and paragraph separators
-# (U+2028, U+2029) that word processors write.
-_LINE_BREAK = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_LINE_BREAK = re.compile(rf"\r\n|[{_LINE_BREAKS}]")
 _PARAGRAPH_SEPARATOR = "\u2029"
 
 
