@@ -23,6 +23,11 @@ from nerserve.ner.text.subword import (
 )
 
 
+def sentences_of(text: str) -> list[str]:
+    """Each sentence of TEXT as its words joined by spaces."""
+    return [" ".join(w.text for w in s) for s in split_sentences(text)]
+
+
 def test_words_have_exact_offsets() -> None:
     text = "EU rejects German call, says U.S. official — costs 3.5 million (approx.) in Köln."
     words = words_of(text)
@@ -90,7 +95,7 @@ def test_links_are_one_word_each_and_end_a_line_as_a_number_does() -> None:
     ]
     assert words[9:13] == ["@", "user", "about", "#"]  # a mention or a hashtag: its sign apart, as the tweets write it
     assert "https://en.wikipedia.org/wiki/Arsenal_F.C" in words and "https://x.com/a?b=1&c=2" in words
-    assert " ".join(w.text for w in split_sentences(text)[-1]) == "Arsenal won ."
+    assert sentences_of(text)[-1] == "Arsenal won ."
     assert [w.text for w in words_of("me@home, see: http")] == ["me", "@", "home", ",", "see", ":", "http"]
 
 
@@ -217,8 +222,7 @@ def test_line_units_and_paragraphs_end_sentences() -> None:
         "Japan began the defence of their title, the officials said on\nThursday in Al-Ain.\n\n"
         "next paragraph starts here\nand runs on."
     )
-    sentences = [" ".join(w.text for w in s) for s in split_sentences(text)]
-    assert sentences == [
+    assert sentences_of(text) == [
         "JAPAN GET LUCKY WIN",
         "Nadim Ladki",
         "AL-AIN , United Arab Emirates 1996-12-06",
@@ -242,12 +246,8 @@ def test_every_line_boundary_ends_lines_as_a_line_feed_does(line: str, paragraph
         "Japan began the defence of their title, the officials said on{line}Thursday in Al-Ain.{paragraph}"
         "next paragraph starts here{line}and runs on."
     )
-
-    def split(written: str) -> list[str]:
-        return [" ".join(w.text for w in s) for s in split_sentences(written)]
-
-    assert split(text.format(line=line, paragraph=paragraph)) == split(text.format(line="\n", paragraph="\n\n"))
-    assert len(split(text.format(line=line, paragraph=paragraph))) == 5
+    written = sentences_of(text.format(line=line, paragraph=paragraph))
+    assert written == sentences_of(text.format(line="\n", paragraph="\n\n")) and len(written) == 5
 
 
 def test_words_follow_the_training_data_conventions() -> None:
@@ -276,8 +276,7 @@ def test_words_follow_the_training_data_conventions() -> None:
 
 def test_a_results_tables_numbered_lines_and_an_ellipsis_split_as_the_data_does() -> None:
     text = "RESULTS\n1. Michael Johnson (U.S.) 19.32\n2. Frankie Fredericks (Namibia) 19.68\nHe said... Then came 2. Left."
-    sentences = [" ".join(w.text for w in s) for s in split_sentences(text)]
-    assert sentences == [
+    assert sentences_of(text) == [
         "RESULTS",
         "1. Michael Johnson ( U.S. ) 19.32",
         "2. Frankie Fredericks ( Namibia ) 19.68",
