@@ -15,7 +15,7 @@ import zlib
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nerserve.service.api.errors import ApiError, error_response
-from nerserve.service.api.lanes import replaying
+from nerserve.service.api.lanes import replaying, whole_body
 
 # zlib's window bits: gzip's header, and deflate as HTTP names it (the zlib format)
 DECODERS: dict[bytes, int] = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
@@ -36,7 +36,7 @@ class RequestEncoding:
             return
         try:
             codings = codings_of(encoding)
-            received = await self._whole_body(receive)
+            received = await whole_body(receive, self.limit)
             gone = received[-1]["type"] != "http.request"  # the client went while sending
             decoded = b"" if gone else await self._decoded(b"".join(m.get("body", b"") for m in received), codings)
         except ApiError as refused:
@@ -46,17 +46,6 @@ class RequestEncoding:
             await self.app(scope, replaying(received, receive), send)
             return
         await self.app(_as_sent_plain(scope, len(decoded)), replaying([_body_message(decoded)], receive), send)
-
-    async def _whole_body(self, receive: Receive) -> list[Message]:
-        """The request's messages up to its body's end (or the client's going), none past the limit."""
-        received = [await receive()]
-        size = len(received[0].get("body", b""))
-        while size <= self.limit and received[-1]["type"] == "http.request" and received[-1].get("more_body", False):
-            received.append(await receive())
-            size += len(received[-1].get("body", b""))
-        if size > self.limit:
-            raise ApiError("payload_too_large", f"request body over {self.limit} bytes")
-        return received
 
     async def _decoded(self, body: bytes, codings: list[int]) -> bytes:
         decode = functools.partial(decompressed, body, codings, self.limit)

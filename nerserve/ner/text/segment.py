@@ -115,7 +115,7 @@ def _may_hold_links(text: str) -> bool:
 
 
 def _is_link(word: str) -> bool:
-    return len(word) > 4 and _may_hold_links(word)
+    return len(word) > 1 and _may_hold_links(word)  # a lone "@" is a symbol; any longer word with one, a link
 
 
 _SENTENCE_END = {".", "!", "?", "...", "…"}  # an ellipsis too: most of the data's end their sentence

@@ -43,6 +43,11 @@ class ExtractionQuery:
     flat: bool = False
     deadline_ms: float | None = None
 
+    @property
+    def where(self) -> str:
+        """The request's field of texts, for its errors."""
+        return "texts" if self.texts is not None else "tokens"
+
 
 @dataclass
 class Extraction:
@@ -111,7 +116,7 @@ async def run_extraction(request: Request, model: str, query: ExtractionQuery) -
     state = service_state(request)
     inputs = query.texts if query.texts is not None else query.tokens
     assert inputs is not None
-    where = "texts" if query.texts is not None else "tokens"
+    where = query.where
     if len(inputs) > state.settings.max_texts:
         raise ApiError("too_many_texts", f"{where}: {len(inputs)} items, at most {state.settings.max_texts}", where)
     if query.tokens is not None:
@@ -145,7 +150,7 @@ async def plan_query(planner: Planner, query: ExtractionQuery, max_sentences: in
             return planner.plan(query.texts, query.tokens, max_sentences)
         return await asyncio.to_thread(planner.plan, query.texts, query.tokens, max_sentences)
     except TooManySentences as over:
-        raise too_many_sentences("texts" if query.texts is not None else "tokens", over.count, max_sentences) from None
+        raise too_many_sentences(query.where, over.count, max_sentences) from None
 
 
 def too_many_sentences(where: str, count: int, limit: int) -> ApiError:
@@ -171,8 +176,7 @@ class PlannedQuery:
     @classmethod
     def of(cls, query: ExtractionQuery, planned: list[PlannedText]) -> PlannedQuery:
         units = [(unit.sentence, unit.cost) for text in planned for unit in text.units]
-        where = "texts" if query.texts is not None else "tokens"
-        return cls(units, query.labels, query.options, query.deadline_ms, where)
+        return cls(units, query.labels, query.options, query.deadline_ms, query.where)
 
     def __reduce__(self) -> tuple[type[PlannedQuery], tuple[Any, ...]]:
         # pickled as its fields in order (a worker sends one a request, the engine loads it): a

@@ -82,11 +82,18 @@ def lane_for(scope: Scope) -> Lane | None:
     return infer_lane
 
 
-async def whole_body(receive: Receive) -> list[Message]:
-    """The request's messages up to its body's end, or up to the client's going away."""
+async def whole_body(receive: Receive, limit: int | None = None) -> list[Message]:
+    """The request's messages up to its body's end, or up to the client's going away; a 413
+    (ApiError) as soon as the body passes LIMIT bytes, where one is given."""
     received = [await receive()]
+    size = len(received[0].get("body", b""))
     while received[-1]["type"] == "http.request" and received[-1].get("more_body", False):
+        if limit is not None and size > limit:
+            break
         received.append(await receive())
+        size += len(received[-1].get("body", b""))
+    if limit is not None and size > limit:
+        raise ApiError("payload_too_large", f"request body over {limit} bytes")
     return received
 
 
