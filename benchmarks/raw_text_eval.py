@@ -10,8 +10,10 @@ pre-tokenised sentences go through the same model. Reported: sentence boundaries
 character offsets from `texts` and from `tokens`. `--written` changes every word's characters, in
 the documents and the tokens alike: `NFD` decomposed (an accented letter as its base and a combining
 mark, as macOS file names and some PDF text write it), `soft-hyphens` with a soft hyphen in the
-middle of every word of six letters or more (as HTML's &shy; hyphenates long words). An open-label
-model is asked for the data's label names.
+middle of every word of six letters or more (as HTML's &shy; hyphenates long words), `bidi-isolated`
+with every capitalised word between a first-strong isolate and its pop (U+2068 … U+2069, as text
+copied from a page's <bdi> or a tweet's user names carries them). Gold offsets leave out the
+invisible characters at an entity's edges. An open-label model is asked for the data's label names.
 
     python benchmarks/raw_text_eval.py --model span-conll03 --data ../shared/data/conll03
     python benchmarks/raw_text_eval.py --model gliner-open --data ../shared/data/open/wikiann_en --written NFD
@@ -47,12 +49,30 @@ def soft_hyphenated(word: str) -> str:
     return f"{word[: len(word) // 2]}\u00ad{word[len(word) // 2 :]}" if len(word) >= 6 and word.isalpha() else word
 
 
-Written = Literal["as-is", "NFD", "soft-hyphens"]
+def bidi_isolated(word: str) -> str:
+    return f"\u2068{word}\u2069" if word[:1].isupper() else word
+
+
+Written = Literal["as-is", "NFD", "soft-hyphens", "bidi-isolated"]
 WRITTEN: dict[str, Callable[[str], str]] = {
     "as-is": lambda word: word,
     "NFD": lambda word: unicodedata.normalize("NFD", word),
     "soft-hyphens": soft_hyphenated,
+    "bidi-isolated": bidi_isolated,
 }
+
+
+def _invisible(char: str) -> bool:
+    return unicodedata.category(char) in ("Cc", "Cf")
+
+
+def visible(text: str, start: int, end: int) -> tuple[int, int]:
+    """[START, END) without the invisible characters at its edges."""
+    while start < end and _invisible(text[start]):
+        start += 1
+    while end > start and _invisible(text[end - 1]):
+        end -= 1
+    return start, end
 
 
 def token_offsets(text: str, tokens: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -86,10 +106,10 @@ def documents(sentences: list[Sentence], per_document: int, layout: str) -> list
             offset = len(text) + len(after)
             text = f"{text}{after}{piece}"
             after = separator(sentence.tokens, layout)
-            starts.append(offset)
+            starts.append(visible(text, offset, len(text))[0])
             spans = token_offsets(piece, sentence.tokens)
             for entity in sentence.entities:
-                chars = tuple((offset + spans[s][0], offset + spans[e - 1][1]) for s, e in entity.fragments)
+                chars = tuple(visible(text, offset + spans[s][0], offset + spans[e - 1][1]) for s, e in entity.fragments)
                 gold.append(Entity(entity.type, chars))
         out.append((text, EntitySet(gold), starts))
     return out

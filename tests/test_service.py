@@ -221,6 +221,22 @@ def test_soft_hyphens_and_joiners_leave_the_words_whole(server: Server) -> None:
     ]
 
 
+def test_invisible_characters_around_names_are_outside_the_entities(server: Server) -> None:
+    """A byte-order mark before the text and bidirectional isolates around names (as tweets and
+    <bdi> carry them): the entities, scores and all, are those of the plain text, their offsets
+    the visible names' in the text as sent."""
+    plain = "Angela Merkel visited Berlin and Hamburg on Monday ."
+    isolated = "\ufeff" + " ".join(f"\u2068{word}\u2069" if word[0].isupper() else word for word in plain.split())
+    found = [extract(server, {"texts": [text]}).json()["results"][0]["entities"] for text in (plain, isolated)]
+    visible = [e["text"].replace("\u2068", "").replace("\u2069", "") for e in found[1]]
+    assert visible == [e["text"] for e in found[0]] and len(found[0]) >= 3
+    assert all(e["text"][0].isalpha() and e["text"][-1].isalpha() for e in found[1])  # no isolate at an edge
+    assert [(e["type"], e["token_spans"], e["score"]) for e in found[1]] == [
+        (e["type"], e["token_spans"], e["score"]) for e in found[0]
+    ]
+    check_offsets(isolated, found[1])
+
+
 def test_batched_equals_alone(server: Server, data_root: Path) -> None:
     sentences = [list(s.tokens) for s in read_split(data_root / "conll03", "dev", limit=24)]
     together = extract(server, {"tokens": sentences}).json()["results"]

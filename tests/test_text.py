@@ -61,19 +61,42 @@ def test_combining_marks_stay_in_their_word() -> None:
 def test_format_characters_stay_in_their_word_but_a_zero_width_space_ends_it() -> None:
     text = "Angela Mer\u00adkel (\u00ad) met Ali\u200cReza in Ber\u2060lin\u200bToday"
     words = [w.text for w in words_of(text)]
-    assert words == [
-        "Angela",
-        "Mer\u00adkel",
-        "(",
-        "\u00ad",
-        ")",
+    assert words == ["Angela", "Mer\u00adkel", "(", ")", "met", "Ali\u200cReza", "in", "Ber\u2060lin", "Today"]
+
+
+def test_invisible_characters_outside_a_word_are_no_words() -> None:
+    """A byte-order mark, a zero-width space, bidirectional marks and isolates around a name, a stray
+    control character: none is a word, none is inside a word's offsets (so none is inside an
+    entity's), and the words are those of the text without them."""
+    text = "\ufeffJohn \u200fSmith\u200f met \u2068Angela Merkel\u2069 in \u202bNew York\u202c.\x00Then\x07 he left\u200b."
+    words = words_of(text)
+    assert [w.text for w in words] == [
+        "John",
+        "Smith",
         "met",
-        "Ali\u200cReza",
+        "Angela",
+        "Merkel",
         "in",
-        "Ber\u2060lin",
-        "\u200b",
-        "Today",
+        "New",
+        "York",
+        ".",
+        "Then",
+        "he",
+        "left",
+        ".",
     ]
+    assert all(text[w.start : w.end] == w.text for w in words)
+    assert [w.text for w in words_of("caf\u0065\u0301\u200f")] == [
+        "caf\u0065\u0301"
+    ]  # a mark ends a word, a format character not
+
+
+def test_underscores_at_a_words_edges_are_symbols_but_a_user_name_keeps_them() -> None:
+    text = "_Emmanuel Macron_ met __Angela__ about snake_case, @akshayy_ and @ _Catalina_Nunez's"
+    words = [w.text for w in words_of(text)]
+    assert words[:9] == ["_", "Emmanuel", "Macron", "_", "met", "__", "Angela", "__", "about"]
+    assert words[9] == "snake_case"
+    assert words[-6:] == ["@", "akshayy_", "and", "@", "_Catalina_Nunez", "'s"]
 
 
 def test_links_are_one_word_each_and_end_a_line_as_a_number_does() -> None:
@@ -110,7 +133,7 @@ def test_a_lines_length_is_counted_as_read() -> None:
 def test_a_model_reads_the_words_composed_without_format_characters() -> None:
     for text, read in (
         (unicodedata.normalize("NFD", "Zoë Müller"), ["Zoë", "Müller"]),
-        ("Mer\u00adkel in Ber\u2060lin \u00ad", ["Merkel", "in", "Berlin", "\u00ad"]),  # a lone one stays a word
+        ("Mer\u00adkel in Ber\u2060lin \u00ad", ["Merkel", "in", "Berlin"]),
         ("Zoe Muller", ["Zoe", "Muller"]),
     ):
         sentences = [[w.text for w in s] for s in split_sentences(text)]

@@ -58,46 +58,75 @@ def _is_format(char: str) -> bool:
     return unicodedata.category(char) == "Cf" and char != "\u200b"
 
 
+def _is_mark(char: str) -> bool:
+    return unicodedata.category(char)[0] == "M"
+
+
 # What Unicode's word boundaries (UAX #29, rule WB4) keep with the character before them, and `re`'s
 # \w leaves out: combining marks (the accent of a decomposed "é", e + U+0301, as macOS file names and
 # some PDF text write it; Devanagari's and Thai's vowel signs) and format characters.
-_JOINING = _characters(lambda char: unicodedata.category(char)[0] == "M" or _is_format(char))
+_MARKS = _characters(_is_mark)
+_JOINING = _characters(lambda char: _is_mark(char) or _is_format(char))
 _FORMAT = re.compile(f"[{_characters(_is_format)}]")
+_TRAILING_FORMAT = re.compile(f"[{_characters(_is_format)}]+$")
 
-# a word: word characters and what joins them (which never starts a word, and never ends one early);
+# Invisible characters outside a word are no word of their own, as spaces are not: a byte-order mark
+# at a file's start, a zero-width space, the bidirectional marks and isolates around a name in
+# mixed-script text (tweets carry them), a stray control character. Read as words, each was an
+# unknown sub-word inside the sentence, or inside an entity's offsets.
+_INVISIBLE = _characters(lambda char: unicodedata.category(char) in ("Cc", "Cf"))
+# between two words, such characters and no space leave them attached ("M.<ZWSP>O.<ZWSP>D.")
+_INVISIBLE_GAP = re.compile(f"[{_characters(lambda char: unicodedata.category(char) in ('Cc', 'Cf') and not char.isspace())}]+")
+
+# a word: word characters and what joins them (which never starts a word, and ends it only as the
+# marks of its last letter, so that an invisible character after a word stays outside its offsets);
 # most words end at a space, which the lookahead turns away before the joining characters' long class
-# (tried at every word's end, that class cost a fifth of the words' match time)
-_WORD_RUN = rf"\w+(?:(?=[^\s\w])[{_JOINING}]+\w*)*"
+# (tried at every word's end, that class cost a fifth of the words' match time). Underscores join
+# inside a word ("snake_case") but are symbols at its edges, as markdown's emphasis ("_Macron_") uses them.
+_LETTERS = r"(?!_)\w+(?<!_)"
+_WORD_RUN = rf"{_LETTERS}(?:(?=[^\s\w])(?:[{_JOINING}]+{_LETTERS}|[{_MARKS}]+))*"
 
 # Every line boundary str.splitlines knows ("\r\n" one of them), as a character class's escapes:
 # besides \n and \r, the form feed between pdftotext's pages, the vertical tab, NEL, and Unicode's
 # line and paragraph separators (U+2028, U+2029) that word processors write.
 _LINE_BREAKS = r"\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 
-_WORDS = (
-    r"""
-    (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
-    | \b"""
-    + _abbreviations(TITLES)
-    + r"""                        # titles and months: Mr. St. Jan.
-    | \b"""
-    + _abbreviations(SUFFIXES)
-    + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
-    | \b[A-Z]\.(?=\s+[A-Z])       # an initial before a name: J. Smith
-    | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
-    | (?<![^"""
-    + _LINE_BREAKS
-    + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
-    | \d+(?:[-.,:/]\d+)*\w*(?:[-'’]\w+)*  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
-                                  # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
-    | """
-    + rf"{_WORD_RUN}(?:[-'’]{_WORD_RUN})*"
-    + r"""  # words, with inner hyphens and apostrophes
-    | -{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
-    | [^\w\s]                     # any other symbol on its own
-    """
-)
-_WORD = re.compile(_WORDS, re.VERBOSE)
+
+def _words(before_plain_words: str = "") -> str:
+    """The pattern of a word, with BEFORE_PLAIN_WORDS (alternatives) tried before the plain words'."""
+    return (
+        r"""
+        (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
+        | \b"""
+        + _abbreviations(TITLES)
+        + r"""                        # titles and months: Mr. St. Jan.
+        | \b"""
+        + _abbreviations(SUFFIXES)
+        + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
+        | \b[A-Z]\.(?=[\s"""
+        + _INVISIBLE
+        + r"""]+[A-Z])  # an initial before a name: J. Smith
+        | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
+        | (?<![^"""
+        + _LINE_BREAKS
+        + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
+        | \d+(?:[-.,:/]\d+)*\w*(?:[-'’]\w+)*  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
+                                      # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
+        | """
+        + before_plain_words
+        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*[-'’]{_WORD_RUN})*"
+        + r"""  # words, with inner hyphens and apostrophes, and the plus signs
+        # written on them: CD4+ T cells, Ca2+, AA+ (a rating), C++
+        | -{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
+        | _+                          # underscores at a word's edges
+        | [^\w\s"""
+        + _INVISIBLE
+        + r"""]  # any other visible symbol on its own
+        """
+    )
+
+
+_WORD = re.compile(_words(), re.VERBOSE)
 
 # Links, each one word as the tweets of the training data write them ("http://t.co/QLOb9A8yp1"),
 # rather than a dozen words of letters and symbols the model would read as names: a URL from its
@@ -107,7 +136,10 @@ _LINKS = r"""
     (?:[A-Za-z][A-Za-z0-9+.-]*://|www\.|WWW\.)[^\s<>"]*[^\s<>".,;:!?)\]}'’”]   # URLs
     | [\w.+-]+@[\w-]+(?:\.[\w-]+)+                                      # e-mail addresses
     |"""
-_WORD_OR_LINK = re.compile(_LINKS + _WORDS, re.VERBOSE)
+# a user name after its "@" (a space between, as some text writes it), underscores and all: "@akshayy_"
+_USER_NAME = r"""(?:(?<=@)|(?<=@\ ))\w+(?:[-'’]\w+)*
+        | """
+_WORD_OR_LINK = re.compile(_LINKS + _words(_USER_NAME), re.VERBOSE)
 
 
 def _may_hold_links(text: str) -> bool:
@@ -132,7 +164,9 @@ def _split_clitic(word: Word) -> list[Word]:
     if match is None or match.start() == 0:
         return [word]
     cut = word.start + match.start()
-    return [Word(word.text[: match.start()], word.start, cut), Word(match.group(), cut, word.end)]
+    # "Merkel" + U+2069 + "'s": the invisible character between stays outside both words
+    stem = _TRAILING_FORMAT.sub("", word.text[: match.start()])
+    return [Word(stem, word.start, word.start + len(stem)), Word(match.group(), cut, word.end)]
 
 
 # A Word made from its (text, start, end) in C: a named tuple's own constructor is a Python function,
@@ -222,6 +256,8 @@ def split_sentences(text: str) -> list[list[Word]]:
                 sentences.append(current)
                 current = []
             continue
+        if _INVISIBLE_GAP.fullmatch(gap):
+            continue  # attached as the text shows it
         breaks = _line_breaks(gap)
         if _paragraph_break(gap, breaks) or (
             _starts_sentence(following)
@@ -259,4 +295,4 @@ def as_read(sentences: list[list[str]], text: str) -> list[list[str]]:
 
 def _as_read(word: str) -> str:
     plain = _FORMAT.sub("", unicodedata.normalize("NFC", word))
-    return plain or word  # a lone format character stays a word: the tokenizer reads it as unknown
+    return plain or word  # a token of format characters alone (sent as `tokens`): the tokenizer reads it as unknown
