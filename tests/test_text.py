@@ -411,3 +411,11 @@ def test_the_abbreviations_lookahead_only_saves_time(data_root) -> None:  # type
     texts += [" ".join(s.tokens) for folder in ("conll03", "genia", "cadec") for s in read_split(data_root / folder, "test")]
     for text in texts:
         assert [m.span() for m in segment._WORD.finditer(text)] == [m.span() for m in unguarded.finditer(text)], text
+
+
+def test_plus_signs_stay_on_their_word_where_no_word_follows() -> None:
+    text = "CD4+ T cells and Ca2+ influx; CD4+CD25+ cells, A+B, rated AA+. C++ and 4+ years (CD8+)"
+    words = [w.text for w in words_of(text)]
+    assert words[:6] == ["CD4+", "T", "cells", "and", "Ca2+", "influx"]
+    assert words[7:10] == ["CD4", "+", "CD25+"] and words[12:15] == ["A", "+", "B"] and "AA+" in words
+    assert words[-8:] == ["C++", "and", "4", "+", "years", "(", "CD8+", ")"]

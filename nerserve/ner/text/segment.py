@@ -114,7 +114,7 @@ def _words(before_plain_words: str = "") -> str:
                                       # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
         | """
         + before_plain_words
-        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*[-'’]{_WORD_RUN})*"
+        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*[-'’]{_WORD_RUN})*(?:\++(?!\w))?"
         + r"""  # words, with inner hyphens and apostrophes, and the plus signs
         # written on them: CD4+ T cells, Ca2+, AA+ (a rating), C++
         | -{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
