@@ -51,12 +51,13 @@ def best_seconds(work: Callable[[], object], repeats: int) -> float:
 def measure(
     model: str, sentences: list[list[str]], labels: tuple[str, ...], batch: int, per_request: int, repeats: int
 ) -> dict[str, Any]:
-    program = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx")).program
+    loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx"))
+    program = loaded.program
     options = program.config.decode
     if labels and "labels" in {f.name for f in dataclasses.fields(options)}:
         options = dataclasses.replace(options, labels=labels)
     window = min(WINDOW_SUBWORDS, program.window_subwords or WINDOW_SUBWORDS)  # as the service windows
-    planner = Planner(program.subwords, window, WINDOW_OVERLAP_WORDS)
+    planner = Planner(program.subwords, window, WINDOW_OVERLAP_WORDS, loaded.manifest.words)
     texts = [" ".join(words) for words in sentences]
     requests = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
     planned = [text for request in requests for text in planner.plan(request)]  # warm-up: the word caches

@@ -36,6 +36,7 @@ from nerserve.ner.data import Sentence, named_split, read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
+from nerserve.ner.text.segment import PLAIN_WORDS
 from nerserve.ner.types import Entity, EntitySet
 from nerserve.service.pipeline import Planner, assemble
 
@@ -143,10 +144,13 @@ def main(
     layout: Annotated[str, typer.Option(help="lines (news layout) or spaces (every sentence on one line)")] = "lines",
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     written: Annotated[Written, typer.Option(help="every word's characters as they are, or changed (above)")] = "as-is",
+    plain_words: Annotated[
+        bool, typer.Option(help="words cut in the plain style, not as the model's manifest says its data writes them")
+    ] = False,
 ) -> None:
     loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx"))
     program = loaded.program
-    planner = Planner(program.subwords, 384, 24)
+    planner = Planner(program.subwords, 384, 24, PLAIN_WORDS if plain_words else loaded.manifest.words)
     spec = architecture(loaded.manifest.architecture)
     sentences, labels = (
         named_split(data, split, limit) if spec.capabilities.open_labels else (read_split(data, split, limit), ())
@@ -175,6 +179,7 @@ def main(
         "data": f"{data}/{split}",
         "layout": layout,
         "written": written,
+        "words": (PLAIN_WORDS if plain_words else loaded.manifest.words).model_dump(),
         "documents": len(docs),
         "sentences": len(sentences),
         "boundaries": {

@@ -1,10 +1,12 @@
 import itertools
+import pickle
 
 import pytest
 
+from nerserve.ner.text.segment import WordStyle
 from nerserve.ner.text.subword import SubwordEncoder, load_tokenizer
 from nerserve.ner.types import Entity, EntitySet
-from nerserve.service.pipeline import Planner, TooManySentences, Unit, assemble, windows
+from nerserve.service.pipeline import Planner, PlanningRule, TooManySentences, Unit, assemble, windows
 
 
 def test_window_cores_partition_the_sentence() -> None:
@@ -129,3 +131,14 @@ def test_a_request_over_the_sentence_limit_is_refused_before_it_is_tokenised(tin
     with pytest.raises(TooManySentences) as refused:
         planner.plan(["Go on. " * 11, "Stop."], max_sentences=10)
     assert refused.value.count == 12
+
+
+def test_a_models_planning_rule_cuts_words_in_its_style_in_any_process(tiny_backbone) -> None:
+    """An HTTP worker rebuilds a model's planner from its rule (pickled): the words are the style's."""
+    genia = WordStyle(slashes=True, brackets=True, primes=True)
+    rule = pickle.loads(pickle.dumps(PlanningRule.of(tiny_backbone, 384, 24, genia)))
+    text = "NF-kappa B p50/p65 binds 1,25(OH)2D3 ."
+    [styled] = rule.planner().plan(texts=[text])
+    [plain] = PlanningRule.of(tiny_backbone, 384, 24).planner().plan(texts=[text])
+    assert [w.text for w in styled.words] == ["NF-kappa", "B", "p50/p65", "binds", "1,25(OH)2D3", "."]
+    assert len(plain.words) == 12  # "p50 / p65", "1,25 ( OH ) 2D3"

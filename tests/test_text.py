@@ -10,7 +10,7 @@ from nerserve.ner.data import read_split
 from nerserve.ner.encoder import CharCNN, pool_subwords
 from nerserve.ner.text import segment
 from nerserve.ner.text.chars import SHAPES, CharFeeds, char_rows, encode_chars, shape_id
-from nerserve.ner.text.segment import as_read, split_sentences, words_of, words_of_tokens
+from nerserve.ner.text.segment import PLAIN_WORDS, WordStyle, as_read, split_sentences, words_of, words_of_tokens
 from nerserve.ner.text.subword import (
     ATTENTION_COST_PER_POSITION,
     UNPADDED_ATTENTION_COST_PER_POSITION,
@@ -419,3 +419,29 @@ def test_plus_signs_stay_on_their_word_where_no_word_follows() -> None:
     assert words[:6] == ["CD4+", "T", "cells", "and", "Ca2+", "influx"]
     assert words[7:10] == ["CD4", "+", "CD25+"] and words[12:15] == ["A", "+", "B"] and "AA+" in words
     assert words[-8:] == ["C++", "and", "4", "+", "years", "(", "CD8+", ")"]
+
+
+def test_a_word_style_is_read_off_how_a_corpus_writes_its_tokens(data_root) -> None:
+    """GENIA writes "p50/p65", "1,25(OH)2D3" and "5'-flanking" whole; CoNLL-2003 writes "US / UK" apart."""
+    genia = WordStyle.written_in(s.tokens for s in read_split(data_root / "genia", "train", limit=4000))
+    conll = WordStyle.written_in(s.tokens for s in read_split(data_root / "conll03", "train", limit=4000))
+    assert genia == WordStyle(slashes=True, brackets=True, primes=True)
+    assert conll == PLAIN_WORDS
+    assert WordStyle.written_in([["US", "/", "UK"], ["and/or"]]) == PLAIN_WORDS  # as often apart as whole
+
+
+def test_words_are_cut_in_a_models_style() -> None:
+    text = "p50/p65 binds the 5'-flanking region of 1,25(OH)2D3 in CD4(+) cells (n=3), [3H]thymidine by 1,25(OH)2D3."
+    genia = [w.text for w in words_of(text, WordStyle(slashes=True, brackets=True, primes=True))]
+    assert genia[:4] == ["p50/p65", "binds", "the", "5'-flanking"] and "1,25(OH)2D3" in genia and "CD4(+)" in genia
+    assert genia[-4:] == ["[3H]thymidine", "by", "1,25(OH)2D3", "."]
+    assert genia[genia.index("cells") + 1 : genia.index("cells") + 6] == [
+        "(",
+        "n",
+        "=",
+        "3",
+        ")",
+    ]  # a bracket apart stays apart
+    plain = [w.text for w in words_of(text)]
+    assert plain[:3] == ["p50", "/", "p65"] and "1,25(OH)2D3" not in plain
+    assert all(text[w.start : w.end] == w.text for w in words_of(text, WordStyle(slashes=True, brackets=True, primes=True)))

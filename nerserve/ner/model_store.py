@@ -15,6 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from nerserve.ner.text.segment import PLAIN_WORDS, WordStyle
+
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
@@ -73,6 +75,7 @@ class Manifest(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     scores: dict[str, Any] = Field(default_factory=dict)
+    words: WordStyle = PLAIN_WORDS  # how its training data writes what corpora write differently
 
 
 def model_dir(name_or_path: str, store: Path) -> Path:

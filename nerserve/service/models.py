@@ -214,7 +214,7 @@ def load_served_model(
     # with a graph process, this process's own program only prepares and decodes: it loads on the CPU
     manifest, program = source.load("cpu" if graphs else None)
     window = min(settings.window_subwords, program.window_subwords or settings.window_subwords)
-    planning = PlanningRule.of(source.tokenizer_folder(manifest), window, settings.window_overlap_words)
+    planning = PlanningRule.of(source.tokenizer_folder(manifest), window, settings.window_overlap_words, manifest.words)
     planner = planning.planner(program.subwords)
     observer = ModelObserver(metrics, folder.name, batch_log)
 

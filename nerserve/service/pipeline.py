@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nerserve.ner.text.segment import as_read, split_sentences, words_of_tokens
+from nerserve.ner.text.segment import PLAIN_WORDS, WordStyle, as_read, split_sentences, words_of_tokens
 from nerserve.ner.text.subword import SubwordEncoder, Tokenized, load_tokenizer
 from nerserve.ner.types import EntitySet, Word, fragment_char_spans
 
@@ -74,10 +74,13 @@ class TooManySentences(ValueError):
 
 
 class Planner:
-    def __init__(self, subwords: SubwordEncoder, window_subwords: int, overlap_words: int) -> None:
+    def __init__(
+        self, subwords: SubwordEncoder, window_subwords: int, overlap_words: int, words: WordStyle = PLAIN_WORDS
+    ) -> None:
         self.subwords = subwords
         self.budget = window_subwords - subwords.special_count
         self.overlap = overlap_words
+        self.words = words  # how the model's training data writes words
 
     def clipped(self, sentence: Tokenized) -> Tokenized:
         """A word longer than a whole window (e.g. "a-a-a-…", a long CJK run) keeps only the
@@ -94,7 +97,7 @@ class Planner:
         if texts is not None:
             for t, text in enumerate(texts):
                 words: list[Word] = []
-                split = split_sentences(text)
+                split = split_sentences(text, self.words)
                 for sentence, read in zip(split, as_read([[word.text for word in s] for s in split], text), strict=True):
                     sentences.append((t, len(words), read))
                     words.extend(sentence)
@@ -126,18 +129,22 @@ class Planner:
 class PlanningRule:
     """How a model's requests are planned, in a form another process can rebuild it from (an HTTP
     worker plans its own requests): the tokenizer's folder, what identifies its tokenizer (models
-    whose tokenizers are the same file share one encoder there), the window and its overlap."""
+    whose tokenizers are the same file share one encoder there), the window and its overlap, and how
+    the model's training data writes words."""
 
     tokenizer_folder: Path
     tokenizer: str
     window_subwords: int
     overlap_words: int
+    words: WordStyle = PLAIN_WORDS
 
     @classmethod
-    def of(cls, tokenizer_folder: Path, window_subwords: int, overlap_words: int) -> PlanningRule:
+    def of(
+        cls, tokenizer_folder: Path, window_subwords: int, overlap_words: int, words: WordStyle = PLAIN_WORDS
+    ) -> PlanningRule:
         found = tokenizer_folder / "tokenizer.json"
         identity = hashlib.sha256(found.read_bytes()).hexdigest() if found.is_file() else str(tokenizer_folder.resolve())
-        return cls(tokenizer_folder, identity, window_subwords, overlap_words)
+        return cls(tokenizer_folder, identity, window_subwords, overlap_words, words)
 
     def subword_encoder(self) -> SubwordEncoder:
         return SubwordEncoder(load_tokenizer(self.tokenizer_folder))
@@ -145,7 +152,7 @@ class PlanningRule:
     def planner(self, subwords: SubwordEncoder | None = None) -> Planner:
         """The planner; `subwords`, an encoder of this tokenizer already made (the model's own,
         where the model is loaded)."""
-        return Planner(subwords or self.subword_encoder(), self.window_subwords, self.overlap_words)
+        return Planner(subwords or self.subword_encoder(), self.window_subwords, self.overlap_words, self.words)
 
 
 def assemble(planned: PlannedText, results: list[EntitySet]) -> list[dict[str, Any]]:

@@ -12,7 +12,9 @@ import itertools
 import operator
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict
 
 from nerserve.ner.types import Word
 
@@ -92,8 +94,65 @@ _WORD_RUN = rf"{_LETTERS}(?:(?=[^\s\w])(?:[{_JOINING}]+{_LETTERS}|[{_MARKS}]+))*
 _LINE_BREAKS = r"\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 
 
-def _words(before_plain_words: str = "") -> str:
-    """The pattern of a word, with BEFORE_PLAIN_WORDS (alternatives) tried before the plain words'."""
+class WordStyle(BaseModel):
+    """What corpora write differently, as a model's training data writes it, so that raw text is cut
+    into the words the model learnt from: GENIA writes "p50/p65", "1,25(OH)2D3" and "5'-flanking" as
+    one token each, CoNLL-2003 "US / UK" as three and no word with a bracket inside. Read off the
+    training data (`written_in`) into the model's manifest; the default is the plain style."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    slashes: bool = False  # "p50/p65", "and/or", "ng/ml": one word
+    brackets: bool = False  # "1,25(OH)2D3", "CD4(+)", "Ca(2+)", "[3H]thymidine": one word
+    primes: bool = False  # "5'", "5'-flanking", "3'-UTR": a number's prime stays on it
+
+    @classmethod
+    def written_in(cls, sentences: Iterable[Sequence[str]]) -> WordStyle:
+        """The style of a corpus's token lists: a form is joined where the corpus writes it whole
+        more often than apart, and at least once in a thousand sentences. (A bracket written apart
+        cannot be told from one that stood apart in the text, so brackets go by the first count.)"""
+        whole = {"slashes": 0, "brackets": 0, "primes": 0}
+        apart = dict.fromkeys(whole, 0)
+        count = 0
+        for tokens in sentences:
+            count += 1
+            for i, token in enumerate(tokens):
+                whole["slashes"] += bool(_SLASHED.fullmatch(token)) and "://" not in token
+                whole["brackets"] += bool(_BRACKETED_TOKEN.search(token))
+                whole["primes"] += bool(_PRIMED.fullmatch(token))
+                if 0 < i < len(tokens) - 1 and token in ("/", "'"):
+                    before, after = tokens[i - 1], tokens[i + 1]
+                    if token == "/" and before[-1].isalpha() and after[0].isalpha():
+                        apart["slashes"] += 1
+                    elif token == "'" and before.isdigit():
+                        apart["primes"] += 1
+        return cls(**{form: whole[form] > apart[form] and whole[form] * 1000 >= count for form in whole})
+
+
+PLAIN_WORDS = WordStyle()
+
+# the forms WordStyle.written_in counts in a corpus's tokens
+_SLASHED = re.compile(r"\S*[^\W\d_]\w*/\w*[^\W\d_]\S*")
+# a bracket with what a word with brackets inside has on its outer side (a word character, or a plus
+# sign before it: "CD4+(x)"); written to start at the bracket, which the regex engine finds by its
+# character class alone (five times faster over a text than starting at the word character)
+_BRACKETED_TOKEN = re.compile(r"[][()](?:(?<=[\w+][(\[])|(?<=[)\]])(?=\w))")
+_PRIMED = re.compile(r"\d+'\S*")
+
+# a word with brackets inside, in the brackets style: a stem and bracketed groups ("1,25(OH)2D3",
+# "CD4(+)", "p56(lck)"), or a group before letters ("[3H]thymidine"); what follows a group goes on
+# only while word characters do, so a sentence's period stays apart
+_AFTER_GROUP = r"(?:[\w+]|[-.](?=\w))*"
+_GROUP = rf"[(\[][\w,.+;:-]+[)\]]{_AFTER_GROUP}"
+_BRACKETED = rf"\w(?:[\w+]|[-.,](?=\w))*(?:{_GROUP})+ | [(\[][\w,.+;:-]+[)\]]\w{_AFTER_GROUP}"
+
+
+def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, brackets: bool = False) -> str:
+    """The pattern of a word in STYLE, with BEFORE_PLAIN_WORDS (alternatives) tried before the plain
+    words'; BRACKETS: with words that have brackets inside (the style's, for a text that holds one)."""
+    joiners = "-'’/" if style.slashes else "-'’"
+    prime = "(?:'(?=[\\s\\w-]))?" if style.primes else ""
+    bracketed = f"{_BRACKETED}\n        | " if brackets else ""
     return (
         r"""
         (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
@@ -110,11 +169,14 @@ def _words(before_plain_words: str = "") -> str:
         | (?<![^"""
         + _LINE_BREAKS
         + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
-        | \d+(?:[-.,:/]\d+)*\w*(?:[-'’]\w+)*  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
+        | """
+        + bracketed
+        + rf"\d+(?:[-.,:/]\d+)*{prime}\w*(?:[{joiners}]\w+)*"
+        + r"""  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
                                       # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
         | """
         + before_plain_words
-        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*[-'’]{_WORD_RUN})*(?:\++(?!\w))?"
+        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*[{joiners}]{_WORD_RUN})*(?:\++(?!\w))?"
         + r"""  # words, with inner hyphens and apostrophes, and the plus signs
         # written on them: CD4+ T cells, Ca2+, AA+ (a rating), C++
         | -{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
@@ -125,8 +187,6 @@ def _words(before_plain_words: str = "") -> str:
         """
     )
 
-
-_WORD = re.compile(_words(), re.VERBOSE)
 
 # Links, each one word as the tweets of the training data write them ("http://t.co/QLOb9A8yp1"),
 # rather than a dozen words of letters and symbols the model would read as names: a URL from its
@@ -139,7 +199,17 @@ _LINKS = r"""
 # a user name after its "@" (a space between, as some text writes it), underscores and all: "@akshayy_"
 _USER_NAME = r"""(?:(?<=@)|(?<=@\ ))\w+(?:[-'’]\w+)*
         | """
-_WORD_OR_LINK = re.compile(_LINKS + _words(_USER_NAME), re.VERBOSE)
+
+
+@functools.cache
+def _word_pattern(style: WordStyle, links: bool, brackets: bool) -> re.Pattern[str]:
+    """The words of STYLE; with LINKS, links and user names too; with BRACKETS, words with brackets inside."""
+    if links:
+        return re.compile(_LINKS + _words(_USER_NAME, style, brackets), re.VERBOSE)
+    return re.compile(_words(style=style, brackets=brackets), re.VERBOSE)
+
+
+_WORD = _word_pattern(PLAIN_WORDS, links=False, brackets=False)
 
 
 def _may_hold_links(text: str) -> bool:
@@ -174,8 +244,10 @@ def _split_clitic(word: Word) -> list[Word]:
 _word = functools.partial(tuple.__new__, Word)
 
 
-def words_of(text: str) -> list[Word]:
-    pattern = _WORD_OR_LINK if _may_hold_links(text) else _WORD
+def words_of(text: str, style: WordStyle = PLAIN_WORDS) -> list[Word]:
+    # words with brackets inside are tried only in a text that has one: trying them costs every word
+    brackets = style.brackets and _BRACKETED_TOKEN.search(text) is not None
+    pattern = _word_pattern(style, _may_hold_links(text), brackets)
     words = [_word((match.group(), match.start(), match.end())) for match in pattern.finditer(text)]
     if "'" not in text and "’" not in text:  # every clitic has an apostrophe: most texts skip the search
         return words
@@ -234,12 +306,12 @@ def _ends_line_unit(text: str, current: list[Word], line_start: int) -> bool:
     return len(line) <= SHORT_LINE or not any(c.islower() for c in line)
 
 
-def split_sentences(text: str) -> list[list[Word]]:
+def split_sentences(text: str, style: WordStyle = PLAIN_WORDS) -> list[list[Word]]:
     """Words grouped into sentences: at a blank line or a paragraph separator; and after . ! ? (and
     closing quotes or brackets) or at the end of a line unit (see _ends_line_unit) when the next word
     starts with an upper-case letter, a digit, a quote or a bracket. Each character is looked at a
     bounded number of times, so a text of many lines takes time in proportion to its length."""
-    words = words_of(text)
+    words = words_of(text, style)
     sentences: list[list[Word]] = []
     current: list[Word] = []
     followers: list[Word | None] = [*words[1:], None] if words else []

@@ -24,6 +24,7 @@ from nerserve.ner.loading import device_name
 from nerserve.ner.lora import LoraSettings, save_weights, trainable_state
 from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, weights_version, write_manifest
 from nerserve.ner.runner import score
+from nerserve.ner.text.segment import WordStyle
 
 DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
 LossFunction = Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]]
@@ -88,6 +89,7 @@ class ModelRecord:
             data={"folder": self.data_dir.name, "train": "train.jsonl", "dev": "dev.jsonl", "test": "test.jsonl"},
             training={**asdict(self.settings), **self.extra, **training},
             scores=scores,
+            words=WordStyle.written_in(sentence.tokens for sentence in read_split(self.data_dir, "train")),
         )
 
 
