@@ -349,6 +349,11 @@ def test_malformed_and_oversized_bodies(server: Server) -> None:
     plain = httpx.post(f"{server.url}/extract", content=b'{"texts": ["a"]}', headers={"content-type": "text/plain"})
     assert plain.status_code == 415 and plain.json()["error"]["field"] == "content-type"
     assert "application/json" in plain.json()["error"]["message"]
+    # JSON with no content-type (requests.post(url, data=json.dumps(...)) sends none): said so, not "malformed"
+    unlabelled = httpx.post(f"{server.url}/extract", content=b'{"texts": ["a"]}')
+    assert "content-type" not in unlabelled.request.headers
+    assert unlabelled.status_code == 415 and unlabelled.json()["error"]["field"] == "content-type"
+    assert "no content-type" in unlabelled.json()["error"]["message"]
     huge = httpx.post(
         f"{server.url}/extract",
         content=json.dumps({"texts": ["x" * 3_000_000]}).encode(),
@@ -584,6 +589,13 @@ def test_skip_serves_the_others_and_lists_the_failed_one(tmp_path: Path) -> None
         assert httpx.get(f"{server.url}/health/live").status_code == 200
     finally:
         server.stop()
+
+
+def test_health_routes_answer_head_as_load_balancers_ask(server: Server) -> None:
+    for path in ("/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"):
+        asked = httpx.head(f"{server.url}{path}")
+        assert asked.status_code == 200 and asked.content == b"", path
+        assert httpx.get(f"{server.url}{path}").status_code == 200, path
 
 
 def test_slow_headers_get_a_408_and_the_connection_is_closed(server: Server) -> None:

@@ -108,7 +108,10 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
         # FastAPI reads a body as JSON only when it is declared so (or not declared at all): JSON
         # sent as text/plain arrives as a string, which is not "malformed JSON" to the one who sent it.
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type and media_type != "application/json" and not media_type.endswith("+json"):
+        if not media_type:  # FastAPI reads no body as JSON without its word (a browser's cross-site form can send one)
+            message = "request body must be sent as application/json: the request has no content-type header"
+            return error_response("unsupported_media_type", message, "content-type", path=request.url.path)
+        if media_type != "application/json" and not media_type.endswith("+json"):
             message = f"request body must be sent as application/json, not {media_type}"
             return error_response("unsupported_media_type", message, "content-type", path=request.url.path)
         return error_response("malformed_json", "request body must be a JSON object", path=request.url.path)

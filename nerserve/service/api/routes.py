@@ -77,7 +77,8 @@ async def models(request: Request) -> dict[str, Any]:
     return {"default": state.default_model, "models": listed}
 
 
-@router.get("/health/live", responses={503: {"model": ErrorResponse}})
+# HEAD too: load balancers' and uptime monitors' health checks often ask with it
+@router.api_route("/health/live", methods=["GET", "HEAD"], responses={503: {"model": ErrorResponse}})
 async def live(request: Request) -> JSONResponse:
     state = service_state(request)
     if state.fatal:
@@ -85,7 +86,7 @@ async def live(request: Request) -> JSONResponse:
     return JSONResponse({"status": "live"})
 
 
-@router.get("/health/ready", responses={503: {"model": ErrorResponse}})
+@router.api_route("/health/ready", methods=["GET", "HEAD"], responses={503: {"model": ErrorResponse}})
 async def ready(request: Request) -> JSONResponse:
     state = service_state(request)
     if state.draining:

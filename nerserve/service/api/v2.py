@@ -82,13 +82,13 @@ async def server_metadata() -> dict[str, Any]:
     return {"name": "nerserve", "version": __version__, "extensions": ["binary_tensor_data"]}
 
 
-@v2.get("/health/live", responses={503: {"model": V2ErrorBody}})
+@v2.api_route("/health/live", methods=["GET", "HEAD"], responses={503: {"model": V2ErrorBody}})
 async def live(request: Request) -> JSONResponse:
     state = service_state(request)
     return JSONResponse({"live": not state.fatal}, status_code=503 if state.fatal else 200)
 
 
-@v2.get("/health/ready", responses={503: {"model": V2ErrorBody}})
+@v2.api_route("/health/ready", methods=["GET", "HEAD"], responses={503: {"model": V2ErrorBody}})
 async def ready(request: Request) -> JSONResponse:
     state = service_state(request)
     is_ready = state.ready and not state.draining and not state.fatal
