@@ -13,7 +13,10 @@ mark, as macOS file names and some PDF text write it), `soft-hyphens` with a sof
 middle of every word of six letters or more (as HTML's &shy; hyphenates long words), `bidi-isolated`
 with every capitalised word between a first-strong isolate and its pop (U+2068 … U+2069, as text
 copied from a page's <bdi> or a tweet's user names carries them). Gold offsets leave out the
-invisible characters at an entity's edges. An open-label model is asked for the data's label names.
+invisible characters at an entity's edges. `--suffixes attached` writes a token that begins with a
+hyphen and a letter onto the word before it, as the text it was cut from had it (GENIA's "IL-2
+-induced" was "IL-2-induced" in its abstract; Moses leaves the space). An open-label model is asked
+for the data's label names.
 
     python benchmarks/raw_text_eval.py --model span-conll03 --data ../shared/data/conll03
     python benchmarks/raw_text_eval.py --model gliner-open --data ../shared/data/open/wikiann_en --written NFD
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -95,7 +99,12 @@ def separator(tokens: tuple[str, ...], layout: str) -> str:
     return " " if ends else "\n"
 
 
-def documents(sentences: list[Sentence], per_document: int, layout: str) -> list[tuple[str, EntitySet, list[int]]]:
+_SPLIT_SUFFIX = re.compile(r" (?=-[^\W\d_])")
+
+
+def documents(
+    sentences: list[Sentence], per_document: int, layout: str, suffixes: str = "apart"
+) -> list[tuple[str, EntitySet, list[int]]]:
     """(text, gold entities by character offsets, the offsets where a true sentence starts)."""
     detokenizer = MosesDetokenizer(lang="en")
     out = []
@@ -104,6 +113,8 @@ def documents(sentences: list[Sentence], per_document: int, layout: str) -> list
         after = ""
         for sentence in sentences[i : i + per_document]:
             piece = detokenizer.detokenize(list(sentence.tokens))
+            if suffixes == "attached":
+                piece = _SPLIT_SUFFIX.sub("", piece)
             offset = len(text) + len(after)
             text = f"{text}{after}{piece}"
             after = separator(sentence.tokens, layout)
@@ -144,6 +155,9 @@ def main(
     layout: Annotated[str, typer.Option(help="lines (news layout) or spaces (every sentence on one line)")] = "lines",
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     written: Annotated[Written, typer.Option(help="every word's characters as they are, or changed (above)")] = "as-is",
+    suffixes: Annotated[
+        Literal["apart", "attached"], typer.Option(help="a token beginning with a hyphen: apart, or on the word before")
+    ] = "apart",
     plain_words: Annotated[
         bool, typer.Option(help="words cut in the plain style, not as the model's manifest says its data writes them")
     ] = False,
@@ -157,7 +171,7 @@ def main(
     )
     options = spec.request_options(program.config.decode, {}, labels)
     sentences = [dataclasses.replace(s, tokens=tuple(map(WRITTEN[written], s.tokens))) for s in sentences]
-    docs = documents(sentences, per_document, layout)
+    docs = documents(sentences, per_document, layout, suffixes)
     from_texts = run_texts(program, planner, [text for text, _, _ in docs], None, options)
     true_boundaries = predicted_boundaries = recovered = 0
     planned = planner.plan([text for text, _, _ in docs])
@@ -179,6 +193,7 @@ def main(
         "data": f"{data}/{split}",
         "layout": layout,
         "written": written,
+        "suffixes": suffixes,
         "words": (PLAIN_WORDS if plain_words else loaded.manifest.words).model_dump(),
         "documents": len(docs),
         "sentences": len(sentences),

@@ -422,12 +422,15 @@ def test_plus_signs_stay_on_their_word_where_no_word_follows() -> None:
 
 
 def test_a_word_style_is_read_off_how_a_corpus_writes_its_tokens(data_root) -> None:
-    """GENIA writes "p50/p65", "1,25(OH)2D3" and "5'-flanking" whole; CoNLL-2003 writes "US / UK" apart."""
+    """GENIA writes "p50/p65", "1,25(OH)2D3" and "5'-flanking" whole and cuts "-induced" off "IL-2";
+    CoNLL-2003 writes "US / UK" apart."""
     genia = WordStyle.written_in(s.tokens for s in read_split(data_root / "genia", "train", limit=4000))
     conll = WordStyle.written_in(s.tokens for s in read_split(data_root / "conll03", "train", limit=4000))
-    assert genia == WordStyle(slashes=True, brackets=True, primes=True)
+    assert genia.slashes and genia.brackets and genia.primes
+    assert {"induced", "mediated"} <= set(genia.suffixes) and "specific" not in genia.suffixes  # 58 apart, 472 whole
     assert conll == PLAIN_WORDS
     assert WordStyle.written_in([["US", "/", "UK"], ["and/or"]]) == PLAIN_WORDS  # as often apart as whole
+    assert WordStyle.written_in([["IL-2", "-induced"], ["ligand-induced"], ["X", "-induced"]]).suffixes == ("induced",)
 
 
 def test_words_are_cut_in_a_models_style() -> None:
@@ -445,3 +448,14 @@ def test_words_are_cut_in_a_models_style() -> None:
     plain = [w.text for w in words_of(text)]
     assert plain[:3] == ["p50", "/", "p65"] and "1,25(OH)2D3" not in plain
     assert all(text[w.start : w.end] == w.text for w in words_of(text, WordStyle(slashes=True, brackets=True, primes=True)))
+
+
+def test_a_suffix_the_style_cuts_off_is_a_word_of_its_own() -> None:
+    """ "IL-2-induced" as GENIA writes it ("IL-2", "-induced"), so the entity "IL-2" can be found."""
+    style = WordStyle(brackets=True, suffixes=("induced", "mediated"))
+    text = "IL-2-induced and TNF-alpha-mediated, 1,25(OH)2D3-induced and 5-induced; IL-2-dependent, the -induced"
+    words = [w.text for w in words_of(text, style)]
+    assert words[:5] == ["IL-2", "-induced", "and", "TNF-alpha", "-mediated"]
+    assert words[6:10] == ["1,25(OH)2D3", "-induced", "and", "5"] and words[10] == "-induced"
+    assert "IL-2-dependent" in words and words[-1] == "-induced"
+    assert [w.text for w in words_of(text)][:3] == ["IL-2-induced", "and", "TNF-alpha-mediated"]

@@ -12,6 +12,7 @@ import itertools
 import operator
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict
@@ -97,26 +98,34 @@ _LINE_BREAKS = r"\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 class WordStyle(BaseModel):
     """What corpora write differently, as a model's training data writes it, so that raw text is cut
     into the words the model learnt from: GENIA writes "p50/p65", "1,25(OH)2D3" and "5'-flanking" as
-    one token each, CoNLL-2003 "US / UK" as three and no word with a bracket inside. Read off the
-    training data (`written_in`) into the model's manifest; the default is the plain style."""
+    one token each, CoNLL-2003 "US / UK" as three and no word with a bracket inside; GENIA cuts
+    "-induced" off "IL-2-induced" (where the stem is an entity, which a text alone cannot tell). Read
+    off the training data (`written_in`) into the model's manifest; the default is the plain style."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     slashes: bool = False  # "p50/p65", "and/or", "ng/ml": one word
     brackets: bool = False  # "1,25(OH)2D3", "CD4(+)", "Ca(2+)", "[3H]thymidine": one word
     primes: bool = False  # "5'", "5'-flanking", "3'-UTR": a number's prime stays on it
+    suffixes: tuple[str, ...] = ()  # "induced": "IL-2-induced" is "IL-2" and "-induced"
 
     @classmethod
     def written_in(cls, sentences: Iterable[Sequence[str]]) -> WordStyle:
         """The style of a corpus's token lists: a form is joined where the corpus writes it whole
-        more often than apart, and at least once in a thousand sentences. (A bracket written apart
-        cannot be told from one that stood apart in the text, so brackets go by the first count.)"""
+        more often than apart, and at least once in a thousand sentences; a hyphen's suffix is cut
+        off where it is a token of its own ("-induced") more often than the end of one ("ligand-induced"),
+        and at least once in a thousand sentences. (A bracket written apart cannot be told from one
+        that stood apart in the text, so brackets go by the first count.)"""
         whole = {"slashes": 0, "brackets": 0, "primes": 0}
         apart = dict.fromkeys(whole, 0)
+        suffix_apart: Counter[str] = Counter()
+        suffix_whole: Counter[str] = Counter()
         count = 0
         for tokens in sentences:
             count += 1
             for i, token in enumerate(tokens):
+                if "-" in token and (suffix := _SUFFIX.search(token)):
+                    (suffix_apart if suffix.start() == 0 and i > 0 else suffix_whole)[suffix.group(1)] += 1
                 whole["slashes"] += bool(_SLASHED.fullmatch(token)) and "://" not in token
                 whole["brackets"] += bool(_BRACKETED_TOKEN.search(token))
                 whole["primes"] += bool(_PRIMED.fullmatch(token))
@@ -126,7 +135,9 @@ class WordStyle(BaseModel):
                         apart["slashes"] += 1
                     elif token == "'" and before.isdigit():
                         apart["primes"] += 1
-        return cls(**{form: whole[form] > apart[form] and whole[form] * 1000 >= count for form in whole})
+        joined = {form: whole[form] > apart[form] and whole[form] * 1000 >= count for form in whole}
+        cut = (s for s, n in suffix_apart.items() if n > suffix_whole[s] and n * 1000 >= count)
+        return cls(**joined, suffixes=tuple(sorted(cut)))
 
 
 PLAIN_WORDS = WordStyle()
@@ -138,13 +149,16 @@ _SLASHED = re.compile(r"\S*[^\W\d_]\w*/\w*[^\W\d_]\S*")
 # character class alone (five times faster over a text than starting at the word character)
 _BRACKETED_TOKEN = re.compile(r"[][()](?:(?<=[\w+][(\[])|(?<=[)\]])(?=\w))")
 _PRIMED = re.compile(r"\d+'\S*")
+_SUFFIX = re.compile(r"(?:^|(?<=\w))-([^\W\d_]+)$")  # "-induced", or the end of "ligand-induced"
 
-# a word with brackets inside, in the brackets style: a stem and bracketed groups ("1,25(OH)2D3",
-# "CD4(+)", "p56(lck)"), or a group before letters ("[3H]thymidine"); what follows a group goes on
-# only while word characters do, so a sentence's period stays apart
-_AFTER_GROUP = r"(?:[\w+]|[-.](?=\w))*"
-_GROUP = rf"[(\[][\w,.+;:-]+[)\]]{_AFTER_GROUP}"
-_BRACKETED = rf"\w(?:[\w+]|[-.,](?=\w))*(?:{_GROUP})+ | [(\[][\w,.+;:-]+[)\]]\w{_AFTER_GROUP}"
+
+def _bracketed(no_suffix: str) -> str:
+    """A word with brackets inside, in the brackets style: a stem and bracketed groups ("1,25(OH)2D3",
+    "CD4(+)", "p56(lck)"), or a group before letters ("[3H]thymidine"); what follows a group goes on
+    only while word characters do, so a sentence's period stays apart, and not into a suffix cut off."""
+    after_group = rf"(?:[\w+]|{no_suffix}[-.](?=\w))*"
+    group = rf"[(\[][\w,.+;:-]+[)\]]{after_group}"
+    return rf"\w(?:[\w+]|[-.,](?=\w))*(?:{group})+ | [(\[][\w,.+;:-]+[)\]]\w{after_group}"
 
 
 def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, brackets: bool = False) -> str:
@@ -152,7 +166,11 @@ def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, bracket
     words'; BRACKETS: with words that have brackets inside (the style's, for a text that holds one)."""
     joiners = "-'’/" if style.slashes else "-'’"
     prime = "(?:'(?=[\\s\\w-]))?" if style.primes else ""
-    bracketed = f"{_BRACKETED}\n        | " if brackets else ""
+    suffixes = "|".join(map(re.escape, style.suffixes))
+    # a hyphen that does not join its suffix on, and the suffix as a word of its own
+    no_suffix = rf"(?!-(?:{suffixes})(?!\w))" if suffixes else ""
+    suffix = rf"-(?:{suffixes})(?!\w) | " if suffixes else ""
+    bracketed = f"{_bracketed(no_suffix)}\n        | " if brackets else ""
     return (
         r"""
         (?:[A-Za-z]\.){2,}(?:-\w+)*   # abbreviations: U.S. e.g. U.S.-led
@@ -171,15 +189,17 @@ def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, bracket
         + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
         | """
         + bracketed
-        + rf"\d+(?:[-.,:/]\d+)*{prime}\w*(?:[{joiners}]\w+)*"
+        + rf"\d+(?:[-.,:/]\d+)*{prime}\w*(?:{no_suffix}[{joiners}]\w+)*"
         + r"""  # numbers: 3.5 1,000 10:30 1/2, dates and scores: 1996-08-30 4-38,
                                       # with what the data writes on them: 1st 1990s 50-kDa 2.5-fold 10-year-old
         | """
         + before_plain_words
-        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*[{joiners}]{_WORD_RUN})*(?:\++(?!\w))?"
+        + rf"{_WORD_RUN}(?:(?=[^\s\w])[{_JOINING}]*{no_suffix}[{joiners}]{_WORD_RUN})*(?:\++(?!\w))?"
         + r"""  # words, with inner hyphens and apostrophes, and the plus signs
         # written on them: CD4+ T cells, Ca2+, AA+ (a rating), C++
-        | -{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
+        | """
+        + suffix
+        + r"""-{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
         | _+                          # underscores at a word's edges
         | [^\w\s"""
         + _INVISIBLE
