@@ -4,6 +4,7 @@ architecture whole and keeps its earlier runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -11,12 +12,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from nerserve.ner.backbone import BackboneInfo
 from nerserve.ner.data import read_split
-from nerserve.ner.lora import LoraSettings
 from nerserve.ner.model_store import WEIGHTS, file_sha256, read_manifest
 from nerserve.ner.text.segment import PLAIN_WORDS
-from nerserve.ner.training.loop import ModelRecord, TrainSettings, WarmupLinearDecay, epochs_within_budget
+from nerserve.ner.training.loop import ModelRecord, TrainSettings, WarmupLinearDecay, epochs_within_budget, start_run
 from nerserve.ner.training.span_trainer import train_span
 
 
@@ -85,14 +84,16 @@ def test_gner_draws_a_fresh_balanced_sample_each_epoch_and_the_same_one_on_resum
     assert sum(1 for _, index in sample_mixture(sources, 100, 0.7, epoch_rng(7, 0)) if index == 0) == 70
 
 
-def test_a_manifest_records_how_its_training_data_writes_words(data_root: Path, tmp_path: Path) -> None:
+def test_a_manifest_records_how_its_training_data_writes_words(data_root: Path, tiny_backbone: Path, tmp_path: Path) -> None:
     """GENIA writes "p50/p65" and "1,25(OH)2D3" whole: its models' texts are cut so in the service."""
     weights = tmp_path / WEIGHTS
     weights.write_bytes(b"weights")
-    backbone = BackboneInfo("backbone", tmp_path, None, None, "0" * 64)
     styles = {}
     for folder in ("genia", "conll03"):
-        record = ModelRecord("m", "span", {"labels": ["X"]}, backbone, LoraSettings(), data_root / folder, TrainSettings())
+        run = start_run(data_root / folder, TrainSettings(), str(tiny_backbone), "cpu")
+        record = ModelRecord("m", "span", {"labels": ["X"]}, run.backbone, run.lora, data_root / folder, TrainSettings())
+        assert record.manifest({}, {}, weights).words == PLAIN_WORDS  # none given: an imported model's
+        record = dataclasses.replace(record, words=run.words)
         styles[folder] = record.manifest({}, {}, weights).words
     assert styles["genia"].slashes and styles["genia"].brackets and "induced" in styles["genia"].suffixes
     assert styles["conll03"] == PLAIN_WORDS

@@ -33,7 +33,7 @@ def train_bartner(
     initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: BartnerProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised} if initialised else {}
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra, run.words)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"bartner: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "

@@ -326,7 +326,7 @@ def train_gliner(
     }
     if settings.init_from:
         extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra, run.words)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(f"gliner: {len(sources)} sources, {len(train)} examples an epoch, {trainable:,} trainable parameters", flush=True)
     label_rng = random.Random(settings.seed + 1)

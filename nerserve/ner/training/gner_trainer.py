@@ -136,7 +136,7 @@ def train_gner(
     if settings.init_from:
         extra["warm_start"] = encoder_from(network, settings.init_from)
     program: GnerProgram = eager_program(SPEC, network, backbone, torch_device)
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra, run.words)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"gner: {len(sources)} sources, {len(train)} examples an epoch, {trainable:,} trainable parameters, "

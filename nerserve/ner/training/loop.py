@@ -24,7 +24,7 @@ from nerserve.ner.loading import device_name
 from nerserve.ner.lora import LoraSettings, save_weights, trainable_state
 from nerserve.ner.model_store import WEIGHTS, BackboneRecord, Manifest, weights_version, write_manifest
 from nerserve.ner.runner import score
-from nerserve.ner.text.segment import WordStyle
+from nerserve.ner.text.segment import PLAIN_WORDS, WordStyle
 
 DEV_SLICE = 300  # sentences of dev the regression test re-scores (tests/test_regression.py)
 LossFunction = Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]]
@@ -72,6 +72,7 @@ class ModelRecord:
     data_dir: Path
     settings: TrainSettings
     extra: dict[str, Any] = field(default_factory=dict)  # architecture-specific training facts
+    words: WordStyle = PLAIN_WORDS  # how its training data writes words (RunStart.words)
 
     def manifest(self, training: dict[str, Any], scores: dict[str, Any], weights: Path) -> Manifest:
         """The manifest of the weights just written to `weights` (versioned by day and digest)."""
@@ -89,7 +90,7 @@ class ModelRecord:
             data={"folder": self.data_dir.name, "train": "train.jsonl", "dev": "dev.jsonl", "test": "test.jsonl"},
             training={**asdict(self.settings), **self.extra, **training},
             scores=scores,
-            words=WordStyle.written_in(sentence.tokens for sentence in read_split(self.data_dir, "train")),
+            words=self.words,
         )
 
 
@@ -100,17 +101,20 @@ class RunStart:
     dev: list[Sentence]
     backbone: BackboneInfo
     lora: LoraSettings
+    words: WordStyle  # how the train split writes words, for the manifest (the service cuts texts so)
 
 
 def start_run(data_dir: Path, settings: TrainSettings, backbone_spec: str | None, device: str | None) -> RunStart:
     """Seed, device, the train/dev splits, the backbone and the LoRA settings of a training run."""
     seed_everything(settings.seed)
+    train = read_split(data_dir, "train", settings.train_limit)
     return RunStart(
         device_name(device),
-        read_split(data_dir, "train", settings.train_limit),
+        train,
         read_split(data_dir, "dev", settings.dev_limit),
         resolve_backbone(backbone_spec),
         LoraSettings(rank=settings.lora_rank, alpha=2 * settings.lora_rank),
+        WordStyle.written_in(sentence.tokens for sentence in train),
     )
 
 

@@ -52,7 +52,7 @@ def train_nag(
     extra: dict[str, Any] = {"l_max_coverage": covered}
     if settings.init_from:
         extra["warm_start"] = warm_start(network, settings.init_from, backbone, SPEC.name)
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra, run.words)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"nag: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "

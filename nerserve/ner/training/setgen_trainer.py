@@ -37,7 +37,7 @@ def train_setgen(
     initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: SetgenProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised, "inverse_generation": False} if initialised else {"inverse_generation": False}
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra, run.words)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"setgen: {len(train)} train / {len(dev)} dev sentences, labels {list(config.labels)}, overlap {overlap}, "

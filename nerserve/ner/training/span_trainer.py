@@ -57,7 +57,7 @@ def train_span(
     initialised = warm_start(network, settings.init_from, backbone, SPEC.name) if settings.init_from else {}
     program: SpanProgram = eager_program(SPEC, network, backbone, torch_device)
     extra = {"warm_start": initialised} if initialised else {}
-    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra)
+    record = ModelRecord(out.name, SPEC.name, config.to_dict(), backbone, lora, data_dir, settings, extra, run.words)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     print(
         f"span: {len(train)} train / {len(dev)} dev sentences, labels {list(labels)}, max_width {config.max_width}, "
