@@ -69,17 +69,23 @@ def _is_mark(char: str) -> bool:
 # \w leaves out: combining marks (the accent of a decomposed "é", e + U+0301, as macOS file names and
 # some PDF text write it; Devanagari's and Thai's vowel signs) and format characters.
 _MARKS = _characters(_is_mark)
-_JOINING = _characters(lambda char: _is_mark(char) or _is_format(char))
-_FORMAT = re.compile(f"[{_characters(_is_format)}]")
-_TRAILING_FORMAT = re.compile(f"[{_characters(_is_format)}]+$")
+_FORMATS = _characters(_is_format)
+_JOINING = _MARKS + _FORMATS  # one class body of both's ranges
+_FORMAT = re.compile(f"[{_FORMATS}]")
+_TRAILING_FORMAT = re.compile(f"[{_FORMATS}]+$")
+
+
+def _is_invisible(char: str) -> bool:
+    return unicodedata.category(char) in ("Cc", "Cf")
+
 
 # Invisible characters outside a word are no word of their own, as spaces are not: a byte-order mark
 # at a file's start, a zero-width space, the bidirectional marks and isolates around a name in
 # mixed-script text (tweets carry them), a stray control character. Read as words, each was an
 # unknown sub-word inside the sentence, or inside an entity's offsets.
-_INVISIBLE = _characters(lambda char: unicodedata.category(char) in ("Cc", "Cf"))
+_INVISIBLE = _characters(_is_invisible)
 # between two words, such characters and no space leave them attached ("M.<ZWSP>O.<ZWSP>D.")
-_INVISIBLE_GAP = re.compile(f"[{_characters(lambda char: unicodedata.category(char) in ('Cc', 'Cf') and not char.isspace())}]+")
+_INVISIBLE_GAP = re.compile(f"(?:(?!\\s)[{_INVISIBLE}])+")
 
 # a word: word characters and what joins them (which never starts a word, and ends it only as the
 # marks of its last letter, so that an invisible character after a word stays outside its offsets);
