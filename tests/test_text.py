@@ -459,3 +459,11 @@ def test_a_suffix_the_style_cuts_off_is_a_word_of_its_own() -> None:
     assert words[6:10] == ["1,25(OH)2D3", "-induced", "and", "5"] and words[10] == "-induced"
     assert "IL-2-dependent" in words and words[-1] == "-induced"
     assert [w.text for w in words_of(text)][:3] == ["IL-2-induced", "and", "TNF-alpha-mediated"]
+
+
+def test_a_papers_abbreviations_end_no_sentence() -> None:
+    text = "As shown by Smith et al. (1990), IL-2 binds. As shown in Fig. 2, it works; cf. Eq. 3 for approx. 5 mg."
+    assert sentences_of(text) == [
+        "As shown by Smith et al. ( 1990 ) , IL-2 binds .",
+        "As shown in Fig. 2 , it works ; cf. Eq. 3 for approx. 5 mg .",
+    ]

@@ -25,6 +25,9 @@ from nerserve.ner.types import Word
 # training data writes the sentence's period apart ("… and Lear Corp ." / "Kansas City , Mo .").
 TITLES = ["Mr", "Mrs", "Ms", "Dr", "Prof", "St", "Mt", "Ft", "Gen", "Gov", "Sen", "Rep", "Rev", "Col", "Capt"]
 TITLES += ["Lt", "Sgt", "Maj", "Adm", "No", "Nos", "Vol", "vs"]
+# and what papers write before a citation's year, a figure's or an equation's number: "Smith et al.
+# (1990)", "Fig. 2", "Eq. 3", "approx. 5 mg", "cf. Table 1" (GENIA writes "al." as one token)
+TITLES += ["al", "Fig", "Figs", "Eq", "Eqs", "Ref", "Refs", "approx", "cf"]
 TITLES += ["Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"]
 SUFFIXES = ["Jr", "Sr", "Corp", "Inc", "Ltd", "Co", "Bros", "Dept", "Univ", "etc", "Ave", "Blvd", "Rd"]
 SUFFIXES += ["Calif", "Fla", "Ill", "Mass", "Mich", "Minn", "Penn", "Va", "Wash", "Mo"]
