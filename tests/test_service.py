@@ -132,6 +132,19 @@ def test_nag_options(server: Server) -> None:
     assert too_strict.status_code == 422 and too_strict.json()["error"]["field"] == "options.start_threshold"
 
 
+def test_a_models_texts_are_cut_as_its_training_data_writes_words(server: Server) -> None:
+    """span-genia reads "p50/p65" and "1,25(OH)2D3" as one word each (its manifest's `words`, in
+    /models); span-conll03 reads them in pieces: the entities' token spans index those words."""
+    models = {m["name"]: m for m in httpx.get(f"{server.url}/models").json()["models"]}
+    assert models["span-genia"]["words"]["slashes"] and "induced" in models["span-genia"]["words"]["suffixes"]
+    assert models["span-conll03"]["words"] == {"slashes": False, "brackets": False, "primes": False, "suffixes": []}
+    text = "p50/p65 and 1,25(OH)2D3 induce IL-2 in T cells ."
+    found = extract(server, {"model": "span-genia", "texts": [text]}).json()["results"][0]["entities"]
+    il2 = next(e for e in found if e["text"] == "IL-2")
+    assert il2["token_spans"] == [[4, 5]]  # p50/p65 and 1,25(OH)2D3 induce IL-2
+    check_offsets(text, found)
+
+
 def diffusion_keys(result: dict[str, object]) -> set[tuple[str, tuple[tuple[int, int], ...]]]:
     entities = result["entities"]
     assert isinstance(entities, list)

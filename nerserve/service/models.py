@@ -114,6 +114,7 @@ class ServedModel:
             "execution_providers": self.execution_providers,
             "warm_up": self.warmed_up.as_dict() if self.warmed_up else None,
             "scores": {k: v for k, v in manifest.scores.items() if k in ("dev", "test")},
+            "words": manifest.words.model_dump(),
         }
 
 

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from nerserve.ner.text.segment import WordStyle
+
 # An entity type asked of an open-label model: its name as the model reads it in the prompt and
 # writes it back inside `word(B-name)`, hence no parentheses.
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=64, strip_whitespace=False, pattern=r"^[^()]*\S[^()]*$")]
@@ -144,6 +146,9 @@ class ModelInfo(BaseModel):
     execution_providers: dict[str, str] | None = Field(None, description="what each graph actually runs on")
     warm_up: WarmUpInfo | None = None
     scores: dict[str, Any] | None = None
+    words: WordStyle | None = Field(
+        None, description="how raw texts are cut into words for it, as its training data writes them"
+    )
 
 
 class ModelsResponse(BaseModel):
