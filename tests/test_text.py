@@ -467,3 +467,14 @@ def test_a_papers_abbreviations_end_no_sentence() -> None:
         "As shown by Smith et al. ( 1990 ) , IL-2 binds .",
         "As shown in Fig. 2 , it works ; cf. Eq. 3 for approx. 5 mg .",
     ]
+
+
+def test_han_ideographs_and_hiragana_are_a_word_each() -> None:
+    """As Unicode's word boundaries have them: a Chinese or Japanese text written without spaces is
+    read whole, word by word, rather than as one word clipped to a window's sub-words."""
+    text = "Obama visited 北京 and 東京タワーに行きました。 Merkel (德国总理)"
+    words = [w.text for w in words_of(text)]
+    assert words[:7] == ["Obama", "visited", "北", "京", "and", "東", "京"]
+    assert words[7:15] == ["タワー", "に", "行", "き", "ま", "し", "た", "。"]  # katakana stays joined
+    assert words[-6:] == ["(", "德", "国", "总", "理", ")"]
+    assert all(text[w.start : w.end] == w.text for w in words_of(text))

@@ -95,7 +95,11 @@ _INVISIBLE_GAP = re.compile(f"(?:(?!\\s)[{_INVISIBLE}])+")
 # most words end at a space, which the lookahead turns away before the joining characters' long class
 # (tried at every word's end, that class cost a fifth of the words' match time). Underscores join
 # inside a word ("snake_case") but are symbols at its edges, as markdown's emphasis ("_Macron_") uses them.
-_LETTERS = r"(?!_)\w+(?<!_)"
+# Han ideographs and hiragana are a word each, as Unicode's word boundaries have them (UAX #29 joins
+# neither): written without spaces, a Chinese or Japanese text was one word, clipped to a window's
+# sub-words, and everything after its first few hundred characters went unread.
+_IDEOGRAPHS = "\u3040-\u309f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_LETTERS = rf"(?!_)[^\W{_IDEOGRAPHS}]+(?<!_)"
 _WORD_RUN = rf"{_LETTERS}(?:(?=[^\s\w])(?:[{_JOINING}]+{_LETTERS}|[{_MARKS}]+))*"
 
 # Every line boundary str.splitlines knows ("\r\n" one of them), as a character class's escapes:
@@ -210,6 +214,9 @@ def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, bracket
         + suffix
         + r"""-{2,} | \.{3,} | \+/-          # a dash written "--", an ellipsis "...", plus or minus
         | _+                          # underscores at a word's edges
+        | ["""
+        + _IDEOGRAPHS
+        + r"""]  # an ideograph
         | [^\w\s"""
         + _INVISIBLE
         + r"""]  # any other visible symbol on its own
