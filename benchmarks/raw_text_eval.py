@@ -40,7 +40,7 @@ from nerserve.ner.data import Sentence, named_split, read_split
 from nerserve.ner.evaluation import evaluate
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runtime.graph_set import load_graph_set
-from nerserve.ner.text.segment import PLAIN_WORDS
+from nerserve.ner.text.segment import PLAIN_WORDS, is_invisible
 from nerserve.ner.types import Entity, EntitySet
 from nerserve.service.pipeline import Planner, assemble
 
@@ -67,15 +67,11 @@ WRITTEN: dict[str, Callable[[str], str]] = {
 }
 
 
-def _invisible(char: str) -> bool:
-    return unicodedata.category(char) in ("Cc", "Cf")
-
-
 def visible(text: str, start: int, end: int) -> tuple[int, int]:
     """[START, END) without the invisible characters at its edges."""
-    while start < end and _invisible(text[start]):
+    while start < end and is_invisible(text[start]):
         start += 1
-    while end > start and _invisible(text[end - 1]):
+    while end > start and is_invisible(text[end - 1]):
         end -= 1
     return start, end
 
@@ -164,7 +160,8 @@ def main(
 ) -> None:
     loaded = load_graph_set(LOCATIONS.graph_set_folder(model, "onnx"))
     program = loaded.program
-    planner = Planner(program.subwords, 384, 24, PLAIN_WORDS if plain_words else loaded.manifest.words)
+    words = PLAIN_WORDS if plain_words else loaded.manifest.words
+    planner = Planner(program.subwords, 384, 24, words)
     spec = architecture(loaded.manifest.architecture)
     sentences, labels = (
         named_split(data, split, limit) if spec.capabilities.open_labels else (read_split(data, split, limit), ())
@@ -194,7 +191,7 @@ def main(
         "layout": layout,
         "written": written,
         "suffixes": suffixes,
-        "words": (PLAIN_WORDS if plain_words else loaded.manifest.words).model_dump(),
+        "words": words.model_dump(),
         "documents": len(docs),
         "sentences": len(sentences),
         "boundaries": {

@@ -78,7 +78,8 @@ _FORMAT = re.compile(f"[{_FORMATS}]")
 _TRAILING_FORMAT = re.compile(f"[{_FORMATS}]+$")
 
 
-def _is_invisible(char: str) -> bool:
+def is_invisible(char: str) -> bool:
+    """A control or format character: no word, and never at a word's edge."""
     return unicodedata.category(char) in ("Cc", "Cf")
 
 
@@ -86,7 +87,7 @@ def _is_invisible(char: str) -> bool:
 # at a file's start, a zero-width space, the bidirectional marks and isolates around a name in
 # mixed-script text (tweets carry them), a stray control character. Read as words, each was an
 # unknown sub-word inside the sentence, or inside an entity's offsets.
-_INVISIBLE = _characters(_is_invisible)
+_INVISIBLE = _characters(is_invisible)
 # between two words, such characters and no space leave them attached ("M.<ZWSP>O.<ZWSP>D.")
 _INVISIBLE_GAP = re.compile(f"(?:(?!\\s)[{_INVISIBLE}])+")
 
