@@ -50,19 +50,24 @@ class Entity(BaseModel):
 
 
 class NerServeError(Exception):
-    """The server's JSON error: its HTTP status, code, message and the field it names."""
+    """The server's JSON error: its HTTP status, code, message, the field it names, and the
+    request's id (`X-Request-Id`), which the server's logs name too."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}")
+    def __init__(self, status: int, code: str, message: str, field: str | None = None, request_id: str | None = None) -> None:
+        named = f" (request id {request_id})" if request_id and request_id not in message else ""
+        super().__init__(f"{status} {code}: {message}{named}")
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.request_id = request_id
 
     @classmethod
     def of(cls, response: httpx.Response) -> NerServeError:
+        request_id = response.headers.get("x-request-id")
         try:
             error = response.json()["error"]
-            return cls(response.status_code, error.get("code", ""), error.get("message", ""), error.get("field"))
+            code, message = error.get("code", ""), error.get("message", "")
+            return cls(response.status_code, code, message, error.get("field"), request_id)
         except (ValueError, KeyError, TypeError, AttributeError):
-            return cls(response.status_code, "http_error", response.text[:200])
+            return cls(response.status_code, "http_error", response.text[:200], request_id=request_id)
 
 
 Document = str | Sequence[str]  # a raw text, or one sentence's words (sent as `tokens`)

@@ -94,20 +94,29 @@ def _command_line(pid: str) -> bytes:
 
 class Server:
     def __init__(
-        self, blocked: tuple[str, ...] = (), python: str = sys.executable, cwd: str | None = None, **settings: object
+        self,
+        blocked: tuple[str, ...] = (),
+        python: str = sys.executable,
+        cwd: str | None = None,
+        log: Path | None = None,
+        **settings: object,
     ) -> None:
+        """LOG: a file for the server's log lines (standard error), for a server that logs much: a pipe
+        nobody reads while it runs would fill and stop it."""
         self.port = int(settings.pop("port", None) or free_port())  # type: ignore[call-overload]
         env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
         env["NERSERVE_PORT"] = str(self.port)
         command = [python, "-c", BLOCKING, *blocked] if blocked else [python, "-m", "nerserve", "serve"]
-        self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.log = log
+        with log.open("wb") if log is not None else contextlib.nullcontext(subprocess.PIPE) as errors:
+            self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=errors)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:
         end = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < end:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+                raise RuntimeError(f"server exited: {self.logged()[-2000:]}")
             try:
                 response = httpx.get(f"{self.url}/health/ready", timeout=2)
                 states = response.json().get("models", {})
@@ -120,6 +129,13 @@ class Server:
                 pass
             time.sleep(0.5)
         raise TimeoutError("server not ready")
+
+    def logged(self) -> str:
+        """What the server has logged: its log file's lines so far, or (logging to a pipe) all of them
+        once it has exited."""
+        if self.log is not None:
+            return self.log.read_text()
+        return self.process.stderr.read().decode()  # type: ignore[union-attr]
 
     def stop(self) -> None:
         if self.process.poll() is None:

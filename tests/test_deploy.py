@@ -163,9 +163,9 @@ def test_helm_chart_passes_api_keys_from_a_secret() -> None:
     assert "NERSERVE_API_KEYS" not in {e["name"] for e in open_env}  # no keys: open, as before
 
 
-def test_helm_chart_sets_http_workers_and_graph_lanes_when_asked() -> None:
+def test_helm_chart_sets_http_workers_graph_lanes_and_logs_when_asked() -> None:
     """`httpWorkers` becomes NERSERVE_HTTP_WORKERS (tests/test_http_workers.py serves with it);
-    unset, the server's own default for its device and CPUs."""
+    unset, the server's own default for its device and CPUs; the logs' format and access log too."""
 
     def env(values: dict[str, object]) -> dict[str, object]:
         (deployment,) = [d for d in rendered(values) if d["kind"] == "Deployment"]
@@ -179,6 +179,9 @@ def test_helm_chart_sets_http_workers_and_graph_lanes_when_asked() -> None:
     assert "NERSERVE_GRAPH_LANES" not in env({})
     # IPv4's every interface by default; "::" for an IPv6 or dual-stack cluster (tests/test_http_workers.py)
     assert (env({})["NERSERVE_HOST"], env({"listenHost": "::"})["NERSERVE_HOST"]) == ("0.0.0.0", "::")
+    # the log lines' format and the access log (tests/test_request_ids.py serves with both)
+    assert (env({})["NERSERVE_LOG_FORMAT"], env({"logFormat": "json"})["NERSERVE_LOG_FORMAT"]) == ("text", "json")
+    assert "NERSERVE_ACCESS_LOG" not in env({}) and env({"accessLog": True})["NERSERVE_ACCESS_LOG"] == "true"
 
 
 def test_helm_chart_lints_clean() -> None:

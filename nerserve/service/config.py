@@ -13,6 +13,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from nerserve.ner.graph_format import Runtime
 from nerserve.ner.model_store import Locations
 from nerserve.service.interpreter import DEFAULT_SWITCH_MS
+from nerserve.service.logs import LogFormat
 
 # On CPU a batch holds at most this many sub-words of one request (its first item excepted): fewer
 # than a window of a long text, so a window runs only in a batch it heads. A batch runs hardly
@@ -222,8 +223,14 @@ class Settings(Locations):
     )
     access_log: bool = Field(
         False,
-        description="a log line per request (uvicorn's access log); off by default: /metrics counts every response "
-        "by model and status, and a line per request costs the event loop time under load",
+        description="a log line per request: method, path, status, milliseconds, model, API key's name and request "
+        "id; off by default: /metrics counts every response by model and status, and a line per request costs "
+        "the event loop time under load",
+    )
+    log_format: LogFormat = Field(
+        "text",
+        description="the log lines of every process of the server (uvicorn's too): text, or json (one object a "
+        "line: time, level, logger, process, message, and an access line's fields) for a log collector",
     )
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a request whose line and headers take longer to arrive gets a 408 and is closed"

@@ -23,7 +23,9 @@ from nerserve.service.admission import LET_THROUGH, EdgeCounter, Refusal, model_
 from nerserve.service.api.errors import error_body
 from nerserve.service.api.extraction import CONNECTION_LOST
 from nerserve.service.auth import CHALLENGE, Door, key_name, tenant_of
+from nerserve.service.logs import log_access
 from nerserve.service.metrics import ResponseRecorder
+from nerserve.service.request_ids import new_request_id, request_id_header, request_id_of
 
 
 class TurnWrites(asyncio.Transport):
@@ -106,6 +108,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     # the engine's edge counter where the engine shares this process and no CORS headers are owed
     # (a 429 written here passes no middleware), set by service.server
     edge: EdgeCounter | None = None
+    logs_access = False  # Settings.access_log, set by service.server (uvicorn's protocol has its own `access_log`)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -139,12 +142,12 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if why is not None:
             body = self.door.refusal(why, scope["path"])  # type: ignore[union-attr]
             headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), CHALLENGE]
-            self._answer(cycle, b"401 Unauthorized", headers, body)
+            self._answer(cycle, 401, headers, body)
             return
         refusal = self._edge_refusal(scope)
         if refusal is not None:
             status, headers, body = refusal_answer(refusal, scope["path"])
-            self._answer(cycle, b"%d %s" % (status, HTTPStatus(status).phrase.encode()), headers, body)
+            self._answer(cycle, status, headers, body)
             record = type(self).record  # through the class: a plain function stored there is not bound
             if record is not None:
                 record("", status, key_name(scope), None)
@@ -165,10 +168,12 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             scope.setdefault("state", {})[LET_THROUGH] = True
         return refusal
 
-    def _answer(self, cycle: RequestResponseCycle, status: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A whole response in one write, without an ASGI task; the request's body, if any, is read
-        and dropped."""
-        head = [b"HTTP/1.1 " + status, *(b"%s: %s" % header for header in headers)]
+    def _answer(self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response in one write, without an ASGI task, with the request's id (logged where
+        the access log is on); the request's body, if any, is read and dropped."""
+        scope: Any = cycle.scope
+        headers = [*headers, request_id_header(scope)]
+        head = [b"HTTP/1.1 %d %s" % (status, HTTPStatus(status).phrase.encode()), *(b"%s: %s" % header for header in headers)]
         if not cycle.keep_alive:
             head.append(b"connection: close")
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
@@ -176,6 +181,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if not cycle.keep_alive:
             self.transport.close()
         cycle.on_response()
+        if self.logs_access:
+            log_access(scope["method"], scope["path"], status, 0.0, "", key_name(scope), request_id_of(scope))
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -210,9 +217,13 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         body = error_body("request_timeout", f"headers not received within {self.header_timeout:g} s")
+        request_id = new_request_id()
         head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        head += b"x-request-id: " + request_id.encode() + b"\r\n"
         self.transport.write(head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         self.transport.close()
         record = type(self).record  # through the class: a plain function stored there is not bound
         if record is not None:
             record("", 408, None, None)
+        if self.logs_access:
+            log_access("-", "-", 408, self.header_timeout, "", None, request_id)

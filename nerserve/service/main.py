@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -42,6 +41,7 @@ from nerserve.service.interpreter import settle_collector
 from nerserve.service.metrics import ResponseRecorder
 from nerserve.service.models import decoder_loop_length, load_served_model, model_names
 from nerserve.service.request_encoding import RequestEncoding
+from nerserve.service.request_ids import RequestIds, request_id_of
 from nerserve.service.start_up_exports import Exporter
 from nerserve.service.tenants import Tenants, read_api_keys
 
@@ -173,7 +173,8 @@ class BodyLimit:
 class CountResponses:
     """Counts every response under its real status, whatever produced it (a route, a validation
     error, a 404/405, the body limit, an unhandled exception), with the model the route resolved
-    ("" when none); answers an unhandled exception as a JSON 500 naming a request id it logs."""
+    ("" when none); answers an unhandled exception as a JSON 500 naming the request's id, which
+    its log line names too."""
 
     def __init__(self, app: ASGIApp, record: ResponseRecorder) -> None:
         self.app = app
@@ -195,12 +196,11 @@ class CountResponses:
         try:
             await self.app(scope, receive, watching_send)
         except Exception:
-            request_id = uuid.uuid4().hex[:16]
+            request_id = request_id_of(scope)
             log.exception("unhandled error answering %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id)
             if status is None:
                 message = f"internal error (request id {request_id})"
-                response = error_response("internal", message, headers={"X-Request-Id": request_id}, path=scope["path"])
-                await response(scope, receive, watching_send)
+                await error_response("internal", message, path=scope["path"])(scope, receive, watching_send)
         finally:
             model = str(scope.get("state", {}).get("model", ""))
             self.record(model, status or 500, key_name(scope), time.perf_counter() - started)
@@ -288,8 +288,9 @@ def door(state: ServiceState) -> Door:
 
 
 def with_admission(app: FastAPI) -> ASGIApp:
-    """The application as served: CORS (when origins are allowed), the API-key door, then the
-    edge admission, outside everything else."""
+    """The application as served: request ids and the access log outermost (service.request_ids),
+    then CORS (when origins are allowed), the API-key door and the edge admission, outside
+    everything else."""
     state: ServiceState = app.state.service
     served: ASGIApp = KeyAuth(EdgeAdmission(app, state.engine, state.engine.record), door(state))
     if state.settings.cors_allow_origins:
@@ -297,7 +298,7 @@ def with_admission(app: FastAPI) -> ASGIApp:
             served,
             allow_origins=state.settings.cors_allow_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type"],
-            expose_headers=["retry-after", "x-queue-time", "x-inference-time"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["retry-after", "x-queue-time", "x-inference-time", "x-request-id"],
         )
-    return served
+    return RequestIds(served, state.settings.access_log)

@@ -35,11 +35,11 @@ from nerserve.service.engine import LocalEngine
 from nerserve.service.engine_link import EngineAddress, EngineServer
 from nerserve.service.http_protocol import HeaderDeadlineProtocol
 from nerserve.service.interpreter import hand_over_quickly
+from nerserve.service.logs import configure_logging
 from nerserve.service.main import _load_models, create_app, door, new_state, shut_down, with_admission
 from nerserve.service.start_up_exports import Exporter
 
 log = logging.getLogger("nerserve")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 BACKLOG = 2048  # uvicorn's default
 SUPERVISE_SECONDS = 0.5  # how often the engine looks for a worker that died
 
@@ -63,7 +63,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def run(settings: Settings, exporter: Exporter | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging(settings.log_format, "engine" if settings.front_workers > 1 else "")
     hand_over_quickly(settings.interpreter_switch_ms)
     try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
         device = resolve_device(settings.device, settings.runtime.value)
@@ -101,6 +101,7 @@ def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None
     HeaderDeadlineProtocol.header_timeout = settings.header_timeout_seconds
     HeaderDeadlineProtocol.record = state.engine.record
     HeaderDeadlineProtocol.door = door(state)
+    HeaderDeadlineProtocol.logs_access = settings.access_log
     engine = state.engine  # with the engine in this process (not an HTTP worker's link to it), and no CORS headers owed
     HeaderDeadlineProtocol.edge = engine.edge if isinstance(engine, LocalEngine) and not settings.cors_allow_origins else None
     config = uvicorn.Config(
@@ -109,8 +110,9 @@ def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None
         port=settings.port,
         http=HeaderDeadlineProtocol,
         timeout_graceful_shutdown=int(settings.drain_seconds) or None,
+        log_config=None,  # uvicorn's lines in the server's own format (service.logs)
         log_level="info",
-        access_log=settings.access_log,
+        access_log=False,  # the server's own access log, with request ids (service.request_ids)
         backlog=BACKLOG,
     )
     DrainingServer(config, state).run(sockets=sockets)
@@ -165,7 +167,7 @@ def worker_socket(host: str, port: int) -> socket.socket:
 
 def http_worker(settings: Settings, engine: EngineAddress, index: int) -> None:
     """An HTTP worker process's life: the app in front of the engine at `engine`."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[http-{index}]: %(message)s")
+    configure_logging(settings.log_format, f"http-{index}")
     hand_over_quickly(settings.interpreter_switch_ms)
     _serve(create_app(settings, engine=engine), settings, [worker_socket(settings.host, settings.port)])
 
