@@ -45,9 +45,13 @@ def test_the_label_list_is_required_and_bounded(server: Server) -> None:
     missing = extract(server, tokens=[SENTENCE])
     assert missing.status_code == 422 and missing.json()["error"]["field"] == "labels"
     too_many = extract(server, tokens=[SENTENCE], labels=[f"type {i}" for i in range(101)])
-    assert too_many.status_code == 422 and missing.json()["error"]["field"] == "labels"
+    assert too_many.status_code == 422 and too_many.json()["error"]["field"] == "labels"
     bad = extract(server, tokens=[SENTENCE], labels=["person"], options={"threshold": 1.5})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "options.threshold"
+    for name in (" ", "person (PER)"):  # the rule said in words, not as the schema's pattern
+        refused = extract(server, tokens=[SENTENCE], labels=["city", name]).json()["error"]
+        assert refused["field"] == "labels[1]"
+        assert refused["message"] == "labels[1]: a label name needs a character other than white space, and no '(' or ')'"
 
 
 def test_it_finds_what_it_is_asked_for_by_name(server: Server) -> None:

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from nerserve.ner.text.segment import WordStyle
 
+
+def _label_rule(value: object) -> object:
+    """The label pattern's rule said in words (pydantic's own message would quote the pattern)."""
+    if isinstance(value, str) and value and (value.isspace() or "(" in value or ")" in value):
+        raise PydanticCustomError("label_name", "a label name needs a character other than white space, and no '(' or ')'")
+    return value
+
+
 # An entity type asked of an open-label model: its name as the model reads it in the prompt and
-# writes it back inside `word(B-name)`, hence no parentheses.
-LabelName = Annotated[str, StringConstraints(min_length=1, max_length=64, strip_whitespace=False, pattern=r"^[^()]*\S[^()]*$")]
+# writes it back inside `word(B-name)`, hence no parentheses. The pattern stays for the OpenAPI
+# schema; a name against it is refused by `_label_rule` first, in words.
+LabelName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64, strip_whitespace=False, pattern=r"^[^()]*\S[^()]*$"),
+    BeforeValidator(_label_rule),
+]
 
 
 class ExtractRequest(BaseModel):
