@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from nerserve.client import Client, NerServeError
 from nerserve.service.logs import JsonLines
 from nerserve.service.main import CountResponses
-from nerserve.service.request_ids import RequestIds, request_id_of
+from nerserve.service.request_ids import RequestIds, request_id_of, trace_id_of
 from tests.serving import Server
 
 KEY = "sk-request-ids-test-0123456789"
@@ -56,7 +56,12 @@ def access_lines(server: Server, request_id: str) -> list[dict[str, Any]]:
 
 @pytest.mark.e2e
 def test_a_clients_request_id_comes_back_and_is_logged_with_the_request(server: Server) -> None:
-    headers = {"authorization": f"Bearer {KEY}", "x-request-id": "checkout-7f3a/42"}
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {
+        "authorization": f"Bearer {KEY}",
+        "x-request-id": "checkout-7f3a/42",
+        "traceparent": f"00-{trace}-00f067aa0ba902b7-01",
+    }
     response = httpx.post(f"{server.url}/extract", json={"tokens": [SENTENCE]}, headers=headers, timeout=60)
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "checkout-7f3a/42"
@@ -64,6 +69,7 @@ def test_a_clients_request_id_comes_back_and_is_logged_with_the_request(server: 
     assert line["method"] == "POST" and line["path"] == "/extract" and line["status"] == 200
     assert line["model"] == "span-conll03" and line["key"] == "team-a" and line["duration_ms"] > 0
     assert line["process"] in ("http-0", "http-1") and line["level"] == "INFO"
+    assert line["trace_id"] == trace and f"trace_id={trace}" in line["message"]
 
 
 @pytest.mark.e2e
@@ -146,6 +152,21 @@ def test_a_request_id_is_the_clients_when_well_formed_and_kept_once_made() -> No
         assert MADE_HERE.fullmatch(request_id_of({"headers": [(b"x-request-id", malformed)]}))
     scope: dict[str, Any] = {"headers": []}
     assert request_id_of(scope) == request_id_of(scope)
+
+
+def test_a_trace_id_is_read_from_a_valid_traceparent_only() -> None:
+    def trace(value: bytes) -> str | None:
+        return trace_id_of({"headers": [(b"traceparent", value)]})
+
+    assert trace(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    for invalid in (
+        b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
+        b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"00-4bf9-01",
+        b"",
+    ):
+        assert trace(invalid) is None
+    assert trace_id_of({"headers": []}) is None
 
 
 def test_a_json_log_line_carries_the_records_fields_and_its_exception() -> None:

@@ -25,7 +25,7 @@ from nerserve.service.api.extraction import CONNECTION_LOST
 from nerserve.service.auth import CHALLENGE, Door, key_name, tenant_of
 from nerserve.service.logs import log_access
 from nerserve.service.metrics import ResponseRecorder
-from nerserve.service.request_ids import new_request_id, request_id_header, request_id_of
+from nerserve.service.request_ids import new_request_id, request_id_header, request_id_of, trace_id_of
 
 
 class TurnWrites(asyncio.Transport):
@@ -182,7 +182,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self.transport.close()
         cycle.on_response()
         if self.logs_access:
-            log_access(scope["method"], scope["path"], status, 0.0, "", key_name(scope), request_id_of(scope))
+            key, request_id, trace = key_name(scope), request_id_of(scope), trace_id_of(scope)
+            log_access(scope["method"], scope["path"], status, 0.0, "", key, request_id, trace)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -13,7 +13,7 @@ from typing import Any, Literal
 LogFormat = Literal["text", "json"]
 ACCESS = logging.getLogger("nerserve.access")
 # an access line's fields, given to its record as attributes (`extra`): a JSON line carries each
-ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "model", "key", "request_id")
+ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "model", "key", "request_id", "trace_id")
 
 
 class JsonLines(logging.Formatter):
@@ -53,7 +53,16 @@ def configure_logging(log_format: LogFormat, process: str) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
-def log_access(method: str, path: str, status: int, seconds: float, model: str, key: str | None, request_id: str) -> None:
+def log_access(
+    method: str,
+    path: str,
+    status: int,
+    seconds: float,
+    model: str,
+    key: str | None,
+    request_id: str,
+    trace_id: str | None = None,
+) -> None:
     """The access log's line for one answered request."""
     milliseconds = round(seconds * 1000, 2)
     fields = {
@@ -64,8 +73,10 @@ def log_access(method: str, path: str, status: int, seconds: float, model: str, 
         "model": model or None,
         "key": key,
         "request_id": request_id,
+        "trace_id": trace_id,
     }
+    trace = f" trace_id={trace_id}" if trace_id else ""
     ACCESS.info(
-        "%s %s %d %.2f ms model=%s key=%s request_id=%s",
-        method, path, status, milliseconds, model or "-", key or "-", request_id, extra=fields,
+        "%s %s %d %.2f ms model=%s key=%s request_id=%s%s",
+        method, path, status, milliseconds, model or "-", key or "-", request_id, trace, extra=fields,
     )  # fmt: skip

@@ -1,7 +1,9 @@
 """A request's id: the one its client (or a proxy in front: an ingress, a load balancer) sent in
 `X-Request-Id`, or one made here. Every response carries it back in the same header, and the log
 lines about the request (the access log, an unexpected error) name it, so that one request can be
-followed from the client through the proxies to this server's logs."""
+followed from the client through the proxies to this server's logs. Where a request carries a W3C
+`traceparent` (a traced client, or a mesh's sidecar), its access line names its trace too, so that
+a trace's spans find the line."""
 
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ REQUEST_ID_HEADER = b"x-request-id"
 WELL_FORMED = re.compile(rb"[!-~]{1,128}")
 # where a request's id is kept in its ASGI scope, once made
 REQUEST_ID = "request_id"
+TRACEPARENT_HEADER = b"traceparent"
+# W3C Trace Context: version, trace id, parent span id, flags (version ff is not one)
+TRACEPARENT = re.compile(rb"(?!ff)[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}(?:-.*)?")
+NO_TRACE = "0" * 32
 
 
 def new_request_id() -> str:
@@ -46,6 +52,16 @@ def request_id_of(scope: Any) -> str:
 
 def request_id_header(scope: Any) -> tuple[bytes, bytes]:
     return REQUEST_ID_HEADER, request_id_of(scope).encode("ascii")
+
+
+def trace_id_of(scope: Any) -> str | None:
+    """The trace id of SCOPE's `traceparent`, if it has a valid one."""
+    for name, value in scope.get("headers") or ():
+        if name == TRACEPARENT_HEADER:
+            parsed = TRACEPARENT.fullmatch(value.strip().lower())
+            trace = parsed[1].decode("ascii") if parsed else None
+            return trace if trace != NO_TRACE else None
+    return None
 
 
 class RequestIds:
@@ -78,4 +94,5 @@ class RequestIds:
         finally:
             if self.access_log:
                 seconds, model = time.perf_counter() - started, str(scope.get("state", {}).get("model", ""))
-                log_access(scope["method"], scope["path"], status, seconds, model, key_name(scope), request_id)
+                key, trace = key_name(scope), trace_id_of(scope)
+                log_access(scope["method"], scope["path"], status, seconds, model, key, request_id, trace)
