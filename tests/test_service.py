@@ -25,6 +25,7 @@ from nerserve.ner.runtime.graph_set import load_graph_set
 from nerserve.service.api.state import ServiceState
 from nerserve.service.config import Settings
 from nerserve.service.main import loading_order
+from nerserve.service.start_up_exports import STOP_GRACE_SECONDS, StartUpExports
 from tests.serving import LOCATIONS, Server, assert_a_hang_up_leaves_its_sentences_unrun, assert_same_results
 
 
@@ -550,6 +551,15 @@ def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
     assert not list((tmp_path / "gner-open").glob(".staging-*"))
     log = server.process.stderr.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-2000:]  # a stop, not a crash
+
+
+def test_a_shutdown_with_no_export_running_does_not_wait_for_one() -> None:
+    """Every server's shutdown stops the start-up exports; with none running it must not sit out the
+    grace an export gets to end (5 s: every drain took that long)."""
+    exports = StartUpExports(LOCATIONS, exporter=None)
+    started = time.monotonic()
+    exports.stop()
+    assert time.monotonic() - started < STOP_GRACE_SECONDS / 5
 
 
 def test_default_model_is_span_conll03_when_served_else_the_first() -> None:

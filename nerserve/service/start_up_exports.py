@@ -57,6 +57,8 @@ def _interrupt(processes: Iterable[BaseProcess]) -> None:
     """SIGINT first, on which an export ends at once; killed if not ended within the grace. Not
     joined here: the thread that started each one reaps it and removes its staging folder."""
     running = [process for process in processes if process.pid is not None]
+    if not running:  # waiting on no process would take the whole grace (the usual shutdown: no export running)
+        return
     for process in running:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
             os.kill(process.pid, signal.SIGINT)  # type: ignore[arg-type]  # pid checked above
