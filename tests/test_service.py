@@ -438,9 +438,12 @@ def test_every_response_is_counted_under_its_status(server: Server) -> None:
         return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
     before = {status: count(status) for status in ("404", "405", "422", "400")}
-    assert httpx.get(f"{server.url}/nowhere").status_code == 404
+    nowhere = httpx.get(f"{server.url}/nowhere")
+    assert nowhere.status_code == 404
+    assert nowhere.json()["error"]["message"] == "no route GET /nowhere: the API's routes are listed at /docs"
     refused = httpx.get(f"{server.url}/extract")
     assert refused.status_code == 405 and "POST" in refused.headers["allow"]
+    assert refused.json()["error"]["message"] == "GET is not allowed on /extract (allowed: POST)"
     assert extract(server, {"texts": 3}).status_code == 422
     assert httpx.post(f"{server.url}/extract", content=b"{", headers={"content-type": "application/json"}).status_code == 400
     after = {status: count(status) for status in before}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
@@ -149,4 +150,17 @@ async def http_error_handler(request: Request, error: Exception) -> JSONResponse
         return error_response("malformed_json", message, path=request.url.path)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code, "http_error")
     headers = dict(error.headers or {})  # a 405 carries Allow
-    return error_response(code, str(error.detail), headers=headers, path=request.url.path, status=error.status_code)
+    allowed = next((value for name, value in headers.items() if name.lower() == "allow"), "")
+    message = _routing_message(error, request, allowed) or str(error.detail)
+    return error_response(code, message, headers=headers, path=request.url.path, status=error.status_code)
+
+
+def _routing_message(error: StarletteHTTPException, request: Request, allowed: str) -> str | None:
+    """Starlette's bare "Not Found" / "Method Not Allowed" for a path or method no route takes, said
+    with what was asked and where the routes are."""
+    path = request.url.path
+    if error.status_code == 404 and error.detail == HTTPStatus.NOT_FOUND.phrase:
+        return f"no route {request.method} {path}: the API's routes are listed at /docs"
+    if error.status_code == 405 and error.detail == HTTPStatus.METHOD_NOT_ALLOWED.phrase:
+        return f"{request.method} is not allowed on {path}" + (f" (allowed: {allowed})" if allowed else "")
+    return None
