@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
 from nerserve.service.batching.fair_queue import FairQueue
-from nerserve.service.tenants import SentenceBucket, Tenants, parse_api_keys, read_api_keys
+from nerserve.service.tenants import ApiKeysError, SentenceBucket, Tenants, parse_api_keys, read_api_keys
 from tests.serving import Server
 
 KEY_A, KEY_B = "team-a-" + "a" * 24, "team-b-" + "b" * 24
@@ -36,6 +40,45 @@ def test_keys_are_read_from_json_with_names_weights_and_ceilings() -> None:
     with pytest.raises(ValueError, match="not both"):
         read_api_keys(SecretStr("{}"), __import__("pathlib").Path("/keys.json"))
     assert read_api_keys(None, None) == {}
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (
+            "{team-a: 1}",
+            "NERSERVE_API_KEYS: not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2)",
+        ),
+        ('["a"]', "NERSERVE_API_KEYS: a JSON object of names"),
+        ('{"team-a": "short-secret"}', "NERSERVE_API_KEYS: team-a.key: a key needs at least 16 characters"),
+        ('{"team-a": 7}', "NERSERVE_API_KEYS: team-a: a key, or an object {key, weight, max_sentences_per_second}"),
+        (
+            json.dumps({"team-a": {"key": KEY_A, "weight": 0}}),
+            "NERSERVE_API_KEYS: team-a.weight: Input should be greater than 0",
+        ),
+        (
+            json.dumps({"team-a": {"key": KEY_A, "wieght": 2}}),
+            "NERSERVE_API_KEYS: team-a.wieght: Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_keys_that_cannot_be_read_are_said_where_and_why_never_with_a_key(given: str, said: str) -> None:
+    with pytest.raises(ApiKeysError) as raised:
+        read_api_keys(SecretStr(given), None)
+    assert str(raised.value).startswith(said)
+    assert "short-secret" not in str(raised.value) and KEY_A not in str(raised.value)
+
+
+def test_a_server_with_keys_it_cannot_read_exits_at_once_saying_why(tmp_path: Path) -> None:
+    env = {**os.environ, "NERSERVE_API_KEYS_FILE": str(tmp_path / "keys.json"), "NERSERVE_PORT": "0"}
+    ended = subprocess.run([sys.executable, "-m", "nerserve", "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert ended.returncode != 0
+    assert (
+        ended.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"nerserve: NERSERVE_API_KEYS_FILE {tmp_path / 'keys.json'}: cannot be read")
+    )
+    assert "Traceback" not in ended.stderr
 
 
 def test_a_bearer_key_is_identified_by_name_and_anything_else_is_not() -> None:

@@ -38,6 +38,7 @@ from nerserve.service.interpreter import hand_over_quickly
 from nerserve.service.logs import configure_logging
 from nerserve.service.main import _load_models, create_app, door, new_state, shut_down, with_admission
 from nerserve.service.start_up_exports import Exporter
+from nerserve.service.tenants import ApiKeysError, read_api_keys
 
 log = logging.getLogger("nerserve")
 BACKLOG = 2048  # uvicorn's default
@@ -65,9 +66,10 @@ class DrainingServer(uvicorn.Server):
 def run(settings: Settings, exporter: Exporter | None = None) -> None:
     configure_logging(settings.log_format, "engine" if settings.front_workers > 1 else "")
     hand_over_quickly(settings.interpreter_switch_ms)
-    try:  # before anything is exported or loaded: a device that cannot be used ends the process at once
+    try:  # before anything is exported or loaded: keys or a device that cannot be used end the process at once
+        read_api_keys(settings.api_keys, settings.api_keys_file)
         device = resolve_device(settings.device, settings.runtime.value)
-    except DeviceUnavailable as error:
+    except (ApiKeysError, DeviceUnavailable) as error:
         raise SystemExit(f"nerserve: {error}") from None
     if device != settings.device:
         log.info("--device %s: running on %s", settings.device, device)

@@ -17,42 +17,86 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
 
 ANONYMOUS = ""  # the one tenant when no keys are configured
 UNKNOWN = "unknown"  # the metrics label of a missing or wrong key (bounded cardinality)
 
 
+MIN_KEY_LENGTH = 16
+
+
 class ApiKey(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    key: SecretStr = Field(min_length=16, description="the secret itself (at least 16 characters)")
+    key: SecretStr = Field(description=f"the secret itself (at least {MIN_KEY_LENGTH} characters)")
     weight: float = Field(1.0, gt=0, description="share of the device against the other keys that wait")
     max_sentences_per_second: float | None = Field(None, gt=0, description="ceiling: above it this key alone gets 429")
 
+    @field_validator("key")
+    @classmethod
+    def _long_enough(cls, key: SecretStr) -> SecretStr:
+        if len(key.get_secret_value()) < MIN_KEY_LENGTH:
+            raise ValueError(f"a key needs at least {MIN_KEY_LENGTH} characters")
+        return key
 
-KEYS = TypeAdapter(dict[str, ApiKey | SecretStr])
+
+KEYS = TypeAdapter(dict[str, ApiKey])
+
+
+class ApiKeysError(ValueError):
+    """API keys that cannot be read, said without any key in the message."""
 
 
 def parse_api_keys(text: str) -> dict[str, ApiKey]:
     """The JSON of NERSERVE_API_KEYS or its file: {name: key} or {name: {key, weight, ...}}."""
-    parsed = KEYS.validate_python(json.loads(text))
-    keys = {name: value if isinstance(value, ApiKey) else ApiKey(key=value) for name, value in parsed.items()}
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as error:  # its message names a place, never the text
+        raise ApiKeysError(f"not valid JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    if not isinstance(given, dict):
+        raise ApiKeysError('a JSON object of names, {"team-a": "KEY", "team-b": {"key": "KEY", "weight": 2}}')
+    for name, value in given.items():
+        if not isinstance(value, str | dict):
+            raise ApiKeysError(f"{name}: a key, or an object {{key, weight, max_sentences_per_second}}")
+    try:  # a name's plain key is its object's key
+        keys = KEYS.validate_python({name: {"key": v} if isinstance(v, str) else v for name, v in given.items()})
+    except ValidationError as error:
+        raise ApiKeysError(_without_keys(error)) from None
     for name in keys:
         if not name or name == UNKNOWN or not name.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"API key name {name!r}: letters, digits, '-' and '_' only, not {UNKNOWN!r}")
+            raise ApiKeysError(f"API key name {name!r}: letters, digits, '-' and '_' only, not {UNKNOWN!r}")
     secrets = [key.key.get_secret_value() for key in keys.values()]
     if len(set(secrets)) != len(secrets):
-        raise ValueError("two API key names share one key")
+        raise ApiKeysError("two API key names share one key")
     return keys
 
 
+def _without_keys(error: ValidationError) -> str:
+    """A validation error's first problem, where it is and what, without the value (a key, maybe)."""
+    first = error.errors(include_input=False, include_url=False)[0]
+    place = ".".join(str(part) for part in first["loc"])
+    return f"{place}: {first['msg'].removeprefix('Value error, ')}"
+
+
 def read_api_keys(inline: SecretStr | None, path: Path | None) -> dict[str, ApiKey]:
+    """The API keys configured, or ApiKeysError saying what is wrong and where (the variable or file)."""
     if inline is not None and path is not None:
-        raise ValueError("API keys from NERSERVE_API_KEYS or NERSERVE_API_KEYS_FILE, not both")
+        raise ApiKeysError("API keys from NERSERVE_API_KEYS or NERSERVE_API_KEYS_FILE, not both")
     if path is not None:
-        return parse_api_keys(path.read_text(encoding="utf-8"))
-    return parse_api_keys(inline.get_secret_value()) if inline is not None else {}
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ApiKeysError(f"NERSERVE_API_KEYS_FILE {path}: cannot be read ({error})") from None
+        return _from("NERSERVE_API_KEYS_FILE", text)
+    return _from("NERSERVE_API_KEYS", inline.get_secret_value()) if inline is not None else {}
+
+
+def _from(source: str, text: str) -> dict[str, ApiKey]:
+    try:
+        return parse_api_keys(text)
+    except ApiKeysError as error:
+        raise ApiKeysError(f"{source}: {error}") from None
 
 
 @dataclass
