@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import time
 import unicodedata
 import zlib
@@ -554,6 +555,21 @@ def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
     assert not list((tmp_path / "gner-open").glob(".staging-*"))
     log = server.process.stderr.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-2000:]  # a stop, not a crash
+
+
+def test_an_address_it_cannot_listen_on_ends_the_server_at_once_saying_which() -> None:
+    """One process binds before it loads anything (with HTTP workers: tests/test_http_workers.py)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = Server(models="span-conll03", port=holder.getsockname()[1])
+        assert taken.process.wait(60) != 0
+        said = taken.logged().strip().splitlines()[-1]
+        assert said == f"nerserve: cannot listen on 127.0.0.1:{holder.getsockname()[1]}: Address already in use"
+    unknown = Server(models="span-conll03", host="no-such-host.invalid")
+    assert unknown.process.wait(60) != 0
+    assert unknown.logged().strip().splitlines()[-1].startswith("nerserve: cannot listen on no-such-host.invalid:")
+    assert "loading span-conll03" not in unknown.logged()
 
 
 def test_a_shutdown_with_no_export_running_does_not_wait_for_one() -> None:

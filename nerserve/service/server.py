@@ -78,12 +78,15 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
     settings = settings.model_copy(update={"http_workers": settings.front_workers})
     if settings.front_workers > 1:
         settings = settings.model_copy(update={"port": free_port_or_exit(settings.host, settings.port)})
+        log.info("listening on %s (%d HTTP worker processes)", _url(settings.host, settings.port), settings.front_workers)
         with asyncio.Runner(loop_factory=engine_loop_factory()) as runner:
             fatal = runner.run(_engine_process(settings, exporter))
     else:
-        # an IPv6 address is bound here, both families at once ("::" takes IPv4 too); asyncio's own
-        # bind of it, uvicorn's, takes IPv6 only
-        sockets = [listening_socket(settings.host, settings.port)] if _family(settings.host) == socket.AF_INET6 else None
+        # bound here, before anything loads: an address that cannot be listened on ends the process
+        # saying which, and an IPv6 one takes both families ("::" takes IPv4 too; asyncio's own bind
+        # of it, uvicorn's, takes IPv6 only)
+        sockets = [listening_socket(settings.host, settings.port)]
+        log.info("listening on %s", _url(settings.host, int(sockets[0].getsockname()[1])))
         app = create_app(settings, exporter)
         _serve(app, settings, sockets)
         fatal = app.state.service.fatal
@@ -118,6 +121,10 @@ def _serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None
         backlog=BACKLOG,
     )
     DrainingServer(config, state).run(sockets=sockets)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if _family(host) == socket.AF_INET6 else f"http://{host}:{port}"
 
 
 def _family(host: str) -> socket.AddressFamily:
