@@ -304,5 +304,7 @@ def decoder_loop_length(name: str, locations: Locations) -> int:
 def model_names(settings: Settings) -> list[str]:
     names = settings.models or settings.list_models()
     if not names:
-        raise ModelLoadError("no models to serve: the model store is empty")
+        store = settings.locations.model_store
+        why = "is empty" if store.is_dir() else "is not a folder here"
+        raise ModelLoadError(f"no models to serve: the model store {store} {why} (--model-store, NERSERVE_MODEL_STORE)")
     return names
