@@ -94,9 +94,10 @@ def _payload(
     return payload
 
 
-def _checked(response: httpx.Response | None) -> httpx.Response:
+def _checked(response: httpx.Response | None, retries: _Retries, url: httpx.URL, failure: Exception | None) -> httpx.Response:
+    """The answer, or NerServeError: the server's error, or why it could not be reached."""
     if response is None:
-        raise NerServeError(0, "unreachable", "the server could not be reached within the retry budget")
+        raise NerServeError(0, "unreachable", retries.unreachable(url, failure))
     if response.status_code != 200:
         raise NerServeError.of(response)
     return response
@@ -115,6 +116,13 @@ class _Retries:
     def __init__(self, max_retries: int, max_wait: float) -> None:
         self.max_retries, self.max_wait = max_retries, max_wait
         self.attempt, self.waited = 0, 0.0
+
+    def unreachable(self, url: httpx.URL, failure: Exception | None) -> str:
+        """Why the last try got no answer, and after how many tries."""
+        return (
+            f"{url} could not be reached ({self.attempt + 1} tries over {self.waited:.1f} s): "
+            f"{type(failure).__name__}: {failure}"
+        )
 
     def pause(self, response: httpx.Response | None) -> float | None:
         if response is not None and not _retryable(response):
@@ -176,15 +184,15 @@ class Client:
         self.http.close()
 
     def _post(self, payload: dict[str, Any]) -> httpx.Response:
-        retries = _Retries(self.max_retries, self.max_wait)
+        retries, failure = _Retries(self.max_retries, self.max_wait), None
         while True:
             try:
                 response: httpx.Response | None = self.http.post("/extract", json=payload)
-            except httpx.TransportError:  # connection refused or reset: the server went away
-                response = None
+            except httpx.TransportError as error:  # connection refused or reset: the server went away
+                response, failure = None, error
             pause = retries.pause(response)
             if pause is None:
-                return _checked(response)
+                return _checked(response, retries, self.http.base_url, failure)
             time.sleep(pause)
 
     def extract(
@@ -256,15 +264,15 @@ class AsyncClient:
         await self.http.aclose()
 
     async def _post(self, payload: dict[str, Any]) -> httpx.Response:
-        retries = _Retries(self.max_retries, self.max_wait)
+        retries, failure = _Retries(self.max_retries, self.max_wait), None
         while True:
             try:
                 response: httpx.Response | None = await self.http.post("/extract", json=payload)
-            except httpx.TransportError:
-                response = None
+            except httpx.TransportError as error:
+                response, failure = None, error
             pause = retries.pause(response)
             if pause is None:
-                return _checked(response)
+                return _checked(response, retries, self.http.base_url, failure)
             await asyncio.sleep(pause)
 
     async def extract(

@@ -255,6 +255,19 @@ def test_client_waits_as_retry_after_says() -> None:
     assert gave_up.value.status == 429
 
 
+def test_a_client_that_cannot_reach_its_server_says_where_and_why() -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    http = httpx.Client(base_url="http://ner.example:8000", transport=httpx.MockTransport(refused))
+    with pytest.raises(NerServeError) as gave_up:  # waits 0.5 s, then a second wait of 1 s would pass max_wait
+        Client(http=http, max_retries=2, max_wait=1).extract(["a"])
+    assert (gave_up.value.status, gave_up.value.code) == (0, "unreachable")
+    assert gave_up.value.message == (
+        "http://ner.example:8000 could not be reached (2 tries over 0.5 s): ConnectError: [Errno 111] Connection refused"
+    )
+
+
 def test_spacy_component(server: Server) -> None:
     spacy = pytest.importorskip("spacy")
     nlp = spacy.blank("en")
