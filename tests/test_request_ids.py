@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from nerserve.client import Client, NerServeError
-from nerserve.service.logs import JsonLines
+from nerserve.service.logs import JsonLines, configure_logging
 from nerserve.service.main import CountResponses
 from nerserve.service.request_ids import RequestIds, request_id_of, trace_id_of
 from tests.serving import Server
@@ -167,6 +168,23 @@ def test_a_trace_id_is_read_from_a_valid_traceparent_only() -> None:
     ):
         assert trace(invalid) is None
     assert trace_id_of({"headers": []}) is None
+
+
+def test_a_python_warning_is_a_log_line_in_the_servers_format(capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure_logging("json", "http-0")
+    try:
+        warnings.warn("an old option", DeprecationWarning, stacklevel=1)
+        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    finally:  # the test process's logging as it was
+        logging.captureWarnings(False)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+    assert line["logger"] == "py.warnings" and "DeprecationWarning: an old option" in line["message"]
 
 
 def test_a_json_log_line_carries_the_records_fields_and_its_exception() -> None:

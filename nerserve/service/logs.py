@@ -51,6 +51,7 @@ def configure_logging(log_format: LogFormat, process: str) -> None:
         where = f"[{process}]" if process else ""
         handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    logging.captureWarnings(True)  # a Python warning is a line in the same format, not bare text
 
 
 def log_access(
