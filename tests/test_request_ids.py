@@ -9,9 +9,9 @@ import asyncio
 import json
 import logging
 import re
+import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from nerserve.client import Client, NerServeError
-from nerserve.service.logs import JsonLines, configure_logging
+from nerserve.service.logs import JsonLines
 from nerserve.service.main import CountResponses
 from nerserve.service.request_ids import RequestIds, request_id_of, trace_id_of
 from tests.serving import Server
@@ -170,20 +170,14 @@ def test_a_trace_id_is_read_from_a_valid_traceparent_only() -> None:
     assert trace_id_of({"headers": []}) is None
 
 
-def test_a_python_warning_is_a_log_line_in_the_servers_format(capsys: pytest.CaptureFixture[str]) -> None:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    configure_logging("json", "http-0")
-    try:
-        warnings.warn("an old option", DeprecationWarning, stacklevel=1)
-        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
-    finally:  # the test process's logging as it was
-        logging.captureWarnings(False)
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        for handler in handlers:
-            root.addHandler(handler)
-        root.setLevel(level)
+def test_a_python_warning_is_a_log_line_in_the_servers_format() -> None:
+    """In a process of its own, as a server's (pytest records warnings itself)."""
+    script = (
+        "import warnings\nfrom nerserve.service.logs import configure_logging\n"
+        "configure_logging('json', 'http-0')\nwarnings.warn('an old option', DeprecationWarning, stacklevel=1)\n"
+    )
+    ended = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True, timeout=60)
+    [line] = [json.loads(text) for text in ended.stderr.strip().splitlines()]
     assert line["logger"] == "py.warnings" and "DeprecationWarning: an old option" in line["message"]
 
 
