@@ -94,10 +94,10 @@ def _payload(
     return payload
 
 
-def _checked(response: httpx.Response | None, retries: _Retries, url: httpx.URL, failure: Exception | None) -> httpx.Response:
+def _checked(response: httpx.Response | None, retries: _Retries) -> httpx.Response:
     """The answer, or NerServeError: the server's error, or why it could not be reached."""
     if response is None:
-        raise NerServeError(0, "unreachable", retries.unreachable(url, failure))
+        raise NerServeError(0, "unreachable", retries.unreachable())
     if response.status_code != 200:
         raise NerServeError.of(response)
     return response
@@ -113,15 +113,16 @@ class _Retries:
     """One request's retry budget: after each answer (None: the connection failed), how long to
     wait before trying again, or None to stop there."""
 
-    def __init__(self, max_retries: int, max_wait: float) -> None:
-        self.max_retries, self.max_wait = max_retries, max_wait
+    def __init__(self, max_retries: int, max_wait: float, url: httpx.URL) -> None:
+        self.max_retries, self.max_wait, self.url = max_retries, max_wait, url
         self.attempt, self.waited = 0, 0.0
+        self.failure: Exception | None = None  # why the last try got no answer, if it got none
 
-    def unreachable(self, url: httpx.URL, failure: Exception | None) -> str:
+    def unreachable(self) -> str:
         """Why the last try got no answer, and after how many tries."""
         return (
-            f"{url} could not be reached ({self.attempt + 1} tries over {self.waited:.1f} s): "
-            f"{type(failure).__name__}: {failure}"
+            f"{self.url} could not be reached ({self.attempt + 1} tries over {self.waited:.1f} s): "
+            f"{type(self.failure).__name__}: {self.failure}"
         )
 
     def pause(self, response: httpx.Response | None) -> float | None:
@@ -184,15 +185,15 @@ class Client:
         self.http.close()
 
     def _post(self, payload: dict[str, Any]) -> httpx.Response:
-        retries, failure = _Retries(self.max_retries, self.max_wait), None
+        retries = _Retries(self.max_retries, self.max_wait, self.http.base_url)
         while True:
             try:
                 response: httpx.Response | None = self.http.post("/extract", json=payload)
             except httpx.TransportError as error:  # connection refused or reset: the server went away
-                response, failure = None, error
+                response, retries.failure = None, error
             pause = retries.pause(response)
             if pause is None:
-                return _checked(response, retries, self.http.base_url, failure)
+                return _checked(response, retries)
             time.sleep(pause)
 
     def extract(
@@ -264,15 +265,15 @@ class AsyncClient:
         await self.http.aclose()
 
     async def _post(self, payload: dict[str, Any]) -> httpx.Response:
-        retries, failure = _Retries(self.max_retries, self.max_wait), None
+        retries = _Retries(self.max_retries, self.max_wait, self.http.base_url)
         while True:
             try:
                 response: httpx.Response | None = await self.http.post("/extract", json=payload)
             except httpx.TransportError as error:
-                response, failure = None, error
+                response, retries.failure = None, error
             pause = retries.pause(response)
             if pause is None:
-                return _checked(response, retries, self.http.base_url, failure)
+                return _checked(response, retries)
             await asyncio.sleep(pause)
 
     async def extract(

@@ -11,6 +11,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -28,12 +29,13 @@ def _label_rule(value: object) -> object:
 
 
 # An entity type asked of an open-label model: its name as the model reads it in the prompt and
-# writes it back inside `word(B-name)`, hence no parentheses. The pattern stays for the OpenAPI
-# schema; a name against it is refused by `_label_rule` first, in words.
+# writes it back inside `word(B-name)`, hence no parentheses. The OpenAPI schema states the rule as a
+# pattern; `_label_rule` checks it, once, and says it in words.
 LabelName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=64, strip_whitespace=False, pattern=r"^[^()]*\S[^()]*$"),
+    StringConstraints(min_length=1, max_length=64, strip_whitespace=False),
     BeforeValidator(_label_rule),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[^()]*\S[^()]*$"}),
 ]
 
 
