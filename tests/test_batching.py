@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from nerserve.service.batching.estimate import SlidingMedian
 from nerserve.service.batching.packing import BatchLimits, select_batch
-from nerserve.service.batching.scheduler import Scheduler, SlidingMedian
+from nerserve.service.batching.scheduler import Scheduler
 from nerserve.service.batching.work import (
     BatchRecord,
     DeadlineExceeded,
@@ -459,7 +460,7 @@ def test_admission_refuses_what_would_wait_too_long() -> None:
 
     async def checked() -> None:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler.rates.observe(1, 100.0)  # sub-words/s, as measured from the last batches
+        scheduler.estimate.rates.observe(1, 100.0)  # sub-words/s, as measured from the last batches
         scheduler.submit([("a", 1)] * 150)  # empty queue: admitted, though it is 1.5 s of work
         scheduler.submit([("b", 1)] * 45)  # waits on 45 of a's: 0.45 s ≤ 1 s
         with pytest.raises(QueueFull) as full:
@@ -471,7 +472,7 @@ def test_admission_refuses_what_would_wait_too_long() -> None:
 
     async def long_alone() -> int:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler.rates.observe(1, 100.0)
+        scheduler.estimate.rates.observe(1, 100.0)
         scheduler.submit([("x", 1)] * 2)
         scheduler.submit([("long", 1)] * 500)  # 5 s of its own, 0.02 s of others': taken
         return scheduler.depth
@@ -487,8 +488,8 @@ def test_the_wait_is_counted_in_sub_words() -> None:
 
     async def scenario() -> tuple[float, float]:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler.rates.observe(512, 1900.0)
-        scheduler.rates.observe(16, 1900.0)
+        scheduler.estimate.rates.observe(512, 1900.0)
+        scheduler.estimate.rates.observe(16, 1900.0)
         scheduler.submit([("window", 380)] * 10)
         one_sentence = scheduler.wait([20]).others
         scheduler.submit([("short", 20)])  # admitted: 0.2 s of others' work
@@ -534,8 +535,8 @@ def test_a_newcomer_waits_behind_a_quantum_of_each_request_of_its_round() -> Non
             scheduler = Scheduler(
                 prepare=lambda p: p, run=lambda p: p, limits=BatchLimits(max_queue=10_000), fair_quantum=quantum
             )
-            scheduler.rates.observe(512, 1900.0)
-            scheduler.rates.observe(16, 1900.0)
+            scheduler.estimate.rates.observe(512, 1900.0)
+            scheduler.estimate.rates.observe(16, 1900.0)
             scheduler.submit([("window", 380)] * 10)
             return scheduler.wait([20]).others
 
@@ -562,9 +563,9 @@ def test_an_overdue_request_goes_first_a_sentence_a_batch(starts_at: float, pass
         batches: list[list[str]] = []
         scheduler = make_scheduler(BatchLimits(max_batch_size=2, max_wait_ms=0, max_queue=10_000), batches)
         scheduler.clock = lambda: now[0]
-        scheduler.rates.observe(2, 100.0)
+        scheduler.estimate.rates.observe(2, 100.0)
         if pass_seconds is not None:
-            scheduler.run_times.observe(2, pass_seconds)
+            scheduler.times.run.observe(2, pass_seconds)
         scheduler.submit([("old", 1)])  # an empty queue: taken, due within the 1-s bound
         scheduler.submit([(f"L{i}", 1) for i in range(3)])  # promised an answer by t = 1 s
         now[0] = 0.7
@@ -807,8 +808,8 @@ def test_the_edge_sizes_a_request_as_one_median_sentence() -> None:
 
     async def scenario() -> tuple[float, float]:
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=BatchLimits(max_queue=10_000))
-        scheduler.rates.observe(512, 2000.0)
-        scheduler.rates.observe(16, 2000.0)
+        scheduler.estimate.rates.observe(512, 2000.0)
+        scheduler.estimate.rates.observe(16, 2000.0)
         scheduler.submit([("short", 20)])
         scheduler.submit([("window", 380)] * 1000)
         scheduler.submit([("short", 20)])
@@ -828,7 +829,7 @@ def test_a_request_sent_with_its_run_is_weighed_once_with_the_requests_let_throu
     async def scenario() -> list[str]:
         limits = BatchLimits(max_queue=10_000, max_queue_seconds=1.0)
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: list(p), limits=limits)
-        scheduler.rates.observe(16, 1000.0)  # sub-words a second
+        scheduler.estimate.rates.observe(16, 1000.0)  # sub-words a second
         for _ in range(30):  # 30 requests of one 20 sub-word sentence: 0.6 s of one round
             scheduler.submit([("queued", 20)])
         outcomes = []
@@ -885,12 +886,13 @@ def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:
         now = [0.0]
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, clock=lambda: now[0])
         item = WorkItem("x", 1, 0.01, None, asyncio.get_running_loop().create_future())
-        assert scheduler._cycle_rate(0, [item], finished=0.1, run_seconds=0.05) == pytest.approx(20.0)  # first: run time
-        scheduler.rates.observe(1, 20.0)
+        first = scheduler.estimate.cycle_rate(0, [item], finished=0.1, run_seconds=0.05)
+        assert first == pytest.approx(20.0)  # the first: its run time
+        scheduler.estimate.rates.observe(1, 20.0)
         late = WorkItem("y", 1, 5.0, None, asyncio.get_running_loop().create_future())
-        assert scheduler._cycle_rate(0, [late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
+        assert scheduler.estimate.cycle_rate(0, [late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
         waiting = [WorkItem("z", 1, 5.01, None, asyncio.get_running_loop().create_future()) for _ in range(4)]
-        return scheduler._cycle_rate(0, waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
+        return scheduler.estimate.cycle_rate(0, waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
 
     assert asyncio.run(scenario()) == pytest.approx(4 / 0.08)
 
@@ -910,7 +912,7 @@ def test_a_burst_behind_a_slow_lone_first_batch_is_admitted_at_the_warm_up_estim
         limits = BatchLimits(max_batch_size=8, max_wait_ms=5, max_queue_seconds=0.5, close_when_idle=True)
         scheduler = Scheduler(prepare=lambda p: p, run=run, limits=limits)
         if seeded:
-            scheduler.first_estimate([(10, 0.01)])
+            scheduler.estimate.first_estimate([(10, 0.01)])
         scheduler.start()
         first = scheduler.submit([("first", 10)])
         await asyncio.sleep(0.05)  # the lone batch is running: the rest of the burst queues
@@ -935,9 +937,9 @@ def test_the_first_estimate_counts_the_lanes_that_run_at_once() -> None:
         Scheduler(prepare=list, run=list, lanes=2, lanes_drive_a_device=True),
     )
     for scheduler in (cpu, device):
-        scheduler.first_estimate([(20, 0.01)])
-        scheduler.first_estimate([(20, 1.0)])  # only before anything is measured
-    assert (cpu.rates.at(20), device.rates.at(20)) == (pytest.approx(4000.0), pytest.approx(2000.0))
+        scheduler.estimate.first_estimate([(20, 0.01)])
+        scheduler.estimate.first_estimate([(20, 1.0)])  # only before anything is measured
+    assert (cpu.estimate.rates.at(20), device.estimate.rates.at(20)) == (pytest.approx(4000.0), pytest.approx(2000.0))
 
 
 def test_with_lanes_a_cycle_counts_for_every_lane() -> None:
@@ -947,10 +949,10 @@ def test_with_lanes_a_cycle_counts_for_every_lane() -> None:
     async def scenario() -> float | None:
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, lanes=2)
         future = asyncio.get_running_loop().create_future
-        scheduler.rates.observe(1, 1.0)
-        scheduler._cycle_rate(0, [WorkItem("a", 10, 0.5, None, future())], finished=1.0, run_seconds=0.5)
-        scheduler._cycle_rate(1, [WorkItem("b", 10, 0.6, None, future())], finished=1.5, run_seconds=0.9)
-        return scheduler._cycle_rate(0, [WorkItem("c", 10, 0.7, None, future())], finished=2.0, run_seconds=1.0)
+        scheduler.estimate.rates.observe(1, 1.0)
+        scheduler.estimate.cycle_rate(0, [WorkItem("a", 10, 0.5, None, future())], finished=1.0, run_seconds=0.5)
+        scheduler.estimate.cycle_rate(1, [WorkItem("b", 10, 0.6, None, future())], finished=1.5, run_seconds=0.9)
+        return scheduler.estimate.cycle_rate(0, [WorkItem("c", 10, 0.7, None, future())], finished=2.0, run_seconds=1.0)
 
     # lane 0 from its own previous end (1.0), not lane 1's (1.5), and for both lanes
     assert asyncio.run(scenario()) == pytest.approx(2 * 10 / 1.0)
@@ -1013,7 +1015,7 @@ def test_a_device_with_a_fixed_cost_is_estimated_between_its_lone_and_full_passe
     async def scenario() -> tuple[float, float]:
         limits = BatchLimits(max_batch_size=256, max_batch_tokens=65_536, max_queue=100_000, max_queue_seconds=100.0)
         scheduler = Scheduler(prepare=list, run=list, limits=limits, lanes=2, lanes_drive_a_device=True)
-        scheduler.first_estimate([(14, 0.014), (65_536, 0.4)])
+        scheduler.estimate.first_estimate([(14, 0.014), (65_536, 0.4)])
         for _ in range(256):  # a burst of 256 requests of one sentence
             scheduler.submit([("a", 14)])
         burst = scheduler.wait([14]).others
@@ -1067,7 +1069,7 @@ def test_a_devices_second_lane_queues_its_pass_behind_the_first_and_times_only_i
 
     scheduler = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert 0.09 <= ended["b"] - ended["a"] < 0.15  # b ran right after a, not after a and a turn of the loop
-    assert scheduler.run_times.seconds(1) == pytest.approx(0.1, abs=0.01)
+    assert scheduler.times.run.seconds(1) == pytest.approx(0.1, abs=0.01)
 
 
 def closed_loop(
@@ -1214,7 +1216,7 @@ def test_an_idle_device_waits_for_the_rest_of_a_closed_loop_where_a_pass_costs_m
         limits = BatchLimits(max_batch_size=32, close_when_idle=True, close_as_device_frees=True)
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         for sentences, milliseconds in zip((1, 16), pass_ms, strict=True):
-            scheduler.run_times.observe(sentences, milliseconds / 1000)
+            scheduler.times.run.observe(sentences, milliseconds / 1000)
         scheduler._populations.append(16)
         scheduler.submit([(f"s{index}", 1) for index in range(4)])
         if in_flight > 4:
@@ -1238,9 +1240,9 @@ def test_a_batch_split_in_halves_is_measured_as_it_ran() -> None:
         limits = BatchLimits(max_batch_size=16, close_when_idle=True, close_as_device_frees=True)
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         for sentences, milliseconds in [(1, 10.0), (8, 10.5), (16, 11.0)]:
-            scheduler.run_times.observe(sentences, milliseconds / 1000)
-            scheduler.device_times.observe(sentences, milliseconds / 1000)
-            scheduler.prepare_times.observe(sentences, 0.0005)
+            scheduler.times.run.observe(sentences, milliseconds / 1000)
+            scheduler.times.device.observe(sentences, milliseconds / 1000)
+            scheduler.times.prepare.observe(sentences, 0.0005)
         scheduler.submit([(f"s{index}", 1) for index in range(15)])
         return scheduler._pipelined_limits(limits).max_batch_size
 
@@ -1281,9 +1283,9 @@ def test_the_halves_rule_by_pass_and_prepare_times_alone(batch_limit: int, prepa
         limits = BatchLimits(max_batch_size=batch_limit, close_when_idle=True, close_as_device_frees=True)
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         for sentences, milliseconds in [(1, 8.0), (8, 13.6), (16, 20.0)]:
-            scheduler.run_times.observe(sentences, milliseconds / 1000)
-            scheduler.device_times.observe(sentences, milliseconds / 1000)
-            scheduler.prepare_times.observe(sentences, prepare_ms / 1000)
+            scheduler.times.run.observe(sentences, milliseconds / 1000)
+            scheduler.times.device.observe(sentences, milliseconds / 1000)
+            scheduler.times.prepare.observe(sentences, prepare_ms / 1000)
         scheduler.submit([(f"s{index}", 1) for index in range(16)])
         return scheduler._pipelined_limits(limits).max_batch_size
 
@@ -1367,8 +1369,8 @@ def test_a_burst_is_estimated_at_the_rate_of_full_batches() -> None:
 
     async def scenario() -> int:
         scheduler = make_scheduler(BatchLimits(max_queue=10_000, max_queue_seconds=1.0))
-        scheduler.rates.observe(2, 80.0)  # the small batches of a calm spell
-        scheduler.rates.observe(32, 140.0)  # full batches, measured in an earlier burst
+        scheduler.estimate.rates.observe(2, 80.0)  # the small batches of a calm spell
+        scheduler.estimate.rates.observe(32, 140.0)  # full batches, measured in an earlier burst
         scheduler.submit([("a", 1)] * 100)
         scheduler.submit([("b", 1)] * 1)  # 1 of a's ahead in fair order
         scheduler.submit([("c", 1)] * 100)  # 100 of a's, b's 1: 0.72 s at 140/s (1.26 s at 80/s)

@@ -13,7 +13,7 @@ ENGINE = 'process 100:"python -m nerserve serve --http-workers 2"'
 # a spawned child's command line holds the frames' separator
 WORKER = 'process 101:"python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=16)"'
 LOOP = "thread (100): MainThread;Runner.run (asyncio/runners.py:118)"
-LANE = "thread (105): graphs_1;Scheduler._lane_main (nerserve/service/batching/scheduler.py:724)"
+LANE = "thread (105): graphs_1;GraphLanes._main (nerserve/service/batching/lanes.py:135)"
 WORKER_LOOP = "thread (101): MainThread;http_worker (nerserve/service/server.py:150)"
 RECORDING = "\n".join(
     [

@@ -274,7 +274,7 @@ def load_served_model(
     log.info("%s: warmed up %s", served.name, served.warmed_up.as_dict())
     # answered now: after a failed batch, whether the model still works
     scheduler.probe = functools.partial(stages.in_turn, [known_good_payload(program.subwords, options)])
-    scheduler.first_estimate(served.warmed_up.passes())
+    scheduler.estimate.first_estimate(served.warmed_up.passes())
     for graph, provider in served.execution_providers.items():
         metrics.graph_provider.labels(served.name, graph, provider).set(1)
     return served
