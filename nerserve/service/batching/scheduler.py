@@ -150,12 +150,12 @@ class Scheduler:
         self._graph_lanes = GraphLanes(
             self.lanes,
             self.run,
-            self._lane_took,
-            self._lane_ran,
-            self.clock,
-            self.lane_setup,
-            self.lanes_drive_a_device,
-            self.pass_clock,
+            took=self._lane_took,
+            ran=self._lane_ran,
+            clock=self.clock,
+            setup=self.lane_setup,
+            drive_a_device=self.lanes_drive_a_device,
+            pass_clock=self.pass_clock,
         )
         self._slot_freed = asyncio.Event()
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=lower_worker_priority)
