@@ -1217,11 +1217,11 @@ def test_an_idle_device_waits_for_the_rest_of_a_closed_loop_where_a_pass_costs_m
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
         for sentences, milliseconds in zip((1, 16), pass_ms, strict=True):
             scheduler.times.run.observe(sentences, milliseconds / 1000)
-        scheduler._populations.append(16)
+        scheduler.closing.populations.append(16)
         scheduler.submit([(f"s{index}", 1) for index in range(4)])
         if in_flight > 4:
             scheduler.submit([(f"t{index}", 1) for index in range(in_flight - 4)])
-        return scheduler._company_until(), scheduler._queue.oldest_arrival()
+        return scheduler.closing.company_until(scheduler.in_flight), scheduler._queue.oldest_arrival()
 
     until, first_arrival = asyncio.run(company_until())
     if waits:
@@ -1244,7 +1244,7 @@ def test_a_batch_split_in_halves_is_measured_as_it_ran() -> None:
             scheduler.times.device.observe(sentences, milliseconds / 1000)
             scheduler.times.prepare.observe(sentences, 0.0005)
         scheduler.submit([(f"s{index}", 1) for index in range(15)])
-        return scheduler._pipelined_limits(limits).max_batch_size
+        return scheduler.closing.pipelined_limits(limits).max_batch_size
 
     assert asyncio.run(size_limit_taken()) == 16
 
@@ -1287,7 +1287,7 @@ def test_the_halves_rule_by_pass_and_prepare_times_alone(batch_limit: int, prepa
             scheduler.times.device.observe(sentences, milliseconds / 1000)
             scheduler.times.prepare.observe(sentences, prepare_ms / 1000)
         scheduler.submit([(f"s{index}", 1) for index in range(16)])
-        return scheduler._pipelined_limits(limits).max_batch_size
+        return scheduler.closing.pipelined_limits(limits).max_batch_size
 
     assert asyncio.run(size_limit_taken()) == size_limit
 
@@ -1326,10 +1326,10 @@ def test_a_split_is_forgotten_once_a_batch_holds_more_than_the_batch_split() -> 
     async def taken_and_split() -> tuple[int, float | None]:
         limits = BatchLimits(max_batch_size=32, close_when_idle=True, close_as_device_frees=True)
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, limits=limits, lanes=2, lanes_drive_a_device=True)
-        scheduler._split_whole = 4.0
+        scheduler.closing.split_whole = 4.0
         scheduler.submit([(f"s{index}", 1) for index in range(20)])
         batch, _ = await scheduler._wait_for_batch()
-        return len(batch), scheduler._split_whole
+        return len(batch), scheduler.closing.split_whole
 
     assert asyncio.run(taken_and_split()) == (20, None)
 

@@ -9,7 +9,8 @@ It is also the one estimator admission uses (`wait`): what a newcomer would wait
 sharing, at the rates measured for back-to-back batches (service.batching.estimate).
 
 Stage A waits for work, closes a batch (size, token budget, or max wait after its oldest item, or
-as the device frees: by what the lanes are doing and the stages' times, service.batching.timing),
+as the device frees: service.batching.closing, by what the lanes are doing and the stages' times,
+service.batching.timing),
 drops items whose client went away or whose deadline passed, and prepares the batch (tokenise,
 pad) in a thread. Stage B runs the graphs in lanes (service.batching.lanes), each a graph thread of
 its own (two on a CPU, where two batches at once beat one batch on two cores, and on a device
@@ -28,12 +29,12 @@ import contextlib
 import functools
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nerserve.service.batching.closing import ClosingRules
 from nerserve.service.batching.estimate import AdmissionEstimate
 from nerserve.service.batching.fair_queue import FairQueue
 from nerserve.service.batching.lanes import GraphLanes, LanePass, lower_worker_priority
@@ -55,19 +56,6 @@ from nerserve.service.batching.work import (
     WorkItem,
 )
 
-# _pipelined_limits: a batch at this share of the device's batch limits counts as full (a closed
-# loop's last few clients may send a moment after the batch closes)
-FULL_SHARE = 0.9
-# _wait_for_batch: a batch this many times the batch split in halves says the closed loop that was
-# split is gone (its own batches hold at most its clients, whose sentences' lengths vary a little),
-# and `_rejoin_halves` no longer waits for an idle device to rejoin it
-SPLIT_FORGOTTEN = 2.0
-# _rejoin_halves: the share of the batch that was split which, queued again, is the two halves rejoined
-# (a few of its clients may have left, or send a little later)
-REJOINED_SHARE = 0.9
-# _company_until: the batches over which the sentences in flight at once are the load's population
-# (the largest of each batch's gathering); a load that shrinks is forgotten after as many batches
-POPULATION_WINDOW = 16
 # _watch_lanes: a graph call running this many times its expected time (and pass_timeout at least)
 # hangs; the factor leaves a slow model's large batches, whose times are extrapolated, their due
 HUNG_PASS_FACTOR = 10.0
@@ -139,9 +127,6 @@ class Scheduler:
     _in_flight: int = 0
     _accepting: bool = True
     _taken_tokens: int = 0  # sub-words out of the queue and not yet answered (prepared, handed over, running)
-    _split_whole: float | None = None  # the sub-words of the batch last split in halves (_pipelined_limits)
-    _split_half: float = 0.0  # and of its first half
-    _in_flight_peak: int = 0  # the most sentences in flight while the batch now gathering did
     _preparing: asyncio.Future[Any] | None = None  # the prepare running in its thread, if one is
 
     def __post_init__(self) -> None:
@@ -167,12 +152,13 @@ class Scheduler:
         self._batches = 0
         self._last_idle = 0.0
         self._requests = 0  # submit() calls so far: each one's items carry its number
-        # close_as_device_frees and the halves of _pipelined_limits: what the lanes are doing, the
+        # close_as_device_frees and the halves of ClosingRules: what the lanes are doing, the
         # stages' times by batch size, and a wake-up as a lane frees
         self.times = LaneTimes(self.lanes, self.lanes_drive_a_device)
         self._lane_freed = asyncio.Event()
         self._isolating: dict[int, list[WorkItem]] = {}  # failed batches waiting for the probe, by id
-        self._populations: deque[int] = deque(maxlen=POPULATION_WINDOW)  # _in_flight_peak of the last batches
+        # when the batch gathering closes beyond its limits and max_wait, and how much it takes
+        self.closing = ClosingRules(self._queue, self.times, self.limits, self.clock)
 
     @property
     def depth(self) -> int:
@@ -254,7 +240,7 @@ class Scheduler:
             )
         self._open[request] = sentences
         self._in_flight += sentences
-        self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
+        self.closing.in_flight(self._in_flight)
         self._arrived.set()
 
     def _surely_within(self, own: int, pending: int, seconds: float) -> bool:
@@ -374,18 +360,18 @@ class Scheduler:
             # thread never idles through a prepare. With `close_when_idle` and graphs free to take it
             # (LaneTimes.graphs_free) it closes at once: waiting for company would only delay a lone request,
             # and under load company gathers while the graphs run; but on a device whose pass costs
-            # mostly its launches, it waits a little for the rest of a closed loop (_company_until),
+            # mostly its launches, it waits a little for the rest of a closed loop (company_until),
             # whose next pass would otherwise cost as much again for a few. Batches still being decoded do
             # not hold the device: a batch's answers, travelling back while the device idles, are
             # the company a waiting batch would wait for in vain.
             idle = limits.close_when_idle and self.times.graphs_free()
-            company_until = self._company_until() if idle and not full else None
+            company_until = self.closing.company_until(self._in_flight) if idle and not full else None
             if company_until is not None:  # the rest of a closed loop is on its way: worth a pass
                 idle = self.clock() >= company_until
                 if not idle:
                     remaining = min(remaining, company_until - self.clock())
                     waited_for_company = True
-            back = not (full or idle) and limits.close_as_device_frees and self._clients_back()
+            back = not (full or idle) and limits.close_as_device_frees and self.closing.clients_back()
             if full or idle or back:
                 closed = "full" if full else "company" if idle and waited_for_company else "idle" if idle else "clients_back"
                 break
@@ -402,8 +388,8 @@ class Scheduler:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=remaining if remaining > 0 else None)
-        lane_limits = self._lane_limits(limits)
-        limits = self._pipelined_limits(lane_limits)
+        lane_limits = self.closing.lane_limits(limits)
+        limits = self.closing.pipelined_limits(lane_limits)
         if limits.max_batch_size < lane_limits.max_batch_size:
             closed = "halves"
         formed = self.estimate.formed(min(self._queue.tokens, limits.max_batch_tokens))
@@ -411,12 +397,9 @@ class Scheduler:
         window = self._queue.order(limits.max_batch_size * limits.lookahead, answered_by)
         batch = [window[i] for i in sorted(select_batch(window, limits))]
         self._queue.take(batch)
-        self._populations.append(self._in_flight_peak)
-        self._in_flight_peak = self._in_flight
         taken = sum(item.cost for item in batch)
+        self.closing.taken(taken, self._in_flight)
         self._taken_tokens += taken
-        if self._split_whole is not None and taken > SPLIT_FORGOTTEN * self._split_whole:
-            self._split_whole = None  # far more than the closed loop that was split: the load is another
         return batch, closed
 
     def _timed(self, work: Callable[..., Any], *arguments: Any) -> tuple[Any, float]:
@@ -428,101 +411,18 @@ class Scheduler:
         result = work(*arguments)
         return result, self.clock() - started
 
-    def _lane_limits(self, limits: BatchLimits) -> BatchLimits:
-        """With lanes free, what is queued is shared among them: two half batches on one core each
-        finish sooner than one whole batch that leaves a lane idle."""
-        free = self.times.free_lanes()
-        if free <= 1 or self.lanes_drive_a_device:  # a device's lanes queue their passes on it: _pipelined_limits
-            return limits
-        share = math.ceil(len(self._queue) / free)
-        return replace(limits, max_batch_size=max(1, min(limits.max_batch_size, share)))
-
-    def _pipelined_limits(self, limits: BatchLimits) -> BatchLimits:
-        """On a device left idle with many sentences queued, half of them first where that keeps it
-        busier. Clients that send their next request as soon as they are answered otherwise travel
-        as one batch: the device runs it while the host waits, then waits while the host answers,
-        takes back and prepares all of it. Two halves alternate instead, one on the device while
-        the host turns the other around, where two half passes cost the device at most
-        timing.PIPELINE_COST_RATIO times the whole one, from the pass times measured, and only for a size
-        that has run whole (else it runs whole, and is measured); and where the second half can be
-        prepared while the first runs, or the batch is full. A full batch on an idle device is a
-        closed loop's clients all back at once: halves pay there even with a host slower than a
-        half pass, since the device then waits only for what the host takes beyond the other
-        half's pass, not for the whole of its turn. A partial one says that requests arrive slower
-        than the device serves them (a slow front): halves would only add passes and their host
-        work. A half's size that has never run is tried
-        once in halves, and so measured: a pass's time between two sizes far apart is not their
-        straight line (a device's cost climbs little until its cores are full), and a load whose
-        batches are all of one size never runs one of half that size. Where the halves prove too
-        dear, `_rejoin_halves` makes them one batch again."""
-        if not limits.close_as_device_frees or not self.times.device_idle() or not self.times.run or not self.times.prepare:
-            return limits
-        count = min(len(self._queue), limits.max_batch_size)
-        if count < 2:
-            return limits
-        whole = min(self._queue.tokens, limits.max_batch_tokens)
-        if not self.times.run.has_run(whole):
-            return limits
-        full = count >= FULL_SHARE * limits.max_batch_size or whole >= FULL_SHARE * limits.max_batch_tokens
-        half = whole * math.ceil(count / 2) / count  # the first half as it will run, and be measured
-        if self.times.halves_dearer(whole, half) or not (full or self.times.host_keeps_up(half)):
-            return limits
-        self._split_whole, self._split_half = whole, half
-        return replace(limits, max_batch_size=math.ceil(count / 2))
-
-    def _company_until(self) -> float | None:
-        """Until when a batch for an idle device waits for the rest of a closed loop, or None where
-        it closes at once. On a device whose pass costs mostly a fixed part (the launches of a
-        small batch's kernels, which Python makes one by one), a loop's clients that come back a
-        few at a time would otherwise each find the device idle and go as a batch of their own,
-        each paying that part: the loop travels as a few small batches where one would cost the
-        device little more than any of them. So, where fewer sentences are in flight now than the
-        most in flight at once over the last batches (the load's population), and a pass with the
-        missing clients' sentences too would cost less than a second pass of what is queued, the
-        batch waits for them: for at most a pass of its own (what the clients still out would wait
-        behind it) and `max_wait_ms`, from its first sentence's arrival. A lone client, or an open
-        load at its steady level, is always all in flight: no wait."""
-        if not self.lanes_drive_a_device or not self.times.run or not self._queue:
-            return None
-        population = max(self._populations, default=0)
-        if self._in_flight >= population:  # all of it: a client left behind goes on as a batch of its own
-            return None
-        queued, count = self._queue.tokens, len(self._queue)
-        missing = population - self._in_flight
-        if self.times.run.seconds(queued * (count + missing) / count) >= 2 * self.times.run.seconds(queued):
-            return None
-        return self._queue.oldest_arrival() + min(self.limits.max_wait_ms / 1000, self.times.run.seconds(queued))
-
-    def _clients_back(self) -> bool:
-        """Whether, with a pass on the device that ends before a batch closed now could start after
-        it (`LaneTimes.gathering_time`), the batch gathering holds as many sentences as that pass's batch
-        (FULL_SHARE of them; sentences, as clients come back, not sub-words, which vary with what
-        each sends): a closed loop's next batch, its clients back. The other half, where a batch
-        was split in halves; or another HTTP worker's requests, whose answers went out in one
-        message and whose clients sent again together (two workers' clients take turns on the
-        device so, without any batch split). Waiting on for max_wait would gather nothing more and
-        only delay its prepare past the pass, leaving the device idle for the difference; where the
-        pass leaves time, the batch gathers on. Not while a prepared batch waits for the device:
-        this one would wait behind it, and may as well grow, so under a load the device cannot keep
-        up with, batches still grow to its limits."""
-        on_device = self.times.on_device
-        back = bool(self.times.ends) and not self.times.handed and on_device > 0 and len(self._queue) >= FULL_SHARE * on_device
-        return back and self.times.gathering_time(self._queue.tokens, self.clock()) <= 0
-
     async def _rejoin_halves(self) -> None:
-        """A closed loop split in halves (`_pipelined_limits`) stays split: each half gathers while the
-        other runs. Where the halves proved too dear, the half queued waits for the device to finish
-        the other and for that half's clients to send again (until the two fill the batch that was
-        split, or max_wait after the device frees), so that they travel as one batch again."""
-        whole = self._split_whole
-        if whole is None or not self.times.halves_dearer(whole, self._split_half):
+        """Halves of a closed loop that proved too dear (`ClosingRules.rejoin`): the half queued waits
+        for the device to finish the other and for that half's clients to send again, so that they
+        travel as one batch again."""
+        rejoined = self.closing.rejoin()
+        if rejoined is None:
             return
-        self._split_whole = None
         while not self.times.device_idle():
             self._lane_freed.clear()
             await self._lane_freed.wait()
         until = self.clock() + self.limits.max_wait_ms / 1000
-        while self._queue.tokens < REJOINED_SHARE * whole and (left := until - self.clock()) > 0:
+        while self._queue.tokens < rejoined and (left := until - self.clock()) > 0:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=left)
