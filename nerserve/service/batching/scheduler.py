@@ -142,7 +142,7 @@ class Scheduler:
             drive_a_device=self.lanes_drive_a_device,
             pass_clock=self.pass_clock,
         )
-        self._slot_freed = asyncio.Event()
+        self._slot_freed = asyncio.Event()  # a lane took the batch in the hand-off slot (LaneTimes.handed)
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare", initializer=lower_worker_priority)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode", initializer=lower_worker_priority)
         self._finishing: set[asyncio.Task[None]] = set()
