@@ -886,13 +886,13 @@ def test_scheduler_rate_is_taken_from_back_to_back_batches() -> None:
         now = [0.0]
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, clock=lambda: now[0])
         item = WorkItem("x", 1, 0.01, None, asyncio.get_running_loop().create_future())
-        first = scheduler.estimate.cycle_rate(0, [item], finished=0.1, run_seconds=0.05)
+        first = scheduler.estimate.cycle_rate(0, [item], 1, finished=0.1, run_seconds=0.05)
         assert first == pytest.approx(20.0)  # the first: its run time
         scheduler.estimate.rates.observe(1, 20.0)
         late = WorkItem("y", 1, 5.0, None, asyncio.get_running_loop().create_future())
-        assert scheduler.estimate.cycle_rate(0, [late], finished=5.02, run_seconds=0.02) is None  # after an idle spell
+        assert scheduler.estimate.cycle_rate(0, [late], 1, finished=5.02, run_seconds=0.02) is None  # after an idle spell
         waiting = [WorkItem("z", 1, 5.01, None, asyncio.get_running_loop().create_future()) for _ in range(4)]
-        return scheduler.estimate.cycle_rate(0, waiting, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
+        return scheduler.estimate.cycle_rate(0, waiting, 4, finished=5.1, run_seconds=0.05) or 0.0  # waited since 5.01
 
     assert asyncio.run(scenario()) == pytest.approx(4 / 0.08)
 
@@ -950,9 +950,9 @@ def test_with_lanes_a_cycle_counts_for_every_lane() -> None:
         scheduler = Scheduler(prepare=lambda p: p, run=lambda p: p, lanes=2)
         future = asyncio.get_running_loop().create_future
         scheduler.estimate.rates.observe(1, 1.0)
-        scheduler.estimate.cycle_rate(0, [WorkItem("a", 10, 0.5, None, future())], finished=1.0, run_seconds=0.5)
-        scheduler.estimate.cycle_rate(1, [WorkItem("b", 10, 0.6, None, future())], finished=1.5, run_seconds=0.9)
-        return scheduler.estimate.cycle_rate(0, [WorkItem("c", 10, 0.7, None, future())], finished=2.0, run_seconds=1.0)
+        scheduler.estimate.cycle_rate(0, [WorkItem("a", 10, 0.5, None, future())], 10, finished=1.0, run_seconds=0.5)
+        scheduler.estimate.cycle_rate(1, [WorkItem("b", 10, 0.6, None, future())], 10, finished=1.5, run_seconds=0.9)
+        return scheduler.estimate.cycle_rate(0, [WorkItem("c", 10, 0.7, None, future())], 10, finished=2.0, run_seconds=1.0)
 
     # lane 0 from its own previous end (1.0), not lane 1's (1.5), and for both lanes
     assert asyncio.run(scenario()) == pytest.approx(2 * 10 / 1.0)

@@ -122,14 +122,14 @@ class AdmissionEstimate:
 
     def batch_ran(self, lane: int, batch: list[WorkItem], tokens: int, finished: float, run_seconds: float) -> None:
         """A batch of TOKENS sub-words ended on LANE at FINISHED, after a pass of RUN_SECONDS."""
-        rate = self.cycle_rate(lane, batch, finished, run_seconds)
+        rate = self.cycle_rate(lane, batch, tokens, finished, run_seconds)
         if rate is not None:
             self.rates.observe(tokens, rate)
 
-    def cycle_rate(self, lane: int, batch: list[WorkItem], finished: float, run_seconds: float) -> float | None:
-        """Sub-words per second over a batch's whole cycle in its lane, from the previous batch's end
-        there to its own, when it was waiting as that one ended (back to back: the capacity), times
-        the lanes (back to back in one, the others are busy too). The graphs' run time alone
+    def cycle_rate(self, lane: int, batch: list[WorkItem], tokens: int, finished: float, run_seconds: float) -> float | None:
+        """BATCH's TOKENS sub-words a second over its whole cycle in its lane, from the previous
+        batch's end there to its own, when it was waiting as that one ended (back to back: the
+        capacity), times the lanes (back to back in one, the others are busy too). The graphs' run time alone
         over-states the rate: preparing the next batch, the event loop and the decoding share the
         cores with it, so waits promised from run times alone come out too short. A batch after an
         idle spell says how busy the service was, not how fast it is (such samples refuse bursts it
@@ -139,7 +139,6 @@ class AdmissionEstimate:
         parallel = self.parallel
         slot = 0 if self.one_device else lane
         previous, self._last_finished[slot] = self._last_finished[slot], finished
-        tokens = sum(item.cost for item in batch)
         if min(item.enqueued for item in batch) <= previous:
             return parallel * tokens / max(finished - previous, 1e-6)
         return None if self.rates else parallel * tokens / max(run_seconds, 1e-6)
