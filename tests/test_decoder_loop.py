@@ -314,6 +314,23 @@ def test_large_outputs_are_held_to_a_relative_bound() -> None:
     assert not too_far.passed()
 
 
+def test_an_intermediate_is_held_to_its_own_bound_and_its_effect_to_the_outputs_bound() -> None:
+    """Word states another graph takes in may differ by a recurrence's rounding (1.3e-4 here); the
+    probabilities decoding reads keep 1e-4, and an intermediate off by 1e-3 is not rounding."""
+    states = np.full((2, 4), 0.7, dtype=np.float32)
+    probs = np.full((2, 3), 0.25, dtype=np.float32)
+    report = ParityReport(intermediates=frozenset({"word_states"}))
+    report.add_outputs({"word_states": states, "probs": probs}, {"word_states": states + 1.3e-4, "probs": probs})
+    assert report.allowed("word_states") == pytest.approx(5e-4) and report.allowed("probs") == 1e-4
+    assert report.passed()
+    report.add_outputs({"word_states": states, "probs": probs}, {"word_states": states, "probs": probs + 1.3e-4})
+    assert report.outputs_out_of_tolerance() == {"probs"}
+    too_far = ParityReport(intermediates=frozenset({"word_states"}))
+    too_far.add_outputs({"word_states": states}, {"word_states": states + 1e-3})
+    assert not too_far.passed()
+    assert ParityReport().allowed("word_states") == 1e-4  # an output no graph takes in
+
+
 class EndAfter:
     """A per-row constraint: row r writes anything but the end until its `limits[r]`-th token, which is the end."""
 

@@ -158,6 +158,12 @@ def test_export_parity_and_skip(tiny_model: Path, data_root: Path, tmp_path: Pat
         assert parity["entities"] > 0  # entity sets with something in them
     assert parity["max_abs_diff"] <= 1e-4 and parity["integer_mismatches"] == 0
     assert parity["entity_sets_identical"]
+    # held to the intermediates' bound: the outputs another graph takes in, and no others
+    taken_in = {feed["name"] for graph in info["graphs"].values() for feed in graph["inputs"]}
+    outputs = {output["name"] for graph in info["graphs"].values() for output in graph["outputs"]}
+    assert set(parity["intermediates"]) == outputs & taken_in
+    allowed = parity["per_output_allowed"]
+    assert all(allowed[name] >= 5e-4 for name in parity["intermediates"] if name in allowed)
     spec = ARCHITECTURES[info["architecture"]]
     assert set(info["graphs"]) == set(spec.signatures(CONFIGS[spec.name]))
     if fmt == GraphFormat.onnx:  # every encoder traces to a graph that holds at other sizes (the fast export)
