@@ -99,17 +99,21 @@ class Server:
         python: str = sys.executable,
         cwd: str | None = None,
         log: Path | None = None,
+        own_process_group: bool = False,
         **settings: object,
     ) -> None:
         """LOG: a file for the server's log lines (standard error), for a server that logs much: a pipe
-        nobody reads while it runs would fill and stop it."""
+        nobody reads while it runs would fill and stop it. OWN_PROCESS_GROUP: the server leads a
+        process group of its own (a session), which a test can signal whole, as a terminal does."""
         self.port = int(settings.pop("port", None) or free_port())  # type: ignore[call-overload]
         env = {**os.environ, **{f"NERSERVE_{k.upper()}": str(v) for k, v in settings.items()}}
         env["NERSERVE_PORT"] = str(self.port)
         command = [python, "-c", BLOCKING, *blocked] if blocked else [python, "-m", "nerserve", "serve"]
         self.log = log
         with log.open("wb") if log is not None else contextlib.nullcontext(subprocess.PIPE) as errors:
-            self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=errors)
+            self.process = subprocess.Popen(
+                command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=own_process_group
+            )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:

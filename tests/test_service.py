@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import gzip
 import json
+import os
 import re
 import shutil
 import signal
@@ -531,13 +532,17 @@ def test_sigterm_drains_in_flight_then_exits() -> None:
     assert server.process.wait(60) == 0
 
 
-def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signalled", ["server", "group"])
+def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path, signalled: str) -> None:
     """A model still exporting behind the default must not hold the process after SIGTERM (its
-    export, gner-open's, runs for minutes): the export is stopped, its staging folder removed."""
+    export, gner-open's, runs for minutes): the export is stopped, its staging folder removed.
+    Signalled as a group (a terminal's Ctrl-C, `timeout`, systemd's control-group stop) the export
+    ends at the same moment as the server is told: a stop too, exit 0, not a model that failed."""
     ready = LOCATIONS.graph_set_folder("span-conll03", "onnx")
     if ready.is_dir():  # the default model's graphs as they are, so that only gner-open exports
         shutil.copytree(ready, tmp_path / "span-conll03" / ready.name)
-    server = Server(models="span-conll03,gner-open", graph_cache=tmp_path, threads=1)
+    group = signalled == "group"
+    server = Server(models="span-conll03,gner-open", graph_cache=tmp_path, threads=1, own_process_group=group)
     end = time.monotonic() + 600
     while time.monotonic() < end and server.process.poll() is None:
         with contextlib.suppress(httpx.TransportError):
@@ -550,11 +555,15 @@ def test_sigterm_during_a_start_up_export_exits_at_once(tmp_path: Path) -> None:
     while time.monotonic() < staged and not list((tmp_path / "gner-open").glob(".staging-*")):
         time.sleep(0.2)  # until the export is under way: its staging folder exists
     stopped = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(server.process.pid, signal.SIGTERM)
+    else:
+        server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(30) == 0 and time.monotonic() - stopped < 30
     assert not list((tmp_path / "gner-open").glob(".staging-*"))
     log = server.process.stderr.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-2000:]  # a stop, not a crash
+    assert " ERROR " not in log, log[-2000:]
 
 
 def test_an_address_it_cannot_listen_on_ends_the_server_at_once_saying_which() -> None:

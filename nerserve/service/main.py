@@ -82,12 +82,12 @@ async def _load_models(state: ServiceState) -> None:
             await _load_model(state, name, background=True)
 
     await asyncio.gather(*(load_in_background(name) for name in others))
-    if not state.models and state.fatal is None:
+    if not state.models and state.fatal is None and not state.draining:
         _stop_serving(state, "no model could be loaded: " + "; ".join(f"{n}: {e}" for n, e in state.model_errors.items()))
 
 
 async def _load_model(state: ServiceState, name: str, background: bool) -> None:
-    if state.fatal is not None:  # another model's failure is stopping the process
+    if state.fatal is not None or state.draining:  # stopping: another model's failure, or a signal
         return
     try:
         log.info("loading %s (%s)", name, state.settings.runtime.value)
@@ -106,6 +106,12 @@ async def _load_model(state: ServiceState, name: str, background: bool) -> None:
     except Exception as error:
         state.model_states[name] = "failed"
         state.model_errors[name] = f"{type(error).__name__}: {error}"
+        if state.draining:
+            # Asked to stop while it loaded: a signal sent to the whole process group (Ctrl-C in a
+            # terminal, `timeout`, systemd's control-group stop) ends its export at the same moment;
+            # a stop, not a failure to report as the exit status.
+            log.info("model %s not loaded: the server is stopping (%s)", name, state.model_errors[name])
+            return
         log.error("model %s failed to load: %s", name, state.model_errors[name])
         if state.settings.on_model_error == "exit" and state.fatal is None:
             _stop_serving(state, f"model {name!r} failed to load: {state.model_errors[name]}")

@@ -199,8 +199,13 @@ async def _engine_process(settings: Settings, exporter: Exporter | None) -> str 
     loader = asyncio.create_task(_load_models(state))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def asked_to_stop() -> None:
+        state.draining = True  # at once: a load failing from the same signal is then a stop (main._load_model)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, asked_to_stop)
     spawn = multiprocessing.get_context("spawn")
 
     def start(index: int) -> BaseProcess:

@@ -102,8 +102,7 @@ class StartUpExports:
         reason, exit_code = self._export(exporter, name, runtime, int8, background)
         if self._stopped:
             raise ModelLoadError(f"{name}: export to {runtime_named} stopped: the server is shutting down")
-        if reason is not None or not (folder / EXPORT_JSON).is_file():
-            log.error("export of %s failed: %s (exit %s)", name, reason, exit_code)
+        if reason is not None or not (folder / EXPORT_JSON).is_file():  # logged where the load fails (service.main)
             raise ModelLoadError(f"{name}: export to {runtime_named} failed (exit {exit_code}): {reason}")
         return folder
 
