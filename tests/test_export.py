@@ -4,6 +4,7 @@ files named in the error."""
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -464,6 +465,19 @@ def test_int8_quantises_the_architectures_int8_graphs_and_no_other(tiny_model: P
         if name == "encoder":
             assert "DynamicQuantizeLSTM" in operators and "LSTM" not in operators
     assert len(load_graph_set(folder).program.predict([["Peter", "lives", "in", "Paris", "."]])) == 1
+
+
+@pytest.mark.parametrize("tiny_model", ["span"], indirect=True)
+def test_an_export_says_nothing_of_the_shape_inference_it_skips(
+    tiny_model: Path, tmp_path: Path, data_root: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """ONNX Runtime's fusions and quantisation print and warn about the shape inference these graphs
+    skip on purpose (export.writers): nothing a user of an export, or a server's log, should read."""
+    caplog.set_level(logging.DEBUG)
+    export_model(tiny_model, GraphFormat.onnx, tmp_path, data_root, int8=True, log=lambda _: None)
+    out, err = capfd.readouterr()
+    said = out + err + "\n".join(record.getMessage() for record in caplog.records)
+    assert "shape inference" not in said and "infer data type" not in said and "pre-processing" not in said, said[-2000:]
 
 
 def reductions_of_candidates(graph: onnx.GraphProto) -> list[str]:
