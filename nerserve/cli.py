@@ -258,6 +258,9 @@ def evaluate_model(
         Runtime.eager
     ),
     int8: Annotated[bool, typer.Option("--int8", help="with --runtime onnx: the INT8-quantised graphs")] = False,
+    precision: Annotated[
+        Precision, typer.Option(help="with --runtime openvino: the graphs computed in fp32 or bf16")
+    ] = Precision.fp32,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
     limit: Annotated[int | None, typer.Option(min=1, help="first N sentences only")] = None,
     threshold: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="override the manifest's δ")] = None,
@@ -277,6 +280,8 @@ def evaluate_model(
 
     if int8 and runtime != Runtime.onnx:
         raise typer.BadParameter("--int8 needs --runtime onnx", param_hint="--int8")
+    if precision != Precision.fp32 and runtime != Runtime.openvino:
+        raise typer.BadParameter("--precision bf16 needs --runtime openvino", param_hint="--precision")
     # the data first: a bad file is reported before a model is loaded; an open-label model is
     # asked the data's own label names
     locations = _locations(context)
@@ -291,7 +296,7 @@ def evaluate_model(
     if runtime == Runtime.eager:
         program = load_model(folder, device).program
     else:
-        program = _exported_program(locations, folder, runtime.value, int8, device, threads)
+        program = _exported_program(locations, folder, runtime, int8, device, threads, precision.value)
     options = program.config.decode
     if open_labels:
         options = replace(options, labels=labels)
@@ -303,7 +308,7 @@ def evaluate_model(
     report = {
         "model": name,
         "split": split.value,
-        "runtime": runtime.value + ("-int8" if int8 else ""),
+        "runtime": runtime.value + ("-int8" if int8 else "") + (f"-{precision.value}" if precision != Precision.fp32 else ""),
         "threshold": getattr(options, "threshold", None),
         **({"labels": list(options.labels)} if hasattr(options, "labels") else {}),
         "threads": torch.get_num_threads(),
@@ -328,18 +333,27 @@ def evaluate_model(
             typer.echo(f"  {part.replace('_', ' ')}: " + ", ".join(f"{kind} {n}" for kind, n in errors.items()))
 
 
-def _exported_program(locations: Locations, source: Path, fmt: str, int8: bool, device: str | None, threads: int | None) -> Any:
+def _exported_program(
+    locations: Locations,
+    source: Path,
+    runtime: Runtime,
+    int8: bool,
+    device: str | None,
+    threads: int | None,
+    precision: str = "fp32",
+) -> Any:
     """The program over a ready graph set of the model in SOURCE, exporting it first when there is none."""
     from nerserve.ner.graph_format import EXPORT_JSON
     from nerserve.ner.runtime.graph_set import load_graph_set
 
-    folder = locations.graph_set_folder(source, fmt, int8)
+    fmt = runtime.graph_format or GraphFormat.onnx
+    folder = locations.graph_set_folder(source, fmt.value, int8)
     if not (folder / EXPORT_JSON).is_file():
         from nerserve.export.build import export_model
 
         graph_cache, data_root = locations.graph_cache, locations.data_root
-        export_model(source, GraphFormat(fmt), graph_cache, data_root, int8, log=lambda m: typer.echo(m, err=True))
-    return load_graph_set(folder, device or "cpu", threads).program
+        export_model(source, fmt, graph_cache, data_root, int8, log=lambda m: typer.echo(m, err=True))
+    return load_graph_set(folder, device or "cpu", threads, runtime=runtime, precision=precision).program
 
 
 @app.command("export")

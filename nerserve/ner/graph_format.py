@@ -18,12 +18,20 @@ class GraphFormat(StrEnum):
 
 
 class Runtime(StrEnum):
-    """What runs a model's graphs: an exported format, or the eager torch modules (on CUDA the GPU path;
-    on the CPU for debugging)."""
+    """What runs a model's graphs: an exported format (ONNX through ONNX Runtime or OpenVINO), or the
+    eager torch modules (on CUDA the GPU path; on the CPU for debugging)."""
 
     onnx = "onnx"
+    openvino = "openvino"
     torchscript = "torchscript"
     eager = "eager"
+
+    @property
+    def graph_format(self) -> GraphFormat | None:
+        """The exported graphs it runs; None for the eager modules."""
+        if self == Runtime.eager:
+            return None
+        return GraphFormat.torchscript if self == Runtime.torchscript else GraphFormat.onnx
 
 
 GRAPH_SUFFIX = {GraphFormat.onnx: ".onnx", GraphFormat.torchscript: ".pt"}

@@ -29,6 +29,7 @@ CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 # ONNX Runtime on the CPU runs two batches on one core each faster than one batch on two cores
 # (docs/decisions/graph-lanes.md): by default two lanes where there are two cores.
 CPU_GRAPH_LANES = 2
+CPU_LANED_RUNTIMES = (Runtime.onnx, Runtime.openvino)
 DEVICE_GRAPH_LANES = 2
 # A fast device is fed by several HTTP processes: one front process answers 1,200-1,600 one-sentence
 # requests a second a core, a fraction of what a GPU computes (docs/gpu.md). By default, on CUDA,
@@ -80,8 +81,9 @@ class Settings(Locations):
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     runtime: Runtime = Field(
         Runtime.onnx,
-        description="how graphs run: exported ONNX or TorchScript, or eager torch (on CUDA the GPU path: "
-        "docs/gpu.md; on the CPU for debugging)",
+        description="how graphs run: exported ONNX (through ONNX Runtime, or through OpenVINO on the CPU: "
+        "openvino, with nerserve[openvino]) or TorchScript, or eager torch (on CUDA the GPU path: docs/gpu.md; on "
+        "the CPU for debugging)",
     )
     device: str = Field(
         "cpu",
@@ -98,7 +100,9 @@ class Settings(Locations):
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32",
         description="fp16 or bf16: the model's weights converted to it once at load, and its graphs run in it "
-        "(eager runtime on CUDA only; docs/gpu.md has the entity-set agreement and F1 each reached against fp32)",
+        "(eager runtime on CUDA: docs/gpu.md has the entity-set agreement and F1 each reached against fp32); bf16 "
+        "with the openvino runtime on a CPU with bf16 instructions: on one with AMX faster than --int8 at fp32's F1 "
+        "(docs/decisions/cpu-inference.md)",
     )
     int8: bool = Field(
         False,
@@ -293,8 +297,10 @@ class Settings(Locations):
     @model_validator(mode="after")
     def eager_cuda_options_on_eager_cuda(self) -> Settings:
         """Half precision and CUDA graphs are the eager runtime's on CUDA (a capture needs a GPU;
-        the exported graphs keep the trained precision)."""
-        asked = [f"precision {self.precision}"] if self.precision != "fp32" else []
+        ONNX Runtime's and TorchScript's graphs keep the trained precision), but for bf16, which
+        OpenVINO also computes in on the CPU."""
+        openvino_bf16 = self.runtime == Runtime.openvino and self.precision == "bf16"
+        asked = [f"precision {self.precision}"] if self.precision != "fp32" and not openvino_bf16 else []
         asked += ["cuda_graphs"] if self.cuda_graphs else []
         if asked and (self.runtime != Runtime.eager or not self.device.startswith("cuda")):
             raise ValueError(
@@ -310,9 +316,18 @@ class Settings(Locations):
         if self.int8 and (self.runtime != Runtime.onnx or self.device != "cpu"):
             raise ValueError(
                 f"int8 serves ONNX graphs on the CPU only (asked for runtime {self.runtime.value} on device {self.device}; "
-                "--device cpu --runtime onnx)"
+                "--device cpu --runtime onnx; with --runtime openvino, --precision bf16 is the faster one where the "
+                "CPU has AMX)"
             )
         return self
+
+    @property
+    def graph_format(self) -> str:
+        """The exported graphs the runtime serves (the eager runtime's modules have none)."""
+        fmt = self.runtime.graph_format
+        if fmt is None:
+            raise ValueError("the eager runtime serves no exported graphs")
+        return fmt.value
 
     @property
     def served_precision(self) -> str:
@@ -344,7 +359,7 @@ class Settings(Locations):
             return self.graph_lanes
         if self.batches_as_gpu:
             return DEVICE_GRAPH_LANES if self.front_workers > 1 else 1
-        cpu_graphs = self.device == "cpu" and self.runtime == Runtime.onnx and not self.graph_process
+        cpu_graphs = self.device == "cpu" and self.runtime in CPU_LANED_RUNTIMES and not self.graph_process
         return CPU_GRAPH_LANES if cpu_graphs and usable_cores() >= CPU_GRAPH_LANES else 1
 
     @property

@@ -131,6 +131,7 @@ class GraphSource:
     simulated_device_costs: Path | None = None
     cuda_graphs: bool = False
     traced_heads: bool = False
+    lanes: int = 1  # batches run at once (OpenVINO compiles a stream for each)
 
     def load(self, device: str | None = None) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
         on = device or self.device
@@ -147,7 +148,9 @@ class GraphSource:
                 traced_heads=self.traced_heads and on_own_device,
             )
             return loaded.manifest, loaded.program
-        loaded_set = load_graph_set(self.folder, on, self.threads, self.simulated_device_costs)
+        loaded_set = load_graph_set(
+            self.folder, on, self.threads, self.simulated_device_costs, self.runtime, self.precision, self.lanes
+        )
         return loaded_set.manifest, loaded_set.program
 
     def program(self) -> ProgramBase[Any, Any, Any]:
@@ -165,12 +168,13 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
     if settings.runtime == Runtime.eager:
         folder = settings.model_dir(name)
     else:
-        folder = settings.graph_set_folder(name, settings.runtime.value, settings.int8)
+        fmt = settings.graph_format
+        folder = settings.graph_set_folder(name, fmt, settings.int8)
         if not (folder / EXPORT_JSON).is_file():
             if not settings.export_missing:
-                kind = f"{settings.runtime.value} (INT8)" if settings.int8 else settings.runtime.value
+                kind = f"{fmt} (INT8)" if settings.int8 else fmt
                 raise ModelLoadError(f"{name}: no {kind} export at {folder}")
-            folder = exports.run(name, settings.runtime.value, background, settings.int8)
+            folder = exports.run(name, fmt, background, settings.int8)
         if settings.int8 and (refusal := int8_refusal(read_export_info(folder))) is not None:
             raise ModelLoadError(f"{name}: {refusal}")
     return GraphSource(
@@ -182,6 +186,7 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
         settings.simulated_device_costs,
         settings.replays_cuda_graphs,
         settings.traced_heads,
+        settings.lanes,
     )
 
 

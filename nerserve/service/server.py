@@ -68,7 +68,7 @@ def run(settings: Settings, exporter: Exporter | None = None) -> None:
     hand_over_quickly(settings.interpreter_switch_ms)
     try:  # before anything is exported or loaded: keys or a device that cannot be used end the process at once
         read_api_keys(settings.api_keys, settings.api_keys_file)
-        device = resolve_device(settings.device, settings.runtime.value)
+        device = resolve_device(settings.device, settings.runtime.value, settings.precision)
     except (ApiKeysError, DeviceUnavailable) as error:
         raise SystemExit(f"nerserve: {error}") from None
     if device != settings.device:

@@ -69,10 +69,14 @@ class DeviceUnavailable(RuntimeError):
     """A device that was asked for cannot be used: an error, never a silent fall-back to the CPU."""
 
 
-def resolve_device(device: str, runtime: str) -> str:
+def resolve_device(device: str, runtime: str, precision: str = "fp32") -> str:
     """The device the graphs will run on: `cpu`, `cuda[:N]` when that runtime can use CUDA here
     (else DeviceUnavailable, saying why), `auto`: CUDA when it can, the CPU otherwise, or `simulated`:
-    stand-in graphs that wait a measured card's batch costs (runtime.simulated; exported graphs only)."""
+    stand-in graphs that wait a measured card's batch costs (runtime.simulated; exported graphs only).
+    The openvino runtime runs on the CPU, only where OpenVINO is installed, and in bf16 only where
+    the CPU has bf16 instructions."""
+    if runtime == "openvino":
+        return _openvino_device(device, precision)
     if device == "cpu":
         return device
     if device == "simulated":
@@ -87,6 +91,23 @@ def resolve_device(device: str, runtime: str) -> str:
     if reason:
         raise DeviceUnavailable(f"--device {device}: CUDA cannot be used here: {reason}")
     return device
+
+
+def _openvino_device(device: str, precision: str) -> str:
+    """OpenVINO runs the graphs on the CPU here (its GPU plugin is for Intel GPUs): `auto` is the CPU."""
+    if device not in ("cpu", "auto"):
+        raise DeviceUnavailable(
+            f"--device {device}: the openvino runtime runs the graphs on the CPU (--device cpu; for CUDA, --runtime onnx)"
+        )
+    from nerserve.ner.runtime.openvino import cpu_precision_refusal
+
+    try:
+        refusal = cpu_precision_refusal(precision)
+    except GraphError as error:  # OpenVINO is not installed
+        raise DeviceUnavailable(str(error)) from None
+    if refusal is not None:
+        raise DeviceUnavailable(f"--precision {precision}: {refusal}")
+    return "cpu"
 
 
 def _cuda_missing(runtime: str) -> str | None:
