@@ -27,7 +27,8 @@ CPU_MAX_REQUEST_TOKENS = 256
 CPU_MAX_BATCH_SIZE, CPU_MAX_BATCH_TOKENS = 32, 8192
 CUDA_MAX_BATCH_SIZE, CUDA_MAX_BATCH_TOKENS = 256, 65536
 # ONNX Runtime on the CPU runs two batches on one core each faster than one batch on two cores
-# (docs/decisions/graph-lanes.md): by default two lanes where there are two cores.
+# (docs/decisions/graph-lanes.md): by default two lanes where there are two cores. OpenVINO ran
+# about as fast either way, and takes the same default (docs/decisions/cpu-inference.md).
 CPU_GRAPH_LANES = 2
 CPU_LANED_RUNTIMES = (Runtime.onnx, Runtime.openvino)
 DEVICE_GRAPH_LANES = 2
@@ -101,8 +102,8 @@ class Settings(Locations):
         "fp32",
         description="fp16 or bf16: the model's weights converted to it once at load, and its graphs run in it "
         "(eager runtime on CUDA: docs/gpu.md has the entity-set agreement and F1 each reached against fp32); bf16 "
-        "with the openvino runtime on a CPU with bf16 instructions: on one with AMX faster than --int8 at fp32's F1 "
-        "(docs/decisions/cpu-inference.md)",
+        "with the openvino runtime on a CPU with bf16 instructions: on one with AMX fp32's F1 at 1.5 times fp32's "
+        "sentences a second under load, below --int8's (docs/decisions/cpu-inference.md)",
     )
     int8: bool = Field(
         False,
@@ -316,8 +317,8 @@ class Settings(Locations):
         if self.int8 and (self.runtime != Runtime.onnx or self.device != "cpu"):
             raise ValueError(
                 f"int8 serves ONNX graphs on the CPU only (asked for runtime {self.runtime.value} on device {self.device}; "
-                "--device cpu --runtime onnx; with --runtime openvino, --precision bf16 is the faster one where the "
-                "CPU has AMX)"
+                "--device cpu --runtime onnx; --runtime openvino --precision bf16 is faster than fp32 at fp32's F1 "
+                "where the CPU has AMX)"
             )
         return self
 

@@ -1,9 +1,11 @@
 """OpenVINO graphs: the ONNX export compiled by OpenVINO's CPU plugin, in fp32 or in bf16.
 
 In bf16 the products run on the CPU's AMX tiles where it has them, inside one compiled graph that
-holds no interpreter lock while it runs: on a Xeon with AMX, span-conll03 served faster than
-ONNX Runtime's INT8 graphs at fp32's F1 (docs/decisions/cpu-inference.md). fp32 is asked for
-explicitly: OpenVINO's own default on such a CPU is bf16.
+holds no interpreter lock while it runs: on a Xeon with AMX, span-conll03 at fp32's F1 ran offline
+faster than ONNX Runtime's INT8 graphs, and served under load 1.5 times ONNX Runtime's fp32, below
+INT8 (a call's fixed cost for its dynamic shapes weighs on a server's small batches:
+docs/decisions/cpu-inference.md). fp32 is asked for explicitly: OpenVINO's own default on such a
+CPU is bf16.
 
 One compiled model serves every graph lane: a pass takes an idle infer request (one runs one batch
 at a time) and gives it back, and the model has a stream per lane, so that two lanes' batches run
