@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nerserve.ner.runtime.openvino import cpu_precision_refusal
 from tests.containers import podman as pm
 from tests.serving import Server, assert_same_results, free_port
 
@@ -50,9 +51,9 @@ def cpu_image() -> str:
     pm.require_podman()
     pm.make_standin_images()
     started = time.monotonic()
-    size = pm.build("Dockerfile.cpu", CPU_TAG, MODEL, "INT8=true")
+    size = pm.build("Dockerfile.cpu", CPU_TAG, MODEL, "INT8=true", "EXTRAS=cpu,openvino")
     seconds = round(time.monotonic() - started)
-    _report(cpu_image_mb=round(size), cpu_image_models=f"{MODEL}, fp32 and INT8", cpu_build_seconds=seconds)
+    _report(cpu_image_mb=round(size), cpu_image_models=f"{MODEL}, fp32 and INT8, with OpenVINO", cpu_build_seconds=seconds)
     return CPU_TAG
 
 
@@ -96,6 +97,23 @@ def test_cpu_image_serves_its_int8_graphs_when_asked(cpu_image: str) -> None:
         pm.wait_ready(url, name)
         assert httpx.get(f"{url}/info").json()["precision"] == "int8"
         response = _extract(url, README_TEXTS)
+    assert response.status_code == 200, response.text
+    types = {(e["text"], e["type"]) for e in response.json()["results"][0]["entities"]}
+    assert {("EU", "ORG"), ("German", "MISC"), ("British", "MISC")} <= types
+
+
+def test_cpu_image_built_with_openvino_serves_through_it_when_asked(cpu_image: str) -> None:
+    """Built with EXTRAS=cpu,openvino, NERSERVE_RUNTIME=openvino serves the image's ONNX graphs
+    through OpenVINO, in bf16 where this CPU has it (the container sees the host's CPU)."""
+    precision = "bf16" if cpu_precision_refusal("bf16") is None else "fp32"
+    port = free_port()
+    environment = ["-e", "NERSERVE_RUNTIME=openvino", "-e", f"NERSERVE_PRECISION={precision}", "-p", f"127.0.0.1:{port}:8000"]
+    with pm.container(cpu_image, *environment, name="nerserve-test-cpu-openvino") as name:
+        url = f"http://127.0.0.1:{port}"
+        pm.wait_ready(url, name)
+        (model,) = httpx.get(f"{url}/models").json()["models"]
+        response = _extract(url, README_TEXTS)
+    assert set(model["execution_providers"].values()) == {f"OpenVINO CPU ({precision})"}
     assert response.status_code == 200, response.text
     types = {(e["text"], e["type"]) for e in response.json()["results"][0]["entities"]}
     assert {("EU", "ORG"), ("German", "MISC"), ("British", "MISC")} <= types
