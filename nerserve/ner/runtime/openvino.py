@@ -16,6 +16,7 @@ lock it can no longer get, and abort the process.
 
 from __future__ import annotations
 
+import functools
 import queue
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -28,8 +29,10 @@ from nerserve.ner.graph import GraphError, Value
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
 
 
+@functools.cache
 def openvino_core() -> Any:
-    """OpenVINO's Core, or GraphError saying how to install it (an optional extra)."""
+    """OpenVINO's Core, one a process for all its graphs, or GraphError saying how to install it
+    (an optional extra)."""
     try:
         import openvino
     except ImportError:
