@@ -13,7 +13,8 @@
 #      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
 #      profile-served-span-graphs, by interpreter_profile.py); that with batches of up to 512
 #      sentences at c = 16 with 32 a request; with one graph lane; then as that with the graphs in a
-#      process of their own (--graph-process: two lanes there; profiled too), with all but the
+#      process of their own (--graph-process: two lanes there; profiled too), in two such processes
+#      (--graph-processes 2: a lane each, each an interpreter of its own), with all but the
 #      backbone traced (--traced-heads), through ONNX Runtime's CUDA execution provider where this
 #      onnxruntime has it (exported here; a pass that holds no interpreter lock), with the graph
 #      process and traced heads both, through TorchScript
@@ -281,6 +282,15 @@ served_split() {  # the graphs in a process of their own, two lanes there, each 
     stop
   fi
 }
+served_split_processes() {  # the graph lanes dealt out over two processes, a lane each: the passes,
+  # bound by Python launching their kernels, launched from two interpreters side by side
+  if todo served-span-split-processes-1 served-span-split-processes-32 \
+    && serve span-split-processes span-conll03 eager --graph-process --graph-processes 2 --http-workers "$HTTP_WORKERS" "$REPLAYED"; then
+    served span-split-processes-1 span-conll03 "$LEVELS" 1
+    served span-split-processes-32 span-conll03 16 32
+    stop
+  fi
+}
 served_traced() {  # all but the backbone traced: a pass takes the interpreter lock a few times
   if todo served-span-traced-1 served-span-traced-32 \
     && serve span-traced span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --traced-heads; then
@@ -336,6 +346,7 @@ served_default
 served_large_batches
 served_one_lane
 served_split
+served_split_processes
 served_traced
 served_onnx
 served_split_traced

@@ -108,9 +108,9 @@ PASS_ANATOMY_STEPS = (
 # front of the engine process, the backbone replayed from CUDA graphs); that with batches of up to
 # 512 sentences; that with all but the backbone traced; that with a 0.05 ms switch interval; that
 # without CUDA graphs; that in half precision (against half's offline best); with the graphs in a
-# process of their own (two lanes there), and so with traced heads too; the service's own with
-# TorchScript graphs, and with ONNX Runtime's; one graph lane, with each runtime; the front in the
-# engine's process.
+# process of their own (two lanes there), and so with traced heads too, and in two processes (a
+# lane each); the service's own with TorchScript graphs, and with ONNX Runtime's; one graph lane,
+# with each runtime; the front in the engine's process.
 SERVED_LAYOUTS = (
     ("workers", "span-graphs-1", "span-graphs-32", "replayed"),
     ("workers-batch-512", None, "span-graphs-512-32", "replayed"),  # served 32 sentences a request only
@@ -120,6 +120,7 @@ SERVED_LAYOUTS = (
     ("workers-half", "span-half", "span-half-32", "half"),
     ("split", "span-split-1", "span-split-32", "replayed"),
     ("split-traced-heads", "span-split-traced", None, "replayed"),  # one sentence a request only
+    ("split-processes", "span-split-processes-1", "span-split-processes-32", "replayed"),
     ("workers-torchscript", "span-torchscript-1", "span-torchscript-32", "torchscript"),
     ("workers-onnx", "span-onnx-split-1", "span-onnx-split-32", "onnx"),
     ("one-lane", "span-one-lane", "span-one-lane-32", "replayed"),
@@ -191,6 +192,8 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-split-1",
                 "span-split-32",
                 "span-split-traced",
+                "span-split-processes-1",
+                "span-split-processes-32",
                 "span-batch1",
                 "setgen-conll03",
                 "bartner-conll03",

@@ -7,18 +7,24 @@ serves the others on)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from nerserve.ner.graph import GraphError
+from nerserve.ner.runtime.simulated import simulated_device
+from nerserve.service.config import Settings
 from nerserve.service.graph_process import GraphProcess
 from tests.serving import Server, assert_same_results, spawned_children
 
@@ -41,13 +47,14 @@ def doubling() -> Doubling:
 
 
 class Slow:
-    """A program whose pass takes SLOW_PASS_SECONDS and answers the name of the child's thread that ran it."""
+    """A program whose pass takes SLOW_PASS_SECONDS and answers the name of the child's thread that
+    ran it, and the child's process id."""
 
     graphs: dict[str, object] = {}  # noqa: RUF012 - no graphs to report
 
     def run(self, batch: np.ndarray, options: list[Any]) -> dict[str, Any]:
         time.sleep(SLOW_PASS_SECONDS)
-        return {"lane": np.array([threading.current_thread().name])}
+        return {"lane": np.array([threading.current_thread().name]), "pid": np.array([os.getpid()])}
 
 
 SLOW_PASS_SECONDS = 0.5
@@ -64,21 +71,77 @@ def mark_lane() -> None:
 
 def test_a_graph_process_runs_a_batch_a_lane_at_once() -> None:
     """Two lanes' batches run together in the child, each in its lane's thread, set up as it started;
-    with one lane they run one after the other."""
-    for lanes, least, most in [(2, 2.0, 3.0), (1, 4.0, 5.5)]:  # four batches: two rounds, or four
-        graphs = GraphProcess("slow", slow, lanes=lanes, lane_setup=mark_lane)
+    with one lane they run one after the other. Dealt out over two processes, two lanes run one in
+    each, together."""
+    # four batches: two rounds, or four
+    for lanes, processes, least, most in [(2, 1, 2.0, 3.0), (1, 1, 4.0, 5.5), (2, 2, 2.0, 3.0)]:
+        graphs = GraphProcess("slow", slow, lanes=lanes, lane_setup=mark_lane, processes=processes)
         try:
-            assert graphs.lanes == lanes
+            assert (graphs.lanes, graphs.processes) == (lanes, processes)
             with ThreadPoolExecutor(max_workers=4) as pool:
                 started = time.monotonic()
                 answers = list(pool.map(graphs.run, [(np.zeros(1), [None])] * 4))
                 took = time.monotonic() - started
-            assert least * SLOW_PASS_SECONDS <= took < most * SLOW_PASS_SECONDS, (lanes, took)
+            assert least * SLOW_PASS_SECONDS <= took < most * SLOW_PASS_SECONDS, (lanes, processes, took)
             names = {str(answer["lane"][0]) for answer in answers}
-            assert names == {f"lane-{i} set up" for i in range(lanes)}
+            assert names == {f"lane-{i} set up" for i in range(lanes // processes)}
+            assert len({int(answer["pid"][0]) for answer in answers}) == processes
             assert graphs.device_report() is None  # no simulated device in this child
         finally:
             graphs.close()
+
+
+def test_more_graph_processes_than_lanes_is_an_error() -> None:
+    with pytest.raises(ValueError, match="3 graph processes for 2 lanes"):
+        GraphProcess("slow", slow, lanes=2, processes=3)
+
+
+class OnTheCard:
+    """A program whose pass is a simulated device's pass of one sub-word (CARD_PASS_SECONDS on its table)."""
+
+    graphs: dict[str, object] = {}  # noqa: RUF012 - no graphs to report
+
+    def __init__(self, costs: Path) -> None:
+        self.device = simulated_device(costs)
+
+    def run(self, batch: np.ndarray, options: list[Any]) -> dict[str, Any]:
+        self.device.run(1)
+        return {"pid": np.array([os.getpid()])}
+
+
+CARD_PASS_SECONDS = 0.3
+
+
+def card_table(folder: Path, device_ms: float, host_ms: float | None = None) -> Path:
+    """A simulated card whose pass costs DEVICE_MS on the device (and HOST_MS launching it) at any size."""
+    costs = folder / "card.json"
+    points = [{"subwords": n, "ms": device_ms, **({"host_ms": host_ms} if host_ms else {})} for n in (1, 100)]
+    costs.write_text(json.dumps({"card": "one card", "source": "a test", "points": points}))
+    return costs
+
+
+def four_passes(graphs: GraphProcess) -> tuple[list[dict[str, Any]], float]:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        started = time.monotonic()
+        answers = list(pool.map(graphs.run, [(np.zeros(1), [None])] * 4))
+        return answers, time.monotonic() - started
+
+
+def test_the_graph_processes_of_a_model_wait_on_one_simulated_card(tmp_path: Path) -> None:
+    """Two graph processes launch side by side, and their passes queue on one card, as processes'
+    passes do on one GPU: four passes take four passes' time, not two, and the card's report, from
+    either process, counts all four."""
+    costs = card_table(tmp_path, CARD_PASS_SECONDS * 1000)
+    graphs = GraphProcess("card", functools.partial(OnTheCard, costs), lanes=2, processes=2)
+    try:
+        answers, took = four_passes(graphs)
+        assert len({int(answer["pid"][0]) for answer in answers}) == 2
+        assert 4 * CARD_PASS_SECONDS <= took < 5.5 * CARD_PASS_SECONDS, took
+        report = graphs.device_report()
+        assert report is not None and report["card"] == "one card"
+        assert report["passes"] == 4 and report["busy_seconds"] == pytest.approx(4 * CARD_PASS_SECONDS)
+    finally:
+        graphs.close()
 
 
 def quarter_second_clock() -> Any:
@@ -140,13 +203,16 @@ def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
     plain = Server(models='["span-conll03"]', threads=1)
     # its warm-up passes (one sentence, then a batch at the limits) go through the graph process
     limits = {"max_batch_size": 4, "max_batch_tokens": 256, "warm_up_at_batch_limits": "true"}
-    split = Server(models='["span-conll03"]', threads=1, graph_process="true", **limits)
+    # two graph processes, a lane each: the batches of either answer alike
+    split = Server(models='["span-conll03"]', threads=1, graph_process="true", graph_processes=2, **limits)
     try:
         plain.wait_ready()
         split.wait_ready()
+        assert len(spawned_children(split.process.pid)) == 2
         want = httpx.post(f"{plain.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
-        got = httpx.post(f"{split.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
-        assert_same_results(got, want)
+        for _ in range(4):  # the lanes are taken in turn: each process's passes, alike
+            got = httpx.post(f"{split.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
+            assert_same_results(got, want)
         providers = httpx.get(f"{split.url}/info").json()["execution_providers"]["span-conll03"]
         assert providers == {"encoder": "CPUExecutionProvider", "span_proposal": "CPUExecutionProvider"}  # the child's
         assert any(result["entities"] for result in got)
@@ -236,3 +302,34 @@ def test_told_to_skip_failed_models_the_others_serve_on_until_none_is_left() -> 
         assert server.process.wait(60) != 0  # no model left that answers
     finally:
         server.stop()
+
+
+def test_graph_processes_are_settings_of_a_graph_process() -> None:
+    """More than one graph process needs --graph-process and a lane for each; the lanes default to as many."""
+    with pytest.raises(ValidationError, match="graph_processes 2 needs graph_process"):
+        Settings(graph_processes=2)
+    with pytest.raises(ValidationError, match="graph_processes 3 for graph_lanes 2: each graph process runs one lane or more"):
+        Settings(graph_process=True, graph_processes=3, graph_lanes=2)
+    assert Settings(graph_process=True, graph_processes=2).lanes == 2
+    assert Settings(graph_process=True, graph_processes=4).lanes == 4
+    assert Settings(graph_process=True, graph_processes=2, graph_lanes=4).lanes == 4
+
+
+LAUNCH_SECONDS = 0.15
+
+
+def test_passes_bound_by_their_launching_go_side_by_side_in_two_graph_processes(tmp_path: Path) -> None:
+    """Where a pass is mostly the host launching it under the interpreter lock (eager torch on a GPU,
+    as the simulated card's host_ms stands in for), a process's lanes launch one at a time, and two
+    processes launch side by side: four passes take about four launches' time in one process of
+    two lanes, about two in two processes of one."""
+    costs = card_table(tmp_path, 10.0, LAUNCH_SECONDS * 1000)
+    took = {}
+    for processes in (1, 2):
+        graphs = GraphProcess("card", functools.partial(OnTheCard, costs), lanes=2, processes=processes)
+        try:
+            _, took[processes] = four_passes(graphs)
+        finally:
+            graphs.close()
+    assert took[1] >= 3.6 * LAUNCH_SECONDS, took
+    assert took[2] < 2.8 * LAUNCH_SECONDS, took

@@ -126,6 +126,15 @@ class Settings(Locations):
         "it back from the engine's event loop, prepare and decode (docs/decisions/gpu-engine.md; two lanes not yet "
         "timed on a GPU)",
     )
+    graph_processes: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="with graph_process: the processes each model's graph lanes are dealt out over (default lanes: "
+        "as many as these, two at least), each an interpreter of its own (a CUDA context of its own on a GPU), so "
+        "that eager passes bound by Python launching their kernels are launched side by side rather than one "
+        "interpreter lock's turn at a time (docs/decisions/gpu-engine.md; not yet timed on a GPU)",
+    )
     traced_heads: bool = Field(
         False,
         description="the eager runtime's graphs, all but the backbone, traced to TorchScript at load and checked "
@@ -336,6 +345,18 @@ class Settings(Locations):
         return "int8" if self.int8 else self.precision
 
     @model_validator(mode="after")
+    def graph_processes_with_a_graph_process(self) -> Settings:
+        if self.graph_processes > 1 and not self.graph_process:
+            raise ValueError(
+                f"graph_processes {self.graph_processes} needs graph_process (the graphs in processes of their own)"
+            )
+        if self.graph_processes > self.lanes:
+            raise ValueError(
+                f"graph_processes {self.graph_processes} for graph_lanes {self.lanes}: each graph process runs one lane or more"
+            )
+        return self
+
+    @model_validator(mode="after")
     def traced_heads_on_eager(self) -> Settings:
         if self.traced_heads and self.runtime != Runtime.eager:
             raise ValueError(f"traced_heads traces the eager runtime's graphs (asked for runtime {self.runtime.value})")
@@ -358,6 +379,8 @@ class Settings(Locations):
         the batches smaller (docs/decisions/graph-lanes.md)."""
         if self.graph_lanes is not None:
             return self.graph_lanes
+        if self.graph_processes > 1:
+            return max(DEVICE_GRAPH_LANES, self.graph_processes)
         if self.batches_as_gpu:
             return DEVICE_GRAPH_LANES if self.front_workers > 1 else 1
         cpu_graphs = self.device == "cpu" and self.runtime in CPU_LANED_RUNTIMES and not self.graph_process

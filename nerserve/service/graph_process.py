@@ -31,7 +31,7 @@ import numpy as np
 
 from nerserve.ner.graph import GraphError, execution_providers
 from nerserve.ner.runtime import OwnSeconds, PassClock
-from nerserve.ner.runtime.simulated import made_simulated_device
+from nerserve.ner.runtime.simulated import Timeline, made_simulated_device, share_the_device
 from nerserve.service.interpreter import DEFAULT_SWITCH_MS, hand_over_quickly
 
 # spawn, not fork: a forked child would inherit the parent's threads' locks and CUDA state
@@ -86,11 +86,14 @@ def _serve(
     lane_setup: Callable[[], None] | None,
     switch_ms: float,
     clock_of: Callable[[], PassClock | None] | None,
+    timeline: Timeline | None,
 ) -> None:
     """The child: load the program, say so on the control pipe, then a thread a lane and one for
     control. `clock_of`: the device's clock, asked for once the graphs are loaded (a simulated
-    device is made by them)."""
+    device is made by them, on TIMELINE where the model's other graph processes book theirs)."""
     hand_over_quickly(switch_ms)
+    if timeline is not None:
+        share_the_device(timeline)
     try:
         program = load()
         clock = clock_of() if clock_of is not None else None
@@ -109,13 +112,79 @@ def _serve(
         thread.join()
 
 
+class _Child:
+    """One graph process: its control pipe and its lanes' pipes (this side of each)."""
+
+    def __init__(self, name: str, target_args: tuple[Any, ...], lanes: int) -> None:
+        self.name = name  # what its errors name: the model (and which of its graph processes)
+        self.control, control = _CONTEXT.Pipe()
+        pipes = [_CONTEXT.Pipe() for _ in range(lanes)]
+        ends = [child for _, child in pipes]
+        self.process = _CONTEXT.Process(target=_serve, args=(control, ends, *target_args), name=f"graphs-{name}", daemon=True)
+        self.process.start()
+        for child in (control, *ends):
+            child.close()
+        self.lanes = [parent for parent, _ in pipes]
+        self.control_lock = threading.Lock()
+
+    def ended(self) -> GraphError:
+        return GraphError(f"{self.name}: the graph process ended (exit code {self.process.exitcode})")
+
+    def receive(self, connection: Connection) -> Any:
+        """The child's answer; a pipe it closed (EOF) or reset by dying is a GraphError saying so."""
+        try:
+            return connection.recv()
+        except (EOFError, OSError):
+            raise self.ended() from None
+
+    def send(self, connection: Connection, message: Any) -> None:
+        try:
+            connection.send(message)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
+            raise self.ended() from None
+
+    def ready(self, deadline: float) -> dict[str, str]:
+        """What each graph runs on, once the child says it has loaded the model by DEADLINE (monotonic)."""
+        if not self.control.poll(max(0.0, deadline - time.monotonic())):
+            raise GraphError(f"{self.name}: the graph process did not load its model within {START_TIMEOUT_SECONDS:g} s")
+        status, detail = self.receive(self.control)
+        if status != "ready":
+            raise GraphError(f"{self.name}: the graph process could not load the model ({detail})")
+        providers: dict[str, str] = detail
+        return providers
+
+    def device_report(self) -> dict[str, Any] | None:
+        with self.control_lock:
+            self.send(self.control, "report")
+            if not self.control.poll(CONTROL_TIMEOUT_SECONDS):
+                raise GraphError(f"{self.name}: the graph process did not answer within {CONTROL_TIMEOUT_SECONDS:g} s")
+            report: dict[str, Any] | None = self.receive(self.control)
+        return report
+
+    def close(self, wait: float) -> None:
+        if wait > 0:
+            for connection in (self.control, *self.lanes):
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    connection.send(None)
+            self.process.join(timeout=wait)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        for connection in (self.control, *self.lanes):
+            connection.close()
+
+
 class GraphProcess:
-    """One child process running one model's graphs; `run` is the scheduler's graph step. `lanes`
+    """The child processes running one model's graphs; `run` is the scheduler's graph step. `lanes`
     batches at a time, each over a pipe of its own: a caller takes a free pipe for its batch (the
     scheduler's lanes are as many, so none waits for one), and `lane_setup` runs in each of the
-    child's lane threads as it starts (a CUDA stream of its own). `switch_ms`: the child's
-    interpreter switch interval, as the server's. `clock_of` gives the child's device clock for a
-    pass (`runtime.pass_clock`, called there once the graphs are loaded)."""
+    children's lane threads as it starts (a CUDA stream of its own). The lanes are dealt out over
+    `processes` children, each an interpreter of its own (on a GPU, a CUDA context of its own), so
+    that the passes of an eager device, each bound by Python launching its kernels, are launched
+    side by side rather than one interpreter lock's turn at a time; a simulated device is one card
+    for all of them. `switch_ms`: the children's interpreter switch interval, as the server's.
+    `clock_of` gives a child's device clock for a pass (`runtime.pass_clock`, called there once the
+    graphs are loaded)."""
 
     def __init__(
         self,
@@ -125,59 +194,47 @@ class GraphProcess:
         lane_setup: Callable[[], None] | None = None,
         switch_ms: float = DEFAULT_SWITCH_MS,
         clock_of: Callable[[], PassClock | None] | None = None,
+        processes: int = 1,
     ) -> None:
+        if not 1 <= processes <= max(1, lanes):
+            raise ValueError(f"{name}: {processes} graph processes for {lanes} lanes (each runs one lane or more)")
         self.name = name
-        self._own = OwnSeconds()  # each calling thread's passes' own seconds, as the child timed them
-        self._control, control = _CONTEXT.Pipe()
-        pipes = [_CONTEXT.Pipe() for _ in range(max(1, lanes))]
-        ends = [child for _, child in pipes]
-        self._process = _CONTEXT.Process(
-            target=_serve, args=(control, ends, load, lane_setup, switch_ms, clock_of), name=f"graphs-{name}", daemon=True
-        )
-        self._process.start()
-        for child in (control, *ends):
-            child.close()
-        self._connections = [parent for parent, _ in pipes]
-        self._free: queue.SimpleQueue[Connection] = queue.SimpleQueue()
-        self._control_lock = threading.Lock()
-        if not self._control.poll(START_TIMEOUT_SECONDS):
+        self._own = OwnSeconds()  # each calling thread's passes' own seconds, as its child timed them
+        timeline = Timeline.shared() if processes > 1 else None
+        shares = [len(range(i, max(1, lanes), processes)) for i in range(processes)]
+        self._children = [
+            _Child(
+                name if processes == 1 else f"{name} (graph process {i})", (load, lane_setup, switch_ms, clock_of, timeline), n
+            )
+            for i, n in enumerate(shares)
+        ]
+        self._free: queue.SimpleQueue[tuple[_Child, Connection]] = queue.SimpleQueue()
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        try:
+            providers = [child.ready(deadline) for child in self._children]
+        except GraphError:
             self.close()
-            raise GraphError(f"{name}: the graph process did not load its model within {START_TIMEOUT_SECONDS:g} s")
-        status, detail = self._receive(self._control)
-        if status != "ready":
-            self.close()
-            raise GraphError(f"{name}: the graph process could not load the model ({detail})")
-        self.execution_providers: dict[str, str] = detail  # what each graph runs on, there
-        for connection in self._connections:
-            self._free.put(connection)
+            raise
+        self.execution_providers: dict[str, str] = providers[0]  # what each graph runs on, there
+        for lane in range(max(1, lanes)):  # lane by lane across the children, so that few in use are spread
+            child = self._children[lane % processes]
+            self._free.put((child, child.lanes[lane // processes]))
 
     @property
     def lanes(self) -> int:
-        return len(self._connections)
+        return sum(len(child.lanes) for child in self._children)
 
-    def _ended(self) -> GraphError:
-        return GraphError(f"{self.name}: the graph process ended (exit code {self._process.exitcode})")
-
-    def _receive(self, connection: Connection) -> Any:
-        """The child's answer; a pipe it closed (EOF) or reset by dying is a GraphError saying so."""
-        try:
-            return connection.recv()
-        except (EOFError, OSError):
-            raise self._ended() from None
-
-    def _send(self, connection: Connection, message: Any) -> None:
-        try:
-            connection.send(message)
-        except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
-            raise self._ended() from None
+    @property
+    def processes(self) -> int:
+        return len(self._children)
 
     def run(self, prepared: tuple[Any, Any]) -> dict[str, np.ndarray]:
-        connection = self._free.get()
+        child, connection = self._free.get()
         try:
-            self._send(connection, prepared)
-            status, detail = self._receive(connection)
+            child.send(connection, prepared)
+            status, detail = child.receive(connection)
         finally:
-            self._free.put(connection)
+            self._free.put((child, connection))
         if status != "ok":
             raise GraphError(f"{self.name}: {detail}")
         outputs: dict[str, np.ndarray]
@@ -186,30 +243,25 @@ class GraphProcess:
         return outputs
 
     def pass_clock(self) -> Callable[[], float]:
-        """The scheduler's clock for a lane's pass through this process (Scheduler.pass_clock): the
-        own time the child reported for the passes the calling thread ran through it since."""
+        """The scheduler's clock for a lane's pass through these processes (Scheduler.pass_clock): the
+        own time the children reported for the passes the calling thread ran through them since."""
         return self._own.clock()
 
     def device_report(self) -> dict[str, Any] | None:
-        """The child's simulated device's report (card, busy seconds, passes), or None where it has none."""
-        with self._control_lock:
-            self._send(self._control, "report")
-            if not self._control.poll(CONTROL_TIMEOUT_SECONDS):
-                raise GraphError(f"{self.name}: the graph process did not answer within {CONTROL_TIMEOUT_SECONDS:g} s")
-            report: dict[str, Any] | None = self._receive(self._control)
-        return report
+        """The simulated device's report (card, busy seconds, passes), or None where it has none: the
+        children's one card, as any of them books it (from the first that answers)."""
+        error: GraphError | None = None
+        for child in self._children:
+            try:
+                return child.device_report()
+            except GraphError as failed:
+                error = error or failed
+        assert error is not None
+        raise error
 
     def close(self, wait: float = 10.0) -> None:
-        """Ask the child to stop and give it WAIT seconds to, then make sure it has (WAIT 0: killed
-        at once, unasked: a child that hangs reads nothing, and writing to a pipe it no longer
-        drains could block)."""
-        if wait > 0:
-            for connection in (self._control, *self._connections):
-                with contextlib.suppress(BrokenPipeError, OSError):
-                    connection.send(None)
-            self._process.join(timeout=wait)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        for connection in (self._control, *self._connections):
-            connection.close()
+        """Ask the children to stop and give them WAIT seconds to, then make sure they have (WAIT 0:
+        killed at once, unasked: a child that hangs reads nothing, and writing to a pipe it no
+        longer drains could block)."""
+        for child in self._children:
+            child.close(wait)

@@ -213,6 +213,7 @@ def load_served_model(
             _lane_stream(settings),
             settings.interpreter_switch_ms,
             functools.partial(pass_clock, settings.runtime.value, settings.device),
+            settings.graph_processes,
         )
         if settings.graph_process
         else None

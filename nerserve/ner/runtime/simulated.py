@@ -21,6 +21,7 @@ on this device is labelled simulated, never a GPU figure.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -49,11 +50,16 @@ class SimulatedDevice:
     subwords: np.ndarray  # batch sizes in sub-word positions, increasing
     milliseconds: np.ndarray  # what a batch of that size cost the device
     host_milliseconds: np.ndarray | None = None  # the host's CPU time launching it, under the interpreter lock
-    busy_seconds: float = 0.0
-    passes: int = 0
-    _free_at: float = 0.0  # when the last pass launched ends (perf_counter)
+    timeline: Timeline = field(default_factory=lambda: _own_timeline or Timeline())
     _own: OwnSeconds = field(default_factory=OwnSeconds, repr=False)  # by launching thread (pass_clock)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def busy_seconds(self) -> float:
+        return self.timeline.busy_seconds
+
+    @property
+    def passes(self) -> int:
+        return self.timeline.passes
 
     @classmethod
     def from_file(cls, path: Path | None = None) -> SimulatedDevice:
@@ -96,12 +102,7 @@ class SimulatedDevice:
         seconds = self.batch_seconds(subwords)
         launched_from = time.perf_counter()
         _hold_the_interpreter(self.launch_seconds(subwords))
-        with self._lock:
-            start = max(launched_from, self._free_at)
-            end = max(start + seconds, time.perf_counter())
-            self._free_at = end
-            self.busy_seconds += seconds
-            self.passes += 1
+        start, end = self.timeline.book(launched_from, seconds)
         self._own.add(end - start)
         time.sleep(max(0.0, end - time.perf_counter()))
 
@@ -114,6 +115,63 @@ class SimulatedDevice:
 
     def report(self) -> dict[str, Any]:
         return {"card": self.card, "source": self.source, "busy_seconds": round(self.busy_seconds, 6), "passes": self.passes}
+
+
+class Timeline:
+    """When a simulated device is free next and how busy it has been, shared by whatever launches on it:
+    the threads of one process, or (`shared`) the graph processes of one model, each launching from
+    an interpreter of its own onto one card, as processes do onto one GPU. Times are perf_counter's,
+    the system's monotonic clock, the same in every process."""
+
+    def __init__(self, values: Any = None) -> None:
+        # free at (perf_counter), busy seconds, passes: a lock-guarded shared array, or one of this process
+        self._values = values if values is not None else _LockedValues()
+
+    @classmethod
+    def shared(cls) -> Timeline:
+        """A timeline that a spawned child takes as an argument and books passes on with its parent's other children."""
+        return cls(multiprocessing.get_context("spawn").Array("d", 3))
+
+    def book(self, launched_from: float, seconds: float) -> tuple[float, float]:
+        """A pass launched from LAUNCHED_FROM taking the device SECONDS: it starts once the device is
+        free and ends no sooner than now (its launching); (start, end)."""
+        values = self._values
+        with values.get_lock():
+            start = max(launched_from, values[0])
+            end = max(start + seconds, time.perf_counter())
+            values[0] = end
+            values[1] += seconds
+            values[2] += 1
+        return start, end
+
+    @property
+    def busy_seconds(self) -> float:
+        return float(self._values[1])
+
+    @property
+    def passes(self) -> int:
+        return int(self._values[2])
+
+
+class _LockedValues(list[float]):
+    """A process's own timeline values, with the shared array's lock method."""
+
+    def __init__(self) -> None:
+        super().__init__([0.0, 0.0, 0.0])
+        self._lock = threading.Lock()
+
+    def get_lock(self) -> threading.Lock:
+        return self._lock
+
+
+_own_timeline: Timeline | None = None
+
+
+def share_the_device(timeline: Timeline) -> None:
+    """Book this process's simulated passes on TIMELINE (a graph process's, before its graphs make
+    the device): the graph processes of one model then wait on one card."""
+    global _own_timeline
+    _own_timeline = timeline
 
 
 def _interpolated(sizes: np.ndarray, values: np.ndarray, size: int) -> float:
