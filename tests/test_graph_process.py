@@ -213,7 +213,10 @@ def test_a_server_with_a_graph_process_answers_as_one_process_does() -> None:
         for _ in range(4):  # the lanes are taken in turn: each process's passes, alike
             got = httpx.post(f"{split.url}/extract", json={"tokens": sentences}, timeout=60).json()["results"]
             assert_same_results(got, want)
-        providers = httpx.get(f"{split.url}/info").json()["execution_providers"]["span-conll03"]
+        info = httpx.get(f"{split.url}/info").json()
+        assert (info["graph_processes"], info["batching"]["graph_lanes"]) == (2, 2)
+        assert httpx.get(f"{plain.url}/info").json()["graph_processes"] == 0
+        providers = info["execution_providers"]["span-conll03"]
         assert providers == {"encoder": "CPUExecutionProvider", "span_proposal": "CPUExecutionProvider"}  # the child's
         assert any(result["entities"] for result in got)
         warmed = {m["name"]: m["warm_up"] for m in httpx.get(f"{split.url}/models").json()["models"]}
@@ -240,17 +243,24 @@ def assert_stopped_working(response: httpx.Response) -> None:
     assert "stopped working while serving" in error["message"] and "the graph process ended" in error["message"]
 
 
-def test_a_model_whose_graph_process_dies_is_refused_saying_so_and_the_server_stops() -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_model_whose_graph_process_dies_is_refused_saying_so_and_the_server_stops(processes: int) -> None:
     """Graphs that stop working while serving (a graph process gone; on a GPU, a device in an error
     state alike) fail every pass: requests are answered 503 saying why, rather than a 500 each, and
-    by default the process stops, non-zero, for its supervisor to start it afresh."""
-    server = Server(models='["span-conll03"]', threads=1, graph_process="true")
+    by default the process stops, non-zero, for its supervisor to start it afresh. One of two graph
+    processes gone is the model's graphs gone, though the other would still answer some passes."""
+    server = Server(models='["span-conll03"]', threads=1, graph_process="true", graph_processes=processes)
     try:
         server.wait_ready()
         assert extract(server, "span-conll03").status_code == 200
-        (graphs,) = spawned_children(server.process.pid)
-        os.kill(graphs, signal.SIGKILL)
-        assert_stopped_working(extract(server, "span-conll03"))
+        children = spawned_children(server.process.pid)
+        assert len(children) == processes
+        os.kill(children[-1], signal.SIGKILL)
+        for _ in range(processes):  # the lanes are taken in turn: the live child's pass may come first
+            response = extract(server, "span-conll03")
+            if response.status_code != 200:
+                break
+        assert_stopped_working(response)
         assert server.process.wait(60) != 0
         said = server.process.stderr.read().decode()  # type: ignore[union-attr]
         assert "model 'span-conll03' stopped working while serving" in said, said[-2000:]
@@ -332,4 +342,4 @@ def test_passes_bound_by_their_launching_go_side_by_side_in_two_graph_processes(
         finally:
             graphs.close()
     assert took[1] >= 3.6 * LAUNCH_SECONDS, took
-    assert took[2] < 2.8 * LAUNCH_SECONDS, took
+    assert took[2] < 0.75 * took[1], took  # about half where each child has a core to itself

@@ -1,6 +1,6 @@
-"""A model's graphs in a process of their own (`--graph-process`): each of the scheduler's graph
-lanes hands its prepared batches to the child over a pipe of its own and waits, without the
-interpreter lock, for what decoding reads.
+"""A model's graphs in a process of their own (`--graph-process`), or dealt out over several
+(`--graph-processes`): each of the scheduler's graph lanes hands its prepared batches to a child
+over a pipe of its own and waits, without the interpreter lock, for what decoding reads.
 
 Why: the eager runtime launches a few hundred GPU kernels a batch from Python, and torch's bindings
 release the interpreter lock around each one. In the server's process, every time a launch wants
@@ -161,12 +161,14 @@ class _Child:
             report: dict[str, Any] | None = self.receive(self.control)
         return report
 
-    def close(self, wait: float) -> None:
-        if wait > 0:
-            for connection in (self.control, *self.lanes):
-                with contextlib.suppress(BrokenPipeError, OSError):
-                    connection.send(None)
-            self.process.join(timeout=wait)
+    def ask_to_stop(self) -> None:
+        for connection in (self.control, *self.lanes):
+            with contextlib.suppress(BrokenPipeError, OSError):
+                connection.send(None)
+
+    def end(self, deadline: float) -> None:
+        """Give the child until DEADLINE (monotonic) to have stopped, then kill it."""
+        self.process.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
@@ -209,6 +211,9 @@ class GraphProcess:
             for i, n in enumerate(shares)
         ]
         self._free: queue.SimpleQueue[tuple[_Child, Connection]] = queue.SimpleQueue()
+        # a child that ended: the others' passes would answer for it, and the probe that decides
+        # whether the model still works (Scheduler.probe) could land on one of them
+        self._gone: GraphError | None = None
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         try:
             providers = [child.ready(deadline) for child in self._children]
@@ -229,10 +234,15 @@ class GraphProcess:
         return len(self._children)
 
     def run(self, prepared: tuple[Any, Any]) -> dict[str, np.ndarray]:
+        if self._gone is not None:
+            raise self._gone
         child, connection = self._free.get()
         try:
             child.send(connection, prepared)
             status, detail = child.receive(connection)
+        except GraphError as ended:  # one child gone is the model's graphs gone: every pass fails
+            self._gone = ended
+            raise
         finally:
             self._free.put((child, connection))
         if status != "ok":
@@ -263,5 +273,9 @@ class GraphProcess:
         """Ask the children to stop and give them WAIT seconds to, then make sure they have (WAIT 0:
         killed at once, unasked: a child that hangs reads nothing, and writing to a pipe it no
         longer drains could block)."""
+        if wait > 0:
+            for child in self._children:
+                child.ask_to_stop()
+        deadline = time.monotonic() + wait
         for child in self._children:
-            child.close(wait)
+            child.end(deadline)

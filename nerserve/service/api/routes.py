@@ -124,6 +124,7 @@ async def info(request: Request) -> dict[str, Any]:
         "device": settings.device,
         **({"simulated_device": device_report} if device_report is not None else {}),
         "http_workers": settings.front_workers,
+        "graph_processes": settings.graph_processes if settings.graph_process else 0,
         "default_model": state.default_model,
         "models": state.model_states,
         "execution_providers": {name: view.info["execution_providers"] for name, view in state.views.items()},

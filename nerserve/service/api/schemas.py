@@ -191,6 +191,9 @@ class InfoResponse(BaseModel):
         None, description="--device simulated: the card it stands in for, where its costs come from, busy seconds, passes"
     )
     http_workers: int = Field(description="HTTP worker processes in front of the engine process (1: one process)")
+    graph_processes: int = Field(
+        0, description="the processes each model's graphs run in (--graph-process, --graph-processes; 0: the engine's own)"
+    )
     default_model: str | None
     models: dict[str, str] = Field(description="each model's state: loading, ready or failed")
     execution_providers: dict[str, dict[str, str]] = Field(
