@@ -40,6 +40,9 @@ def test_passes_run_on_the_sentences_the_limits_allow_and_failures_name_them(sub
     assert [tokens for tokens, _ in warmed.passes()] == [lone, 4 * 64]
     assert all(seconds >= 0 for _, seconds in warmed.passes())
     assert warm_up("m", batches.append, subwords, None, None).full_batch is None  # one sentence only
+    batches.clear()  # two graph processes, which take the lanes in turn: each its own passes
+    warm_up("m", batches.append, subwords, "options", FullBatch(4, 256, 384), rounds=2)
+    assert [len(batch) for batch in batches] == [1, 1, 1, 1, 1, 1, 4, 4]
 
     def out_of_memory(payloads: list[tuple[Tokenized, Any]]) -> None:
         if len(payloads) > 1:

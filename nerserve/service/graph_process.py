@@ -179,7 +179,8 @@ class _Child:
 class GraphProcess:
     """The child processes running one model's graphs; `run` is the scheduler's graph step. `lanes`
     batches at a time, each over a pipe of its own: a caller takes a free pipe for its batch (the
-    scheduler's lanes are as many, so none waits for one), and `lane_setup` runs in each of the
+    scheduler's lanes are as many, so none waits for one; the free ones in turn, so that passes run
+    one after another go to each child in turn, as the warm-up's do), and `lane_setup` runs in each of the
     children's lane threads as it starts (a CUDA stream of its own). The lanes are dealt out over
     `processes` children, each an interpreter of its own (on a GPU, a CUDA context of its own), so
     that the passes of an eager device, each bound by Python launching its kernels, are launched

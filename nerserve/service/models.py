@@ -276,6 +276,7 @@ def load_served_model(
         program.subwords,
         options,
         full_batch if settings.warms_up_at_batch_limits else None,
+        rounds=graphs.processes if graphs else 1,
     )
     log.info("%s: warmed up %s", served.name, served.warmed_up.as_dict())
     # answered now: after a failed batch, whether the model still works
