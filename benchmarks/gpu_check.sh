@@ -11,10 +11,12 @@
 #      the engine, two graph lanes, the backbone replayed), each batch's way through the engine
 #      logged (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py),
 #      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
-#      profile-served-span-graphs, by interpreter_profile.py); that with batches of up to 512
-#      sentences at c = 16 with 32 a request; with one graph lane; then as that with the graphs in a
-#      process of their own (--graph-process: two lanes there; profiled too), in two such processes
-#      (--graph-processes 2: a lane each, each an interpreter of its own), with all but the
+#      profile-served-span-graphs, by interpreter_profile.py); with the graphs in two processes of
+#      their own (--graph-process --graph-processes 2: a lane each, each launching from an
+#      interpreter of its own, where the H200's eager passes were bound by one interpreter's
+#      launching); with batches of up to 512 sentences at c = 16 with 32 a request; with one graph
+#      lane; then as that with the graphs in a process of their own (--graph-process: two lanes
+#      there; profiled too), with all but the
 #      backbone traced (--traced-heads), through ONNX Runtime's CUDA execution provider where this
 #      onnxruntime has it (exported here; a pass that holds no interpreter lock), with the graph
 #      process and traced heads both, through TorchScript
@@ -343,10 +345,10 @@ offline_batches span-conll03 span-conll03 "$LIMIT"
 if [ "$DEVICE" != cpu ]; then offline_batches span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs; fi
 # then every way of serving that could meet them, the likeliest first
 served_default
+served_split_processes
 served_large_batches
 served_one_lane
 served_split
-served_split_processes
 served_traced
 served_onnx
 served_split_traced
