@@ -187,7 +187,7 @@ class LocalEngine:
         children = [model.graphs for model in self.state.models.values() if model.graphs is not None]
         if not children:
             return simulated_device(settings.simulated_device_costs).report()
-        # each graph process waits on a simulated device of its own: a card a model, counted together
+        # the graph processes of a model wait on one simulated card of their own: a card a model, counted together
         reports = [report for child in children if (report := await asyncio.to_thread(_report_of, child))]
         if not reports:
             return None

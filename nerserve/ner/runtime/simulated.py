@@ -50,7 +50,7 @@ class SimulatedDevice:
     subwords: np.ndarray  # batch sizes in sub-word positions, increasing
     milliseconds: np.ndarray  # what a batch of that size cost the device
     host_milliseconds: np.ndarray | None = None  # the host's CPU time launching it, under the interpreter lock
-    timeline: Timeline = field(default_factory=lambda: _own_timeline or Timeline())
+    timeline: Timeline = field(default_factory=lambda: _shared_timeline or Timeline())
     _own: OwnSeconds = field(default_factory=OwnSeconds, repr=False)  # by launching thread (pass_clock)
 
     @property
@@ -164,14 +164,14 @@ class _LockedValues(list[float]):
         return self._lock
 
 
-_own_timeline: Timeline | None = None
+_shared_timeline: Timeline | None = None
 
 
 def share_the_device(timeline: Timeline) -> None:
     """Book this process's simulated passes on TIMELINE (a graph process's, before its graphs make
     the device): the graph processes of one model then wait on one card."""
-    global _own_timeline
-    _own_timeline = timeline
+    global _shared_timeline
+    _shared_timeline = timeline
 
 
 def _interpolated(sizes: np.ndarray, values: np.ndarray, size: int) -> float:
