@@ -428,7 +428,10 @@ def test_a_word_style_is_read_off_how_a_corpus_writes_its_tokens(data_root) -> N
     conll = WordStyle.written_in(s.tokens for s in read_split(data_root / "conll03", "train", limit=4000))
     assert genia.slashes and genia.brackets and genia.primes
     assert {"induced", "mediated"} <= set(genia.suffixes) and "specific" not in genia.suffixes  # 58 apart, 472 whole
+    assert not genia.initials  # sentences ending "B ." outnumber "J. Smith" five to one
     assert conll == PLAIN_WORDS
+    assert WordStyle.written_in([["of", "NF-kappa", "B", "."], ["J.", "Smith"], ["type", "I", "."]]).initials is False
+    assert WordStyle.written_in([["of", "NF-kappa", "B", "."], ["J.", "Smith"]]).initials is True  # as often as not
     assert WordStyle.written_in([["US", "/", "UK"], ["and/or"]]) == PLAIN_WORDS  # as often apart as whole
     assert WordStyle.written_in([["IL-2", "-induced"], ["ligand-induced"], ["X", "-induced"]]).suffixes == ("induced",)
 
@@ -466,6 +469,42 @@ def test_a_papers_abbreviations_end_no_sentence() -> None:
     assert sentences_of(text) == [
         "As shown by Smith et al. ( 1990 ) , IL-2 binds .",
         "As shown in Fig. 2 , it works ; cf. Eq. 3 for approx. 5 mg .",
+    ]
+
+
+def test_a_sentence_may_start_with_a_bracket_or_a_name_written_in_lower_case() -> None:
+    """GENIA's titles are written in brackets, and biomedical sentences start on gene names written
+    in lower case; a plain lower-case word after a period goes on the sentence."""
+    text = "It binds c-myc. c-myc is here. [Effects of IL-2]. cDNA clones bind. mRNA rose. We saw approx. five mice."
+    assert sentences_of(text) == [
+        "It binds c-myc .",
+        "c-myc is here .",
+        "[ Effects of IL-2 ] .",
+        "cDNA clones bind .",
+        "mRNA rose .",
+        "We saw approx. five mice .",
+    ]
+    assert sentences_of("The dose was 5 mg. and then more. p50 binds.") == [
+        "The dose was 5 mg . and then more .",
+        "p50 binds .",
+    ]
+
+
+def test_in_a_style_whose_sentences_end_on_capitals_a_capitals_period_ends_its_sentence() -> None:
+    """GENIA ends many a sentence on a lone capital ("NF-kappa B ."), CoNLL-2003 writes initials
+    before names ("J. Smith"): in GENIA's style the capital and the period are two words and the
+    next sentence starts, but for the initials of a citation's authors."""
+    text = "It activates NF-kappa B. We show it (S. Miyatake, M. Seiki, and K. Arai, 1988). J. Smith agreed."
+    genia = WordStyle(initials=False)
+    assert [" ".join(w.text for w in s) for s in split_sentences(text, genia)] == [
+        "It activates NF-kappa B .",
+        "We show it ( S. Miyatake , M. Seiki , and K. Arai , 1988 ) .",
+        "J .",
+        "Smith agreed .",
+    ]
+    assert sentences_of(text) == [
+        "It activates NF-kappa B. We show it ( S. Miyatake , M. Seiki , and K. Arai , 1988 ) .",
+        "J. Smith agreed .",
     ]
 
 

@@ -122,6 +122,10 @@ class WordStyle(BaseModel):
     brackets: bool = False  # "1,25(OH)2D3", "CD4(+)", "Ca(2+)", "[3H]thymidine": one word
     primes: bool = False  # "5'", "5'-flanking", "3'-UTR": a number's prime stays on it
     suffixes: tuple[str, ...] = ()  # "induced": "IL-2-induced" is "IL-2" and "-induced"
+    # "J. Smith": a capital and its period are one word, an initial, before a capitalised word.
+    # GENIA writes no names so but ends many a sentence on a capital ("… of NF-kappa B . We show"):
+    # there the period is the sentence's, and the next word starts another.
+    initials: bool = True
 
     @classmethod
     def written_in(cls, sentences: Iterable[Sequence[str]]) -> WordStyle:
@@ -129,15 +133,21 @@ class WordStyle(BaseModel):
         more often than apart, and at least once in a thousand sentences; a hyphen's suffix is cut
         off where it is a token of its own ("-induced") more often than the end of one ("ligand-induced"),
         and at least once in a thousand sentences. (A bracket written apart cannot be told from one
-        that stood apart in the text, so brackets go by the first count.)"""
+        that stood apart in the text, so brackets go by the first count.) Initials are not one word
+        where the corpus ends more sentences on a lone capital and its period than it writes a
+        capital with its period before a capitalised word, and at least once in a thousand sentences."""
         whole = {"slashes": 0, "brackets": 0, "primes": 0}
         apart = dict.fromkeys(whole, 0)
         suffix_apart: Counter[str] = Counter()
         suffix_whole: Counter[str] = Counter()
-        count = 0
+        initials = capitals_ending = count = 0
         for tokens in sentences:
             count += 1
+            if len(tokens) > 1 and tokens[-1] == "." and _CAPITAL.fullmatch(tokens[-2]):
+                capitals_ending += 1
             for i, token in enumerate(tokens):
+                if _INITIAL.fullmatch(token) and i + 1 < len(tokens) and tokens[i + 1][:1].isupper():
+                    initials += 1
                 if "-" in token and (suffix := _SUFFIX.search(token)):
                     (suffix_apart if suffix.start() == 0 and i > 0 else suffix_whole)[suffix.group(1)] += 1
                 whole["slashes"] += bool(_SLASHED.fullmatch(token)) and "://" not in token
@@ -151,7 +161,8 @@ class WordStyle(BaseModel):
                         apart["primes"] += 1
         joined = {form: whole[form] > apart[form] and whole[form] * 1000 >= count for form in whole}
         cut = (s for s, n in suffix_apart.items() if n > suffix_whole[s] and n * 1000 >= count)
-        return cls(**joined, suffixes=tuple(sorted(cut)))
+        sentences_end_on_capitals = capitals_ending > initials and capitals_ending * 1000 >= count
+        return cls(**joined, suffixes=tuple(sorted(cut)), initials=not sentences_end_on_capitals)
 
 
 PLAIN_WORDS = WordStyle()
@@ -164,6 +175,8 @@ _SLASHED = re.compile(r"\S*[^\W\d_]\w*/\w*[^\W\d_]\S*")
 _BRACKETED_TOKEN = re.compile(r"[][()](?:(?<=[\w+][(\[])|(?<=[)\]])(?=\w))")
 _PRIMED = re.compile(r"\d+'\S*")
 _SUFFIX = re.compile(r"(?:^|(?<=\w))-([^\W\d_]+)$")  # "-induced", or the end of "ligand-induced"
+_INITIAL = re.compile(r"[A-Z]\.")
+_CAPITAL = re.compile(r"[A-Z]")
 
 
 def _bracketed(no_suffix: str) -> str:
@@ -173,6 +186,13 @@ def _bracketed(no_suffix: str) -> str:
     after_group = rf"(?:[\w+]|{no_suffix}[-.](?=\w))*"
     group = rf"[(\[][\w,.+;:-]+[)\]]{after_group}"
     return rf"\w(?:[\w+]|[-.,](?=\w))*(?:{group})+ | [(\[][\w,.+;:-]+[)\]]\w{after_group}"
+
+
+# an initial before a name ("J. Smith"); in a style whose sentences end on capitals, only where
+# names are listed, as a citation's authors are: after a bracket, a comma, "and" or another initial
+# ("(S. Miyatake, M. Seiki, and K. Arai", "Hinrichs, S. H., Reynolds")
+_INITIAL_WORD = rf"\b[A-Z]\.(?=[\s{_INVISIBLE}]+[A-Z]) | "
+_LISTED_INITIAL = rf"(?:(?<=\()|(?<=[(,]\s)|(?<=\band\s)|(?<=\b[A-Z]\.\s))[A-Z]\.(?=[\s{_INVISIBLE}]+[A-Z]) | "
 
 
 def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, brackets: bool = False) -> str:
@@ -194,10 +214,10 @@ def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, bracket
         | \b"""
         + _abbreviations(SUFFIXES)
         + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
-        | \b[A-Z]\.(?=[\s"""
-        + _INVISIBLE
-        + r"""]+[A-Z])  # an initial before a name: J. Smith
-        | \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
+        | """
+        + (_INITIAL_WORD if style.initials else _LISTED_INITIAL)
+        + r"""  # an initial before a name: J. Smith
+        \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
         | (?<![^"""
         + _LINE_BREAKS
         + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
@@ -295,8 +315,20 @@ def words_of(text: str, style: WordStyle = PLAIN_WORDS) -> list[Word]:
 _CONTINUES = {",", "-", "–", "—", "(", "[", "/", "&", "+"}
 
 
+# A name written in lower case at its start, as biomedical text starts many a sentence ("c-myc",
+# "v-Fos", "cDNA", "mRNA", "p50", "cAMP"): a capital or digit after its first letters, or one letter
+# and a hyphen. A plain lower-case word after a period goes on the sentence ("approx. five").
+_LOWER_CASE_NAME = re.compile(r"[a-z]+[A-Z0-9]|[a-z]-\w")
+
+
 def _starts_sentence(word: Word) -> bool:
-    return word.text[0].isupper() or word.text[0].isdigit() or word.text[0] in "\"“'("
+    first = word.text[0]
+    return (
+        first.isupper()
+        or first.isdigit()
+        or first in "\"“'(["  # a quote, or a bracket: GENIA's titles are written "[Effects of …]"
+        or (first.islower() and _LOWER_CASE_NAME.match(word.text) is not None)
+    )
 
 
 def _ends_sentence(current: list[Word]) -> bool:
