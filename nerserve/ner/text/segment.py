@@ -215,9 +215,8 @@ def _words(before_plain_words: str = "", style: WordStyle = PLAIN_WORDS, bracket
         + _abbreviations(SUFFIXES)
         + r"""(?!\s*(?:$|[\n\r"”.]))      # company suffixes, states: Corp. Fla., unless they end the sentence
         | """
-        + (_INITIAL_WORD if style.initials else _LISTED_INITIAL)
-        + r"""  # an initial before a name: J. Smith
-        \b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
+        + (_INITIAL_WORD if style.initials else _LISTED_INITIAL)  # an initial before a name: J. Smith
+        + r"""\b[A-Z]{1,2}\$              # currencies: C$ A$ US$ HK$
         | (?<![^"""
         + _LINE_BREAKS
         + r"""])\d{1,3}\.(?=[ \t])  # a list's number at a line's start: "1. Michael Johnson ( U.S. ) 19.32"
