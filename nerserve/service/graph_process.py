@@ -203,7 +203,7 @@ class GraphProcess:
             raise ValueError(f"{name}: {processes} graph processes for {lanes} lanes (each runs one lane or more)")
         self.name = name
         self._own = OwnSeconds()  # each calling thread's passes' own seconds, as its child timed them
-        timeline = Timeline.shared() if processes > 1 else None
+        timeline = Timeline() if processes > 1 else None
         shares = [len(range(i, max(1, lanes), processes)) for i in range(processes)]
         self._children = [
             _Child(

@@ -119,18 +119,13 @@ class SimulatedDevice:
 
 class Timeline:
     """When a simulated device is free next and how busy it has been, shared by whatever launches on it:
-    the threads of one process, or (`shared`) the graph processes of one model, each launching from
-    an interpreter of its own onto one card, as processes do onto one GPU. Times are perf_counter's,
-    the system's monotonic clock, the same in every process."""
+    the threads of one process, or the graph processes of one model (a spawned child takes it as an
+    argument), each launching from an interpreter of its own onto one card, as processes do onto one
+    GPU. Times are perf_counter's, the system's monotonic clock, the same in every process."""
 
-    def __init__(self, values: Any = None) -> None:
-        # free at (perf_counter), busy seconds, passes: a lock-guarded shared array, or one of this process
-        self._values = values if values is not None else _LockedValues()
-
-    @classmethod
-    def shared(cls) -> Timeline:
-        """A timeline that a spawned child takes as an argument and books passes on with its parent's other children."""
-        return cls(multiprocessing.get_context("spawn").Array("d", 3))
+    def __init__(self) -> None:
+        # free at (perf_counter), busy seconds, passes: in shared memory, behind the array's lock
+        self._values = multiprocessing.get_context("spawn").Array("d", 3)
 
     def book(self, launched_from: float, seconds: float) -> tuple[float, float]:
         """A pass launched from LAUNCHED_FROM taking the device SECONDS: it starts once the device is
@@ -151,17 +146,6 @@ class Timeline:
     @property
     def passes(self) -> int:
         return int(self._values[2])
-
-
-class _LockedValues(list[float]):
-    """A process's own timeline values, with the shared array's lock method."""
-
-    def __init__(self) -> None:
-        super().__init__([0.0, 0.0, 0.0])
-        self._lock = threading.Lock()
-
-    def get_lock(self) -> threading.Lock:
-        return self._lock
 
 
 _shared_timeline: Timeline | None = None
