@@ -50,6 +50,7 @@ def load_program(
     int8: bool = False,
     cuda_graphs: bool = False,
     traced_heads: bool = False,
+    compiled_heads: bool = False,
 ) -> Any:
     """The program as serve loads it: eager (merged; the backbone replayed from CUDA graphs, all but
     it traced, where asked) or an exported graph set. Module-level: a graph process's child calls it."""
@@ -58,7 +59,13 @@ def load_program(
 
         folder = LOCATIONS.model_dir(model)
         return load_model(
-            folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs, traced_heads=traced_heads
+            folder,
+            device,
+            precision=precision,
+            merged=True,
+            cuda_graphs=cuda_graphs,
+            traced_heads=traced_heads,
+            compiled_heads=compiled_heads,
         ).program
     return load_graph_set(LOCATIONS.graph_set_folder(model, runtime, int8), device, threads).program
 
@@ -114,6 +121,9 @@ def main(
     cuda_graphs: Annotated[
         bool, typer.Option("--cuda-graphs", help="eager on CUDA: the backbone replayed from CUDA graphs (as serve's)")
     ] = False,
+    compiled_heads: Annotated[
+        bool, typer.Option("--compiled-heads", help="eager: all but the backbone and the BiLSTM compiled (as serve's)")
+    ] = False,
     order: Annotated[Order, typer.Option(help=ORDER_HELP)] = Order.SHUFFLED,
     as_on_a_device: Annotated[
         bool, typer.Option("--as-on-a-device", help="on the CPU, each batch whole, as a GPU runs it (no length groups)")
@@ -121,7 +131,7 @@ def main(
     entities: Annotated[Path | None, typer.Option(help="write each sentence's entity set here (first size)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    program = load_program(model, runtime, device, threads, precision, int8, cuda_graphs)
+    program = load_program(model, runtime, device, threads, precision, int8, cuda_graphs, compiled_heads=compiled_heads)
     if as_on_a_device:
         for graph in program.graphs.values():
             graph.device_resident = True
@@ -154,6 +164,7 @@ def main(
         "int8": int8,
         "lanes": lanes,
         "cuda_graphs": cuda_graphs,
+        "compiled_heads": compiled_heads,
         "as_on_a_device": as_on_a_device,
         "options": json.loads(options) if options else {},
         "rows": rows,

@@ -5,8 +5,8 @@ each program's load time (the captures are made at load) and the GPU memory each
 Padding to a bucket changes no sentence's states beyond float noise, so the entity sets should be
 identical nearly everywhere; the gate used: >= 99.9 % identical, F1 within 0.001.
 
-    python benchmarks/cuda_graphs_check.py --models span-conll03,setgen-conll03 --device cuda [--traced-heads]
-    python benchmarks/cuda_graphs_check.py --models span-conll03 --device cpu --traced-heads  # the traced heads alone
+    python benchmarks/cuda_graphs_check.py --models span-conll03,setgen-conll03 --device cuda [--traced-heads|--compiled-heads]
+    python benchmarks/cuda_graphs_check.py --models span-conll03 --device cpu --compiled-heads  # the compiled heads alone
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ MANIFEST_F1_WITHIN = 0.002
 app = typer.Typer(add_completion=False)
 
 
-def loaded(model: str, device: str, precision: str, cuda_graphs: bool, traced_heads: bool = False) -> tuple[Any, float, float]:
+def loaded(
+    model: str, device: str, precision: str, cuda_graphs: bool, traced_heads: bool = False, compiled_heads: bool = False
+) -> tuple[Any, float, float]:
     """→ the program, its load seconds, and the GPU memory torch holds once it is loaded (MiB)."""
     import torch
 
@@ -41,9 +43,15 @@ def loaded(model: str, device: str, precision: str, cuda_graphs: bool, traced_he
     folder = LOCATIONS.model_dir(model)
     on_cuda = device.startswith("cuda")
     program = load_model(
-        folder, device, precision=precision, merged=True, cuda_graphs=cuda_graphs and on_cuda, traced_heads=traced_heads
+        folder,
+        device,
+        precision=precision,
+        merged=True,
+        cuda_graphs=cuda_graphs and on_cuda,
+        traced_heads=traced_heads,
+        compiled_heads=compiled_heads,
     ).program
-    if not on_cuda:  # the traced heads alone (--traced-heads on the CPU)
+    if not on_cuda:  # the traced or compiled heads alone (--traced-heads, --compiled-heads on the CPU)
         return program, time.perf_counter() - started, 0.0
     torch.cuda.synchronize(device)
     return program, time.perf_counter() - started, torch.cuda.memory_reserved(device) / 2**20
@@ -58,9 +66,10 @@ def compare(
     sizes: list[int],
     timed: int,
     traced_heads: bool = False,
+    compiled_heads: bool = False,
 ) -> dict[str, Any]:
     plain, plain_load, plain_mib = loaded(model, device, precision, False)
-    replayed, replayed_load, replayed_mib = loaded(model, device, precision, True, traced_heads)
+    replayed, replayed_load, replayed_mib = loaded(model, device, precision, True, traced_heads, compiled_heads)
     sentences = read_split(data, "test")
     by_length = sorted(sentences, key=lambda s: len(s.tokens))
     for program in (plain, replayed):  # warm-up of both at every size timed
@@ -87,6 +96,7 @@ def compare(
         "device": device,
         "precision": precision,
         "traced_heads": traced_heads,  # the replayed program's: all but the backbone traced at load
+        "compiled_heads": compiled_heads,  # or compiled
         "sentences": len(sentences),
         "identical_entity_sets": round(identical, 5),
         "f1_plain": round(f1_plain, 5),
@@ -113,14 +123,20 @@ def main(
     traced_heads: Annotated[
         bool, typer.Option(help="the replayed program with all but the backbone traced too (serve's --traced-heads)")
     ] = False,
+    compiled_heads: Annotated[
+        bool,
+        typer.Option(help="the replayed program with all but the backbone and the BiLSTM compiled (serve's --compiled-heads)"),
+    ] = False,
 ) -> None:
-    if not device.startswith("cuda") and not traced_heads:
+    if not device.startswith("cuda") and not (traced_heads or compiled_heads):
         raise typer.BadParameter(
-            f"{device}: CUDA graphs need a CUDA device (elsewhere: --traced-heads alone)", param_hint="--device"
+            f"{device}: CUDA graphs need a CUDA device (elsewhere: --traced-heads or --compiled-heads alone)",
+            param_hint="--device",
         )
     for model in models.split(","):
         sized = [int(n) for n in sizes.split(",")]
-        typer.echo(json.dumps(compare(model, data, device, precision, batch_size, sized, timed, traced_heads)))
+        report = compare(model, data, device, precision, batch_size, sized, timed, traced_heads, compiled_heads)
+        typer.echo(json.dumps(report))
 
 
 if __name__ == "__main__":

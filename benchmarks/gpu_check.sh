@@ -4,14 +4,16 @@
 # then what explains them, so that a lease's first minutes answer what is still open:
 #   1. the served ratios' denominator: span-conll03 offline (eager torch: tokenise → graphs →
 #      decode) at batch 32/128/256/512, length-sorted and in arrival order, plain and with the
-#      backbone replayed from CUDA graphs;
+#      backbone replayed from CUDA graphs, and so with all but the backbone and the BiLSTM compiled
+#      by torch.compile (--compiled-heads);
 #   2. span-conll03 served, closed loop, 1 sentence a request at c = 1/16/64/256 and 32 a request
 #      at c = 16, the load client in its own processes on its own cores, with its ceiling
 #      (served_check.py): in the service's own layout on a device (HTTP worker processes in front of
 #      the engine, two graph lanes, the backbone replayed), each batch's way through the engine
 #      logged (--batch-log: batches-span-graphs.jsonl, read level by level with batch_timeline.py),
 #      then who holds the engine's, the workers' interpreter locks at c = 256 (py-spy --gil:
-#      profile-served-span-graphs, by interpreter_profile.py); with the graphs in two processes of
+#      profile-served-span-graphs, by interpreter_profile.py); with the heads compiled
+#      (--compiled-heads: a few fused kernels a pass rather than an operator at a time); with the graphs in two processes of
 #      their own (--graph-process --graph-processes 2: a lane each, each launching from an
 #      interpreter of its own, where the H200's eager passes were bound by one interpreter's
 #      launching); with batches of up to 512 sentences at c = 16 with 32 a request; with one graph
@@ -28,18 +30,18 @@
 #      execution graphs, built per shape, the autocast row after it finds built), batch
 #      1/32/128/512, length-sorted; span offline at batch 1;
 #   4. the backbone replayed from CUDA graphs (serve's default in fp32 on CUDA): entity sets against
-#      the plain program's on the whole test split, and so with traced heads;
+#      the plain program's on the whole test split, and so with traced heads and compiled heads;
 #   5. setgen- and bartner-conll03 served at c = 64 (both with --cuda-graphs where 4 found it exact
 #      and faster);
 #   — every bar has its figures by here; the rest explains them —
 #   6. a pass alone, on fresh shapes, and beside a thread running Python or preparing, at three
-#      switch intervals (pass_anatomy.py), eager, in a process of its own and traced; span served
+#      switch intervals (pass_anatomy.py), eager, in a process of its own, traced and compiled; span served
 #      with every thread asking for the lock after 0.05 ms (--interpreter-switch-ms);
 #   7. as measured before: span served as 2 with the plain program (--no-cuda-graphs); the batch-1
 #      server at c = 64; TorchScript offline; ONNX Runtime offline, profiled (onnx_profile.py; and
 #      so its export whose backbone runs the rows' padding) and with one graph lane;
 #   8. span served as 2 with the front in the engine's process; offline
-#      with two batches in flight; a profile of its batches; the pass anatomy of the TorchScript
+#      with two batches in flight; a profile of its batches, and with compiled heads; the pass anatomy of the TorchScript
 #      graphs; half precision against fp32 (entity sets, F1, speed) for span- and setgen-conll03;
 #   9. nag, setgen, bartner and diffusion (1 step) offline, as 1;
 #   10. summary.json: the ratios the engine issue asks for.
@@ -134,6 +136,9 @@ log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: $([ "$QUICK" = 1 ] &&
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\)|CPU max MHz)'  # the host whose interpreter launches the passes
   $PY -c 'import torch, onnxruntime as o; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available()); print("onnxruntime", o.__version__, o.get_available_providers())'
+  # what --compiled-heads needs: Triton on a GPU (and a C compiler for its launchers), a C++ compiler on the CPU
+  $PY -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
+  command -v gcc cc g++ | tr '\n' ' '; echo
 } > "$OUT/environment.txt" 2>&1
 
 ready() {
@@ -284,6 +289,15 @@ served_split() {  # the graphs in a process of their own, two lanes there, each 
     stop
   fi
 }
+served_compiled() {  # all but the backbone and the BiLSTM compiled by torch.compile: a pass launches
+  # a few fused kernels where eager launches each operator from Python
+  if todo served-span-compiled-1 served-span-compiled-32 \
+    && serve span-compiled span-conll03 eager --http-workers "$HTTP_WORKERS" "$REPLAYED" --compiled-heads; then
+    served span-compiled-1 span-conll03 "$LEVELS" 1
+    served span-compiled-32 span-conll03 16 32
+    stop
+  fi
+}
 served_split_processes() {  # the graph lanes dealt out over two processes, a lane each: the passes,
   # bound by Python launching their kernels, launched from two interpreters side by side
   if todo served-span-split-processes-1 served-span-split-processes-32 \
@@ -343,8 +357,10 @@ if [ "$ONNX_ONLY" = 0 ]; then
 # replayed (the summary divides by the better); batch 1 comes with the other bars below
 offline_batches span-conll03 span-conll03 "$LIMIT"
 if [ "$DEVICE" != cpu ]; then offline_batches span-conll03-cuda-graphs span-conll03 "$LIMIT" --cuda-graphs; fi
+offline_batches span-conll03-compiled span-conll03 "$LIMIT" $([ "$DEVICE" = cpu ] || echo --cuda-graphs) --compiled-heads
 # then every way of serving that could meet them, the likeliest first
 served_default
+served_compiled
 served_split_processes
 served_large_batches
 served_one_lane
@@ -367,6 +383,8 @@ if [ "$DEVICE" != cpu ]; then
   offline_batch1 span-conll03-cuda-graphs span-conll03 --cuda-graphs
   step cuda-graphs-check-traced 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
     --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --traced-heads
+  step cuda-graphs-check-compiled 300 $PY benchmarks/cuda_graphs_check.py --models span-conll03 \
+    --data "$DATA/conll03" --device "$DEVICE" --sizes 1,8,32,128 --timed 1024 --compiled-heads
 fi
 # setgen and bartner (the pair of one bar) served alike: with CUDA graphs where the comparison above
 # found span's entity sets kept and its batches of 8 faster with them (each served JSON's
@@ -387,6 +405,8 @@ step pass-anatomy-graph-process 300 $PY benchmarks/pass_anatomy.py --model span-
   --device "$DEVICE" --graph-process --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 step pass-anatomy-traced 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
   --device "$DEVICE" --traced-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
+step pass-anatomy-compiled 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --compiled-heads --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"
 if todo served-span-graphs-switch && serve span-graphs-switch span-conll03 eager --http-workers "$HTTP_WORKERS" \
   "$REPLAYED" --interpreter-switch-ms 0.05; then
   served span-graphs-switch span-conll03 "$LEVELS" 1
@@ -418,6 +438,8 @@ step offline-span-conll03-lanes2 300 $PY benchmarks/batching_ceiling.py --model 
   --runtime eager --device "$DEVICE" --sizes "${SIZES#*,}" --limit "$LIMIT" --lanes 2 --json
 step profile-span 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" --device "$DEVICE" \
   --sizes "1,${SIZES##*,}"
+step profile-span-compiled 180 $PY benchmarks/profile_batch.py --model span-conll03 --data "$DATA/conll03" \
+  --device "$DEVICE" --sizes "1,${SIZES##*,}" --compiled-heads
 # the same anatomy for the traced graphs, whose operators are dispatched from C++
 step pass-anatomy-torchscript 300 $PY benchmarks/pass_anatomy.py --model span-conll03 --data "$DATA/conll03" \
   --device "$DEVICE" --runtime torchscript --sizes "$ANATOMY_SIZES" --batches "$ANATOMY_BATCHES" --repeats "$ANATOMY_BATCHES"

@@ -99,6 +99,7 @@ PASS_ANATOMY_STEPS = (
     ("eager", "pass-anatomy"),
     ("eager-graph-process", "pass-anatomy-graph-process"),
     ("eager-traced-heads", "pass-anatomy-traced"),
+    ("eager-compiled-heads", "pass-anatomy-compiled"),
     ("torchscript", "pass-anatomy-torchscript"),
 )
 
@@ -106,7 +107,8 @@ PASS_ANATOMY_STEPS = (
 # Each way of serving span: (its name in the summary, its served step at one sentence a request, at
 # 32 a request, the offline program its passes run). The service's own on a device (HTTP workers in
 # front of the engine process, the backbone replayed from CUDA graphs); that with batches of up to
-# 512 sentences; that with all but the backbone traced; that with a 0.05 ms switch interval; that
+# 512 sentences; that with all but the backbone traced; that with all but the backbone and the
+# BiLSTM compiled (against the offline program so compiled); that with a 0.05 ms switch interval; that
 # without CUDA graphs; that in half precision (against half's offline best); with the graphs in a
 # process of their own (two lanes there), and so with traced heads too, and in two processes (a
 # lane each); the service's own with TorchScript graphs, and with ONNX Runtime's; one graph lane,
@@ -115,6 +117,7 @@ SERVED_LAYOUTS = (
     ("workers", "span-graphs-1", "span-graphs-32", "replayed"),
     ("workers-batch-512", None, "span-graphs-512-32", "replayed"),  # served 32 sentences a request only
     ("workers-traced-heads", "span-traced-1", "span-traced-32", "replayed"),
+    ("workers-compiled-heads", "span-compiled-1", "span-compiled-32", "compiled"),
     ("workers-switch-0.05-ms", "span-graphs-switch", None, "replayed"),  # one sentence a request only
     ("workers-no-cuda-graphs", "span-workers-1", "span-workers-32", "plain"),
     ("workers-half", "span-half", "span-half-32", "half"),
@@ -134,8 +137,10 @@ def summary(folder: Path) -> dict[str, Any]:
     bare_best = bare["best"].get("fp32") if bare else None
     span = _offline_best(folder, *_offline_steps("span-conll03"))
     replayed = _offline_best(folder, *_offline_steps("span-conll03-cuda-graphs"))
-    # the served bars divide by the best the program reaches offline, with CUDA graphs or without
-    span_best = max((run["sentences_per_second_sorted"] for run in (span, replayed) if run), default=None)
+    compiled = _offline_best(folder, *_offline_steps("span-conll03-compiled"))
+    # the served bars divide by the best the program reaches offline: with CUDA graphs or without,
+    # with its heads compiled or not
+    span_best = max((run["sentences_per_second_sorted"] for run in (span, replayed, compiled) if run), default=None)
     # half precision's served figures divide by its own offline best
     half = _offline_best(folder, *_offline_steps("span-conll03-half"))
     half_best = half["sentences_per_second_sorted"] if half else None
@@ -144,6 +149,7 @@ def summary(folder: Path) -> dict[str, Any]:
     offline_programs = {
         "plain": span,
         "replayed": replayed or span,
+        "compiled": compiled,
         "half": half,
         "torchscript": _offline_best(folder, "offline-torchscript-span-conll03"),
         "onnx": _offline_best(folder, "offline-onnx-span-conll03"),
@@ -159,6 +165,7 @@ def summary(folder: Path) -> dict[str, Any]:
             for model in (
                 "span-conll03",
                 "span-conll03-cuda-graphs",
+                "span-conll03-compiled",
                 "span-conll03-half",
                 "nag-conll03",
                 "setgen-conll03",
@@ -170,6 +177,7 @@ def summary(folder: Path) -> dict[str, Any]:
         "offline_onnx_span": (_read(folder, "offline-onnx-span-conll03") or {}).get("rows"),
         "offline_torchscript_span": (_read(folder, "offline-torchscript-span-conll03") or {}).get("rows"),
         "profile_span": _read(folder, "profile-span"),
+        "profile_span_compiled": _read(folder, "profile-span-compiled"),
         "profile_onnx_span": _read(folder, "profile-onnx-span"),
         "profile_onnx_span_padded": _read(folder, "profile-onnx-span-padded"),
         # a pass alone, on fresh shapes, and beside a thread running Python or preparing
@@ -185,6 +193,8 @@ def summary(folder: Path) -> dict[str, Any]:
                 "span-graphs-switch",
                 "span-traced-1",
                 "span-traced-32",
+                "span-compiled-1",
+                "span-compiled-32",
                 "span-1",
                 "span-32",
                 "span-one-lane",
@@ -211,6 +221,7 @@ def summary(folder: Path) -> dict[str, Any]:
             *_lines(folder, "cuda-graphs-check"),
             *_lines(folder, "cuda-graphs-check-half"),
             *_lines(folder, "cuda-graphs-check-traced"),
+            *_lines(folder, "cuda-graphs-check-compiled"),
         ],
         "bars": {
             "offline_over_bare_encoder": _bar(_ratio(span_best, bare_best), 1 / 3),

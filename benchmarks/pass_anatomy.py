@@ -19,7 +19,9 @@ the passes. Each figure is the median ms a pass, with the operators a pass dispa
 release of the interpreter lock, and on a GPU a kernel launched from Python; TorchScript's are
 dispatched from C++, ONNX Runtime's are not counted). On a GPU the eager model loads as serve loads
 it (the backbone replayed from CUDA graphs in fp32 unless --no-cuda-graphs); --traced-heads: all
-but the backbone traced to TorchScript, as serve's --traced-heads; --graph-process: the passes run in
+but the backbone traced to TorchScript, as serve's --traced-heads; --compiled-heads: compiled by
+torch.compile, as serve's --compiled-heads (operators not counted: a dispatch mode turns
+torch.compile's code back into eager torch); --graph-process: the passes run in
 a child process as serve's --graph-process runs them (batches and outputs over a pipe), while the
 other thread runs here, as the event loop and prepare do in the server's process (operators not
 counted: they are the child's).
@@ -96,6 +98,7 @@ def anatomy(
     repeats: int,
     switches: list[float],
     graphs: GraphProcess | None = None,
+    count_operators: bool = True,
 ) -> dict[str, Any]:
     chunks = [sentences[i * size : (i + 1) * size] for i in range(batches + 2)]
     prepared = [program.prepare(chunk) for chunk in chunks]
@@ -114,7 +117,7 @@ def anatomy(
     row["seen_ms"] = median_ms(run, others)
     row["beside"] = [beside_others(run, others, lambda: program.prepare(spare), switch) for switch in switches]
     hand_over_quickly()
-    if graphs is None:
+    if graphs is None and count_operators:
         with OperatorCount() as count:
             run(first)
         row["operators_per_pass"] = sum(count.counts.values())
@@ -148,6 +151,9 @@ def main(
     repeats: Annotated[int, typer.Option(min=1)] = 16,
     cuda_graphs: Annotated[bool, typer.Option(help="on CUDA in fp32: the backbone replayed, as serve's default")] = True,
     traced_heads: Annotated[bool, typer.Option(help="eager: all but the backbone traced at load, as serve's")] = False,
+    compiled_heads: Annotated[
+        bool, typer.Option(help="eager: all but the backbone and the BiLSTM compiled at load, as serve's")
+    ] = False,
     switch_ms: Annotated[
         str, typer.Option(help="switch intervals to run the contended passes at, comma-separated (ms); the first: the server's")
     ] = f"{DEFAULT_SWITCH_MS:g},0.2,0.05",
@@ -156,13 +162,14 @@ def main(
     hand_over_quickly()
     switches = [float(value) for value in switch_ms.split(",")]
     replay = cuda_graphs and device.startswith("cuda") and runtime == "eager"
+    heads: dict[str, Any] = {"cuda_graphs": replay, "traced_heads": traced_heads, "compiled_heads": compiled_heads}
     graphs = None
     if graph_process:  # the passes in the child; this process prepares on the CPU, as the server's does
-        load = functools.partial(load_program, model, runtime, device, 1, cuda_graphs=replay, traced_heads=traced_heads)
+        load = functools.partial(load_program, model, runtime, device, 1, **heads)
         graphs = GraphProcess(model, load)
         program = load_program(model, runtime, "cpu", 1)
     else:
-        program = load_program(model, runtime, device, 1, cuda_graphs=replay, traced_heads=traced_heads)
+        program = load_program(model, runtime, device, 1, **heads)
     sentences = [list(s.tokens) for s in read_split(data, "test")]
     random.Random(0).shuffle(sentences)
     typer.echo(
@@ -173,9 +180,13 @@ def main(
                 "runtime": runtime,
                 "cuda_graphs": replay,
                 "traced_heads": traced_heads,
+                "compiled_heads": compiled_heads,
                 "graph_process": graph_process,
                 "python_alone_calls_per_second": python_alone(),
-                "sizes": [anatomy(program, sentences, int(n), batches, repeats, switches, graphs) for n in sizes.split(",")],
+                "sizes": [
+                    anatomy(program, sentences, int(n), batches, repeats, switches, graphs, not compiled_heads)
+                    for n in sizes.split(",")
+                ],
             }
         )
     )

@@ -11,6 +11,11 @@ pass can be measured by where there is no GPU.
     python benchmarks/profile_batch.py --model span-conll03 --device cuda --sizes 1,128
     python benchmarks/profile_batch.py --model span-conll03 --device cpu --sizes 1
     python benchmarks/profile_batch.py --model span-conll03 --device cpu --sizes 1,64 --as-on-a-device
+    python benchmarks/profile_batch.py --model span-conll03 --device cuda --sizes 1,512 --compiled-heads
+
+With --compiled-heads (serve's) the operators are not counted (a dispatch mode turns torch.compile's
+code back into eager torch): its launches are, on a GPU (Triton's kernels are launched by
+`cuLaunchKernel`).
 """
 
 from __future__ import annotations
@@ -87,7 +92,9 @@ def _row(event: Any, device: bool) -> dict[str, Any]:
     }
 
 
-def profile_size(program: Any, sentences: list[list[str]], size: int, device: str, repeats: int) -> dict[str, Any]:
+def profile_size(
+    program: Any, sentences: list[list[str]], size: int, device: str, repeats: int, count_operators: bool = True
+) -> dict[str, Any]:
     batch = sentences[:size]
     program.predict(batch)  # warm-up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
@@ -108,7 +115,7 @@ def profile_size(program: Any, sentences: list[list[str]], size: int, device: st
         )
         if on_device
         else None,
-        "operators_per_batch": operators_per_batch(program, batch),
+        "operators_per_batch": operators_per_batch(program, batch) if count_operators else None,
         "kernel_launches_per_batch": sum(
             e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
         )
@@ -133,8 +140,11 @@ def main(
             "outputs left for the next): the operators a GPU pass launches, counted without one"
         ),
     ] = False,
+    compiled_heads: Annotated[
+        bool, typer.Option(help="all but the backbone and the BiLSTM compiled at load, as serve's --compiled-heads")
+    ] = False,
 ) -> None:
-    program = load_model(LOCATIONS.model_dir(model), device, merged=True).program
+    program = load_model(LOCATIONS.model_dir(model), device, merged=True, compiled_heads=compiled_heads).program
     if as_on_a_device:
         for graph in program.graphs.values():
             graph.device_resident = True
@@ -142,7 +152,8 @@ def main(
     report = {
         "model": model,
         "device": device,
-        "sizes": [profile_size(program, sentences, int(n), device, repeats) for n in sizes.split(",")],
+        "compiled_heads": compiled_heads,
+        "sizes": [profile_size(program, sentences, int(n), device, repeats, not compiled_heads) for n in sizes.split(",")],
     }
     typer.echo(json.dumps(report))
 

@@ -238,6 +238,9 @@ class WordEncoder(nn.Module):
 
     # served with traced heads (ner.traced_heads), the part after the backbone is traced
     TRACED_PART: ClassVar[tuple[str, str]] = ("after_backbone", "its word encoder after the backbone")
+    # served with compiled heads (ner.compiled_heads): what comes before the BiLSTM, which torch.compile
+    # leaves to eager torch (cuDNN's one call on a GPU)
+    COMPILED_PARTS: ClassVar[tuple[str, ...]] = ("lstm_inputs",)
 
     def __init__(self, backbone: nn.Module, hidden_size: int, config: EncoderConfig) -> None:
         super().__init__()
@@ -358,6 +361,12 @@ class WordEncoder(nn.Module):
     ) -> torch.Tensor:
         """The words' pooled sub-word states [B, N, H] with their characters and shapes, through the
         BiLSTM: [B, N, 2·lstm_hidden]."""
-        features = torch.cat([words, self.chars(char_stream, char_index), self.shapes(shape_ids)], dim=-1)
+        features = self.lstm_inputs(words, char_stream, char_index, shape_ids)
         lengths = word_mask.sum(dim=1).to(torch.int64)
         return self.lstm(self.dropout(features), lengths, word_counts_on_host(word_mask))
+
+    def lstm_inputs(
+        self, words: torch.Tensor, char_stream: torch.Tensor, char_index: torch.Tensor, shape_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The words' pooled sub-word states [B, N, H] beside their characters' and shapes' vectors."""
+        return torch.cat([words, self.chars(char_stream, char_index), self.shapes(shape_ids)], dim=-1)

@@ -111,6 +111,7 @@ def load_model(
     merged: bool = False,
     cuda_graphs: bool = False,
     traced_heads: bool = False,
+    compiled_heads: bool = False,
 ) -> LoadedModel:
     """The trained model in FOLDER (a model store's entry) as eager torch; `precision` fp16 or bf16:
     its weights converted to that type once, here. `merged`: loaded for inference, LoRA folded into
@@ -118,12 +119,15 @@ def load_model(
     batch's time) and its parts in their fused forms (fuse_for_eager). Neither can be trained on
     or exported. `cuda_graphs` (merged, on CUDA): the backbone's pass replayed from CUDA graphs,
     captured here (ner.cuda_graphs). `traced_heads` (merged): its graphs, all but the backbone, traced
-    to TorchScript here and checked against the eager ones (ner.traced_heads)."""
+    to TorchScript here and checked against the eager ones (ner.traced_heads); `compiled_heads`
+    (merged): compiled by torch.compile instead, and checked alike (ner.compiled_heads)."""
     chosen = device_name(device)
     if cuda_graphs and not (merged and chosen.startswith("cuda")):
         raise ValueError(f"CUDA graphs are for a model loaded merged on CUDA (asked for {chosen}, merged={merged})")
-    if traced_heads and not merged:
-        raise ValueError("traced heads are for a model loaded merged, for inference")
+    if (traced_heads or compiled_heads) and not merged:
+        raise ValueError("traced or compiled heads are for a model loaded merged, for inference")
+    if traced_heads and compiled_heads:
+        raise ValueError("a model's heads are traced or compiled, not both")
     manifest = read_manifest(folder)
     try:
         spec = architecture(manifest.architecture)
@@ -148,4 +152,8 @@ def load_model(
         from nerserve.ner.traced_heads import trace_heads
 
         trace_heads(program)
+    if compiled_heads:
+        from nerserve.ner.compiled_heads import compile_heads
+
+        compile_heads(program)
     return LoadedModel(folder, manifest, spec, backbone, network, program)

@@ -108,7 +108,7 @@ def host_array_of(feed: torch.Tensor) -> np.ndarray | None:
     values (`nonzero`, a packed sequence's lengths) makes the host wait for the device mid-pass,
     and the device then idles while the rest of the pass is launched: what a pass can work out from
     its feeds it works out here, on the host, and uploads (docs/decisions/gpu-engine.md)."""
-    if torch.jit.is_tracing():
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
         return None
     found = _HOST_FEEDS.arrays.get(id(feed))
     return found[1] if found is not None and found[0] is feed else None

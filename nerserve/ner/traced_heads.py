@@ -71,7 +71,7 @@ def trace_heads(program: Any) -> None:
         for part in holding[name]:
             if part.traced_part is not None:
                 graph.execution_provider += f", {part.TRACED_PART[1]} traced to TorchScript"
-    differ = _differences(expected, [program.predict(sentences) for sentences in checks])
+    differ = entity_differences(expected, [program.predict(sentences) for sentences in checks])
     if differ:
         raise GraphError(
             f"tracing the graphs changed the entities of {differ} of {sum(map(len, checks))} check sentences; "
@@ -79,7 +79,7 @@ def trace_heads(program: Any) -> None:
         )
 
 
-def _differences(expected: list[list[Any]], found: list[list[Any]]) -> int:
+def entity_differences(expected: list[list[Any]], found: list[list[Any]]) -> int:
     """How many sentences' entity sets differ, over lists of sentences' answers."""
     return sum(a != b for got, want in zip(found, expected, strict=True) for a, b in zip(got, want, strict=True))
 

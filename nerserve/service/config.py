@@ -142,6 +142,14 @@ class Settings(Locations):
         "its ~130 operators, each of which may wait a switch interval for it beside a busy thread "
         "(docs/decisions/gpu-engine.md; not yet timed on a GPU)",
     )
+    compiled_heads: bool = Field(
+        False,
+        description="the eager runtime's graphs, all but the backbone and the BiLSTM, compiled by torch.compile at "
+        "load (for dynamic shapes) and checked against the eager ones there: a pass launches a few fused kernels "
+        "rather than each operator from Python, which on a GPU is most of a small batch's time. Needs Triton on a "
+        "GPU, a C++ compiler on the CPU; a few seconds more a model to start (docs/decisions/gpu-engine.md; not yet "
+        "timed on a GPU)",
+    )
     interpreter_switch_ms: float = Field(
         DEFAULT_SWITCH_MS,
         gt=0,
@@ -360,6 +368,10 @@ class Settings(Locations):
     def traced_heads_on_eager(self) -> Settings:
         if self.traced_heads and self.runtime != Runtime.eager:
             raise ValueError(f"traced_heads traces the eager runtime's graphs (asked for runtime {self.runtime.value})")
+        if self.compiled_heads and self.runtime != Runtime.eager:
+            raise ValueError(f"compiled_heads compiles the eager runtime's graphs (asked for runtime {self.runtime.value})")
+        if self.compiled_heads and self.traced_heads:
+            raise ValueError("a model's heads are traced (traced_heads) or compiled (compiled_heads), not both")
         return self
 
     @property

@@ -131,6 +131,7 @@ class GraphSource:
     simulated_device_costs: Path | None = None
     cuda_graphs: bool = False
     traced_heads: bool = False
+    compiled_heads: bool = False
     lanes: int = 1  # batches run at once (OpenVINO compiles a stream for each)
 
     def load(self, device: str | None = None) -> tuple[Manifest, ProgramBase[Any, Any, Any]]:
@@ -146,6 +147,7 @@ class GraphSource:
                 merged=True,
                 cuda_graphs=self.cuda_graphs and on_own_device,
                 traced_heads=self.traced_heads and on_own_device,
+                compiled_heads=self.compiled_heads and on_own_device,
             )
             return loaded.manifest, loaded.program
         loaded_set = load_graph_set(
@@ -186,6 +188,7 @@ def _graph_source(name: str, settings: Settings, background: bool, exports: Star
         settings.simulated_device_costs,
         settings.replays_cuda_graphs,
         settings.traced_heads,
+        settings.compiled_heads,
         settings.lanes,
     )
 

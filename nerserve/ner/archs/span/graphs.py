@@ -246,6 +246,8 @@ class SpanProposalGraph(nn.Module):
     # served with traced heads (ner.traced_heads), the fused proposal from its indices on is traced:
     # no Python branch on a batch's sizes or values there (traced, `levels_for` keeps every level)
     TRACED_PART: ClassVar[tuple[str, str]] = ("fused_forward", "its proposal from its indices on")
+    # served with compiled heads (ner.compiled_heads), the same part: its filter's `nonzero` captured
+    COMPILED_PARTS: ClassVar[tuple[str, ...]] = ("fused_forward",)
 
     def __init__(
         self, word_size: int, context_size: int, n_classes: int, hidden: int, dropout: float, levels: int, max_width: int
