@@ -9,9 +9,9 @@ launches. Each part of a graph that names itself compilable (`COMPILED_PARTS`: m
 for dynamic shapes, since a served batch's sizes change from batch to batch: the word encoders'
 inputs to the BiLSTM (torch.compile does not compile RNNs; the BiLSTM stays one cuDNN call) and
 span's fused proposal, its filter's `nonzero` captured into the compiled graph rather than broken
-at. A part is compiled where it is first called: here, on the check sentences (one sentence, and
-several), then in the warm-up passes; a size torch.compile specialises (one, on an axis not yet seen
-at one) compiles once more when it first comes.
+at. A part is compiled where it is first called: here, on COMPILE_CHECKS, whose batches make every
+variant torch.compile still makes with the settings below (a lone sentence, a one-word one, the
+strides of their inputs), so that no request waits for a compile.
 
 The compiled program must find what the eager one does on CHECK_SENTENCES, as the traced one must;
 a difference is an error, and so is a device torch.compile cannot compile for (on a GPU it needs
@@ -30,32 +30,29 @@ from nerserve.ner.graph import GraphError
 from nerserve.ner.torch_graph import EagerGraph
 from nerserve.ner.traced_heads import entity_differences
 
-# each model's parts compile their own graphs (guarded on the module), several models a process
+# a lone sentence, several, and a one-word sentence: between them, every variant torch.compile makes
+# of a part (below) is compiled at load, not when a request first brings it
+COMPILE_CHECKS = [CHECK_SENTENCES, CHECK_SENTENCES[:1], [["Germany"]]]
+# a few variants a part, for each model a process serves
 RECOMPILE_LIMIT = 64
 
 
 def compile_heads(program: Any) -> None:
     """PROGRAM's eager graphs' compilable parts compiled (see above); GraphError where the compiled
     program finds other entities than the eager one or cannot be compiled."""
-    checks = [CHECK_SENTENCES, CHECK_SENTENCES[:1], [["Germany"]]]
-    expected = [program.predict(sentences) for sentences in checks]
-    torch._dynamo.config.capture_dynamic_output_shape_ops = True
-    torch.fx.experimental._config.use_duck_shape = False
-    torch.fx.experimental._config.backed_size_oblivious = True
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    expected = [program.predict(sentences) for sentences in COMPILE_CHECKS]
+    _compile_for_any_batch()
     graphs: dict[str, EagerGraph] = program.graphs
-    done: set[int] = set()
-    for graph in graphs.values():
-        parts = _compilable_parts(graph)
-        for part in parts:
-            if id(part) not in done:
-                done.add(id(part))
-                for method in type(part).COMPILED_PARTS:
-                    setattr(part, method, compiled(getattr(part, method)))
-        if parts:
-            graph.execution_provider += ", " + " and ".join(sorted({m for p in parts for m in p.COMPILED_PARTS})) + " compiled"
+    holding = {name: _compilable_parts(graph) for name, graph in graphs.items()}
+    for part in {id(part): part for parts in holding.values() for part in parts}.values():
+        for method in type(part).COMPILED_PARTS:
+            setattr(part, method, compiled(getattr(part, method)))
+    for name, graph in graphs.items():
+        if holding[name]:
+            methods = sorted({method for part in holding[name] for method in part.COMPILED_PARTS})
+            graph.execution_provider += f", {' and '.join(methods)} compiled"
     try:
-        found = [program.predict(sentences) for sentences in checks]
+        found = [program.predict(sentences) for sentences in COMPILE_CHECKS]
     except Exception as error:  # torch.compile's own errors (a missing compiler, Triton) have no common base
         raise GraphError(
             f"torch.compile could not compile the graphs on {_device(graphs)} ({type(error).__name__}: "
@@ -64,9 +61,21 @@ def compile_heads(program: Any) -> None:
     differ = entity_differences(expected, found)
     if differ:
         raise GraphError(
-            f"compiling the graphs changed the entities of {differ} of {sum(map(len, checks))} check sentences; "
-            "serve without --compiled-heads"
+            f"compiling the graphs changed the entities of {differ} of {sum(map(len, COMPILE_CHECKS))} check "
+            "sentences; serve without --compiled-heads"
         )
+
+
+def _compile_for_any_batch() -> None:
+    """torch.compile's settings for this process: graphs that hold for a served batch's sizes,
+    whatever they are."""
+    # span's filter keeps the seeds it passes (`nonzero`): in the graph, not a break out of it
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    # sizes that happen to be equal in one batch (words and characters) are not equal in the next
+    torch.fx.experimental._config.use_duck_shape = False
+    # a size of one (a lone sentence, a one-word one) runs the general graph, not one of its own
+    torch.fx.experimental._config.backed_size_oblivious = True
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
 
 def compiled(method: Callable[..., Any]) -> Callable[..., Any]:
