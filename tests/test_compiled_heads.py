@@ -79,24 +79,3 @@ def test_compiled_heads_are_the_eager_runtimes_and_not_traced_too() -> None:
         Settings(runtime="eager", compiled_heads=True, traced_heads=True)
     with pytest.raises(ValueError, match="traced or compiled, not both"):
         load_model(LOCATIONS.model_dir("span-conll03"), "cpu", merged=True, compiled_heads=True, traced_heads=True)
-
-
-def test_a_server_with_compiled_heads_says_so_and_answers_as_without() -> None:
-    import httpx
-
-    from tests.serving import Server, assert_same_results
-
-    texts = ["EU rejects German call to boycott British lamb.", "Peter Blackburn lives in Paris.", "Shares rose."]
-    answers, providers = [], []
-    for compiled in (True, False):
-        server = Server(models="span-conll03", runtime="eager", threads=1, compiled_heads=compiled)
-        try:
-            server.wait_ready()
-            answer = httpx.post(f"{server.url}/extract", json={"texts": texts}, timeout=60)
-            assert answer.status_code == 200
-            answers.append(answer.json()["results"])
-            providers.append(httpx.get(f"{server.url}/info").json()["execution_providers"]["span-conll03"])
-        finally:
-            server.stop()
-    assert providers[0]["span_proposal"].endswith("fused_forward compiled") and "compiled" not in providers[1]["span_proposal"]
-    assert_same_results(answers[0], answers[1])

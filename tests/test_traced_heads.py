@@ -1,7 +1,7 @@
 """The eager runtime's traced heads (ner.traced_heads): each word encoder's part after the backbone,
 and span's proposal from its indices on, traced to TorchScript at load, answering as the eager
 graphs do; a trace that answers otherwise is a load error. On the CPU here; their point is a GPU's
-interpreter lock."""
+interpreter lock. A server says which it runs (its compiled form too: ner.compiled_heads)."""
 
 from __future__ import annotations
 
@@ -88,15 +88,18 @@ def test_traced_heads_are_the_eager_runtimes() -> None:
         Settings(runtime="onnx", traced_heads=True)
 
 
-def test_a_server_with_traced_heads_says_so_and_answers_as_without() -> None:
+@pytest.mark.parametrize(
+    ("heads", "said"), [("traced_heads", "traced to TorchScript"), ("compiled_heads", "fused_forward compiled")]
+)
+def test_a_server_with_traced_or_compiled_heads_says_so_and_answers_as_without(heads: str, said: str) -> None:
     import httpx
 
     from tests.serving import Server, assert_same_results
 
     texts = ["EU rejects German call to boycott British lamb.", "Peter Blackburn lives in Paris.", "Shares rose."]
     answers, providers = [], []
-    for traced in (True, False):
-        server = Server(models="span-conll03", runtime="eager", threads=1, traced_heads=traced)
+    for on in (True, False):
+        server = Server(models="span-conll03", runtime="eager", threads=1, **{heads: on})
         try:
             server.wait_ready()
             answer = httpx.post(f"{server.url}/extract", json={"texts": texts}, timeout=60)
@@ -105,5 +108,5 @@ def test_a_server_with_traced_heads_says_so_and_answers_as_without() -> None:
             providers.append(httpx.get(f"{server.url}/info").json()["execution_providers"]["span-conll03"])
         finally:
             server.stop()
-    assert "traced to TorchScript" in providers[0]["span_proposal"] and "traced" not in providers[1]["span_proposal"]
+    assert said in providers[0]["span_proposal"] and said not in providers[1]["span_proposal"]
     assert_same_results(answers[0], answers[1])
