@@ -141,8 +141,8 @@ log "bundle: ${BUNDLE_BYTES:-unknown} bytes; expected run: $([ "$QUICK" = 1 ] &&
   command -v gcc cc g++ | tr '\n' ' '; echo
 } > "$OUT/environment.txt" 2>&1
 
-ready() {
-  for _ in $(seq 240); do curl -fs "$URL/health/ready" > /dev/null && return 0; kill -0 "$SERVER" 2>/dev/null || return 1; sleep 0.5; done
+ready() {  # up to 3 minutes: CUDA graphs' captures, and torch.compile's at load (--compiled-heads) on a cold cache
+  for _ in $(seq 360); do curl -fs "$URL/health/ready" > /dev/null && return 0; kill -0 "$SERVER" 2>/dev/null || return 1; sleep 0.5; done
   return 1
 }
 serve() {  # serve NAME MODEL RUNTIME [flags…]: a server pinned to the server cores, until stop
