@@ -28,7 +28,7 @@ import torch
 from nerserve.ner.examples import CHECK_SENTENCES
 from nerserve.ner.graph import GraphError
 from nerserve.ner.torch_graph import EagerGraph
-from nerserve.ner.traced_heads import entity_differences
+from nerserve.ner.traced_heads import check_unchanged, parts_named
 
 # a lone sentence, several, and a one-word sentence: between them, every variant torch.compile makes
 # of a part (below) is compiled at load, not when a request first brings it
@@ -43,7 +43,7 @@ def compile_heads(program: Any) -> None:
     expected = [program.predict(sentences) for sentences in COMPILE_CHECKS]
     _compile_for_any_batch()
     graphs: dict[str, EagerGraph] = program.graphs
-    holding = {name: _compilable_parts(graph) for name, graph in graphs.items()}
+    holding = {name: parts_named(graph, "COMPILED_PARTS") for name, graph in graphs.items()}
     for part in {id(part): part for parts in holding.values() for part in parts}.values():
         for method in type(part).COMPILED_PARTS:
             setattr(part, method, compiled(getattr(part, method)))
@@ -58,12 +58,7 @@ def compile_heads(program: Any) -> None:
             f"torch.compile could not compile the graphs on {_device(graphs)} ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}); serve without --compiled-heads"
         ) from error
-    differ = entity_differences(expected, found)
-    if differ:
-        raise GraphError(
-            f"compiling the graphs changed the entities of {differ} of {sum(map(len, COMPILE_CHECKS))} check "
-            "sentences; serve without --compiled-heads"
-        )
+    check_unchanged(COMPILE_CHECKS, expected, found, "compiling", "--compiled-heads")
 
 
 def _compile_for_any_batch() -> None:
@@ -85,7 +80,3 @@ def compiled(method: Callable[..., Any]) -> Callable[..., Any]:
 
 def _device(graphs: dict[str, EagerGraph]) -> str:
     return str(next(iter(graphs.values())).device)
-
-
-def _compilable_parts(graph: EagerGraph) -> list[Any]:
-    return [part for part in graph.module.modules() if hasattr(type(part), "COMPILED_PARTS")]

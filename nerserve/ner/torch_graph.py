@@ -104,10 +104,11 @@ def fed_from_host(values: Sequence[Value], tensors: Sequence[torch.Tensor]) -> I
 def host_array_of(feed: torch.Tensor) -> np.ndarray | None:
     """The host array a running graph's FEED was uploaded from, or None (not a feed, an output of an
     earlier graph kept on the device, or a trace or a compile being recorded, which must not hold
-    host values as constants). On a GPU, an operator whose result's size or placement depends on a device tensor's
-    values (`nonzero`, a packed sequence's lengths) makes the host wait for the device mid-pass,
-    and the device then idles while the rest of the pass is launched: what a pass can work out from
-    its feeds it works out here, on the host, and uploads (docs/decisions/gpu-engine.md)."""
+    host values as constants). On a GPU, an operator whose result's size or placement depends on a
+    device tensor's values (`nonzero`, a packed sequence's lengths) makes the host wait for the
+    device mid-pass, and the device then idles while the rest of the pass is launched: what a pass
+    can work out from its feeds it works out here, on the host, and uploads
+    (docs/decisions/gpu-engine.md)."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling():
         return None
     found = _HOST_FEEDS.arrays.get(id(feed))

@@ -61,7 +61,7 @@ def trace_heads(program: Any) -> None:
     expected = [program.predict(sentences) for sentences in checks]
     torch._C._set_graph_executor_optimize(False)
     graphs: dict[str, EagerGraph] = program.graphs
-    holding = {name: _traceable_parts(graph) for name, graph in graphs.items()}
+    holding = {name: parts_named(graph, "TRACED_PART") for name, graph in graphs.items()}
     parts = list({id(part): part for found in holding.values() for part in found}.values())
     inputs = _example_inputs(program, parts)
     for part in parts:
@@ -71,27 +71,31 @@ def trace_heads(program: Any) -> None:
         for part in holding[name]:
             if part.traced_part is not None:
                 graph.execution_provider += f", {part.TRACED_PART[1]} traced to TorchScript"
-    differ = entity_differences(expected, [program.predict(sentences) for sentences in checks])
+    check_unchanged(checks, expected, [program.predict(sentences) for sentences in checks], "tracing", "--traced-heads")
+
+
+def check_unchanged(
+    checks: list[list[list[str]]], expected: list[list[Any]], found: list[list[Any]], doing: str, flag: str
+) -> None:
+    """GraphError where any of the CHECKS' sentences found other entities (FOUND, after DOING the
+    graphs) than EXPECTED (the eager graphs'), naming the serve FLAG that asked for it."""
+    differ = sum(a != b for got, want in zip(found, expected, strict=True) for a, b in zip(got, want, strict=True))
     if differ:
         raise GraphError(
-            f"tracing the graphs changed the entities of {differ} of {sum(map(len, checks))} check sentences; "
-            "serve without --traced-heads"
+            f"{doing} the graphs changed the entities of {differ} of {sum(map(len, checks))} check sentences; "
+            f"serve without {flag}"
         )
 
 
-def entity_differences(expected: list[list[Any]], found: list[list[Any]]) -> int:
-    """How many sentences' entity sets differ, over lists of sentences' answers."""
-    return sum(a != b for got, want in zip(found, expected, strict=True) for a, b in zip(got, want, strict=True))
+def parts_named(graph: EagerGraph, attribute: str) -> list[Any]:
+    """The modules of GRAPH whose class names a part of itself in ATTRIBUTE (TRACED_PART, COMPILED_PARTS)."""
+    return [part for part in graph.module.modules() if hasattr(type(part), attribute)]
 
 
 def _untraced(part: Any) -> Callable[..., Any]:
     """The method PART's class names as its traceable part, unbound."""
     method: Callable[..., Any] = getattr(type(part), part.TRACED_PART[0])
     return method
-
-
-def _traceable_parts(graph: EagerGraph) -> list[Any]:
-    return [part for part in graph.module.modules() if hasattr(type(part), "TRACED_PART")]
 
 
 def _example_inputs(program: Any, parts: list[Any]) -> dict[int, tuple[torch.Tensor, ...]]:
